@@ -1,0 +1,266 @@
+// Package schema owns the outbox table: its name rules and its migrations.
+//
+// The table is a public contract that producers in any language write to, so
+// its DDL lives here once, embedded in the binary, and is applied by goose
+// with a Postgres session lock so that several relayd instances starting at
+// the same moment do not race. The table name is configurable, so migrations
+// are SQL templates rendered for one [Table] and run as goose Go migrations.
+package schema
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"regexp"
+	"strings"
+	"text/template"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+// DefaultTable is the outbox table's name when none is configured.
+const DefaultTable = "outbox"
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// identRe is what a table or schema name may be: a lower-case, unquoted
+// Postgres identifier. Restricting names this way means the quoted and the
+// unquoted spelling are the same table, so goose's version table, psql users
+// and relayd all agree on which table is meant.
+var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// maxNameLen leaves room for the suffixes of derived names (indexes,
+// functions, the version table) within Postgres's 63-byte identifiers.
+const maxNameLen = 40
+
+// ErrInvalidTable is returned by [ParseTable] for a name that is not allowed.
+var ErrInvalidTable = errors.New("invalid table name")
+
+// Table is a validated, optionally schema-qualified outbox table name.
+type Table struct {
+	Schema string // "" means the connection's search_path (normally public)
+	Name   string
+}
+
+// ParseTable validates "name" or "schema.name". Each part must be a lower-case
+// identifier ([a-z_][a-z0-9_]*), the name at most 40 characters.
+func ParseTable(s string) (Table, error) {
+	parts := strings.Split(s, ".")
+	var t Table
+	switch len(parts) {
+	case 1:
+		t.Name = parts[0]
+	case 2:
+		t.Schema, t.Name = parts[0], parts[1]
+		if !identRe.MatchString(t.Schema) || len(t.Schema) > 63 {
+			return Table{}, fmt.Errorf("%w %q: schema must match [a-z_][a-z0-9_]*", ErrInvalidTable, s)
+		}
+	default:
+		return Table{}, fmt.Errorf("%w %q: want name or schema.name", ErrInvalidTable, s)
+	}
+	if !identRe.MatchString(t.Name) || len(t.Name) > maxNameLen {
+		return Table{}, fmt.Errorf("%w %q: name must match [a-z_][a-z0-9_]* and be at most %d characters", ErrInvalidTable, s, maxNameLen)
+	}
+	return t, nil
+}
+
+// MustParseTable is ParseTable for constants; it panics on an invalid name.
+func MustParseTable(s string) Table {
+	t, err := ParseTable(s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// String is the name as configured: "name" or "schema.name".
+func (t Table) String() string {
+	if t.Schema == "" {
+		return t.Name
+	}
+	return t.Schema + "." + t.Name
+}
+
+// Ident is the quoted identifier to put in SQL.
+func (t Table) Ident() string { return t.qualify(t.Name) }
+
+func (t Table) qualify(name string) string {
+	if t.Schema == "" {
+		return quote(name)
+	}
+	return quote(t.Schema) + "." + quote(name)
+}
+
+// Channel is the LISTEN/NOTIFY channel on which inserts into the table are
+// announced.
+func (t Table) Channel() string {
+	c := "relayd_" + strings.ReplaceAll(t.String(), ".", "_")
+	if len(c) > 63 {
+		h := fnv.New64a()
+		h.Write([]byte(t.String()))
+		c = fmt.Sprintf("relayd_%x", h.Sum64())
+	}
+	return c
+}
+
+// versionTable is goose's record of applied migrations for this table.
+func (t Table) versionTable() string {
+	if t.Schema == "" {
+		return t.Name + "_schema_version"
+	}
+	return t.Schema + "." + t.Name + "_schema_version"
+}
+
+func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// templateData is what the migration templates see.
+type templateData struct{ t Table }
+
+func (d templateData) Table() string           { return d.t.Ident() }
+func (d templateData) Name() string            { return d.t.Name }
+func (d templateData) Channel() string         { return d.t.Channel() }
+func (d templateData) Func(suffix string) string { return d.t.qualify(d.t.Name + "_" + suffix) }
+
+// render returns the SQL of one embedded migration file for t.
+func render(file string, t Table) (string, error) {
+	src, err := migrationFiles.ReadFile("migrations/" + file)
+	if err != nil {
+		return "", err
+	}
+	tmpl, err := template.New(file).Option("missingkey=error").Parse(string(src))
+	if err != nil {
+		return "", fmt.Errorf("parse %s: %w", file, err)
+	}
+	var b bytes.Buffer
+	if err := tmpl.Execute(&b, templateData{t}); err != nil {
+		return "", fmt.Errorf("render %s: %w", file, err)
+	}
+	return b.String(), nil
+}
+
+// migrations lists the migrations in version order: files are named
+// NNNNN_name.up.sql and NNNNN_name.down.sql.
+func migrations(t Table) ([]*goose.Migration, error) {
+	entries, err := migrationFiles.ReadDir("migrations")
+	if err != nil {
+		return nil, err
+	}
+	var out []*goose.Migration
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".up.sql") {
+			continue
+		}
+		var version int64
+		if _, err := fmt.Sscanf(name, "%05d_", &version); err != nil {
+			return nil, fmt.Errorf("migration %s: no version prefix", name)
+		}
+		up, err := render(name, t)
+		if err != nil {
+			return nil, err
+		}
+		down, err := render(strings.TrimSuffix(name, ".up.sql")+".down.sql", t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, goose.NewGoMigration(version, execTx(up), execTx(down)))
+	}
+	return out, nil
+}
+
+func execTx(q string) *goose.GoFunc {
+	return &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, q)
+		return err
+	}}
+}
+
+// lockID is the advisory lock goose holds while migrating. One ID for all
+// relayd tables: migrations are rare and serialising them costs nothing.
+const lockID = 0x72656c61796400 // "relayd"
+
+// NewProvider returns a goose provider for t's migrations. db must be a
+// direct connection (session advisory locks do not survive transaction
+// pooling). logger may be nil.
+func NewProvider(db *sql.DB, t Table, logger *slog.Logger) (*goose.Provider, error) {
+	migs, err := migrations(t)
+	if err != nil {
+		return nil, err
+	}
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID))
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return goose.NewProvider(goose.DialectPostgres, db, nil,
+		goose.WithTableName(t.versionTable()),
+		goose.WithSessionLocker(locker),
+		goose.WithGoMigrations(migs...),
+		goose.WithDisableGlobalRegistry(true),
+		goose.WithSlog(logger),
+	)
+}
+
+// Up applies every pending migration for t, creating t's schema first if it
+// is named and missing. It is safe to call from several processes at once.
+func Up(ctx context.Context, db *sql.DB, t Table, logger *slog.Logger) ([]*goose.MigrationResult, error) {
+	if t.Schema != "" {
+		if err := createSchema(ctx, db, t.Schema); err != nil {
+			return nil, fmt.Errorf("create schema %s: %w", t.Schema, err)
+		}
+	}
+	p, err := NewProvider(db, t, logger)
+	if err != nil {
+		return nil, err
+	}
+	res, err := p.Up(ctx)
+	if err != nil {
+		return res, fmt.Errorf("migrate %s: %w", t, err)
+	}
+	return res, nil
+}
+
+// createSchema creates a schema under the migration lock: CREATE SCHEMA IF
+// NOT EXISTS alone fails with a unique violation when two sessions race.
+func createSchema(ctx context.Context, db *sql.DB, name string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(lockID)); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+quote(name)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// Status reports which migrations are applied to t.
+func Status(ctx context.Context, db *sql.DB, t Table) ([]*goose.MigrationStatus, error) {
+	p, err := NewProvider(db, t, nil)
+	if err != nil {
+		return nil, err
+	}
+	return p.Status(ctx)
+}
+
+// Pending reports whether t has migrations that are not applied yet.
+func Pending(ctx context.Context, db *sql.DB, t Table) (bool, error) {
+	p, err := NewProvider(db, t, nil)
+	if err != nil {
+		return false, err
+	}
+	return p.HasPending(ctx)
+}
