@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sethvargo/go-envconfig"
+
+	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/schema"
+)
+
+// config is relayd's whole configuration, read from RELAY_* variables.
+// Tunables left at zero take the relay package's defaults.
+type config struct {
+	DatabaseURL string `env:"RELAY_DATABASE_URL, required"`
+	NATSURL     string `env:"RELAY_NATS_URL, default=nats://127.0.0.1:4222"`
+	NATSCreds   string `env:"RELAY_NATS_CREDS"`
+	AMQPURL     string `env:"RELAY_AMQP_URL, default=amqp://guest:guest@127.0.0.1:5672/"`
+
+	Targets           string        `env:"RELAY_TARGETS, default=amqp,nats"`
+	NATSStream        string        `env:"RELAY_NATS_STREAM, default=OUTBOX"`
+	NATSSubjectPrefix string        `env:"RELAY_NATS_SUBJECT_PREFIX, default=outbox."`
+	NATSDupWindow     time.Duration `env:"RELAY_NATS_DUPLICATE_WINDOW, default=2m"`
+	AMQPExchange      string        `env:"RELAY_AMQP_EXCHANGE, default=outbox"`
+	OutboxTable       string        `env:"RELAY_OUTBOX_TABLE, default=outbox"`
+	MetricsAddr       string        `env:"RELAY_METRICS_ADDR, default=127.0.0.1:9090"`
+	Provision         bool          `env:"RELAY_PROVISION, default=false"`
+
+	BatchSize      int           `env:"RELAY_BATCH_SIZE, default=500"`
+	Workers        int           `env:"RELAY_WORKERS, default=4"`
+	PublishTimeout time.Duration `env:"RELAY_PUBLISH_TIMEOUT, default=10s"`
+	PollInterval   time.Duration `env:"RELAY_POLL_INTERVAL, default=1s"`
+	Retention      time.Duration `env:"RELAY_RETENTION, default=24h"`
+	StartupTimeout time.Duration `env:"RELAY_STARTUP_TIMEOUT, default=30s"`
+	ShutdownGrace  time.Duration `env:"RELAY_SHUTDOWN_TIMEOUT, default=30s"`
+
+	LogLevel  string `env:"RELAY_LOG_LEVEL, default=info"`
+	LogFormat string `env:"RELAY_LOG_FORMAT, default=text"`
+
+	// Derived by validate.
+	table    schema.Table
+	targets  []relay.Target
+	logLevel slog.Level
+}
+
+// configError is a configuration problem: relayd exits 2 with its message.
+type configError struct{ msg string }
+
+func (e *configError) Error() string { return e.msg }
+
+func badVar(name, format string, args ...any) error {
+	return &configError{msg: name + ": " + fmt.Sprintf(format, args...)}
+}
+
+// loadConfig reads the configuration through l (the process environment in
+// production, a map in tests) and validates it.
+func loadConfig(ctx context.Context, l envconfig.Lookuper) (*config, error) {
+	var c config
+	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: l}); err != nil {
+		return nil, envError(err)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// envError rewrites go-envconfig's errors into one line that starts with the
+// variable's name.
+func envError(err error) error {
+	msg := err.Error()
+	if errors.Is(err, envconfig.ErrMissingRequired) {
+		if i := strings.LastIndex(msg, ": "); i >= 0 {
+			return badVar(msg[i+2:], "required but not set")
+		}
+	}
+	// "RELAY_X: time: invalid duration ..." or similar: already named.
+	msg = strings.ReplaceAll(msg, "\n", " ")
+	return &configError{msg: msg}
+}
+
+func (c *config) validate() error {
+	var err error
+	if c.table, err = schema.ParseTable(c.OutboxTable); err != nil {
+		return badVar("RELAY_OUTBOX_TABLE", "%q is not a valid table name: want name or schema.name, lower-case letters, digits and _", c.OutboxTable)
+	}
+	if c.targets, err = relay.ParseTargets(c.Targets); err != nil {
+		return badVar("RELAY_TARGETS", "%v", err)
+	}
+	if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
+		// pgx's message may quote the URL; ours does not.
+		return badVar("RELAY_DATABASE_URL", "cannot be parsed as a Postgres URL or key=value DSN")
+	}
+	if c.wants(relay.TargetNATS) {
+		if err := checkURL(c.NATSURL, "nats", "tls", "ws", "wss"); err != nil {
+			return badVar("RELAY_NATS_URL", "%v", err)
+		}
+		if c.NATSStream == "" || strings.ContainsAny(c.NATSStream, " \t.*>") {
+			return badVar("RELAY_NATS_STREAM", "%q is not a valid stream name", c.NATSStream)
+		}
+		if p := c.NATSSubjectPrefix; p != "" && (strings.ContainsAny(p, " \t\r\n*>") || !strings.HasSuffix(p, ".") || strings.HasPrefix(p, ".") || strings.Contains(p, "..")) {
+			return badVar("RELAY_NATS_SUBJECT_PREFIX", "%q must be subject tokens ending in '.', like \"events.\"", p)
+		}
+		if c.NATSDupWindow <= 0 {
+			return badVar("RELAY_NATS_DUPLICATE_WINDOW", "must be positive")
+		}
+	}
+	if c.wants(relay.TargetAMQP) {
+		if err := checkURL(c.AMQPURL, "amqp", "amqps"); err != nil {
+			return badVar("RELAY_AMQP_URL", "%v", err)
+		}
+		if c.AMQPExchange == "" {
+			return badVar("RELAY_AMQP_EXCHANGE", "must not be empty")
+		}
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			return badVar("RELAY_METRICS_ADDR", "%q is not host:port", c.MetricsAddr)
+		}
+	}
+	for _, v := range []struct {
+		name     string
+		val, min int
+		max      int
+	}{
+		{"RELAY_BATCH_SIZE", c.BatchSize, 1, 10000},
+		{"RELAY_WORKERS", c.Workers, 1, 256},
+	} {
+		if v.val < v.min || v.val > v.max {
+			return badVar(v.name, "%d is out of range %d..%d", v.val, v.min, v.max)
+		}
+	}
+	for _, v := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"RELAY_PUBLISH_TIMEOUT", c.PublishTimeout},
+		{"RELAY_POLL_INTERVAL", c.PollInterval},
+		{"RELAY_RETENTION", c.Retention},
+		{"RELAY_STARTUP_TIMEOUT", c.StartupTimeout},
+		{"RELAY_SHUTDOWN_TIMEOUT", c.ShutdownGrace},
+	} {
+		if v.d <= 0 {
+			return badVar(v.name, "must be a positive duration, like 10s")
+		}
+	}
+	if err := c.logLevel.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return badVar("RELAY_LOG_LEVEL", "%q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return badVar("RELAY_LOG_FORMAT", "%q: want text or json", c.LogFormat)
+	}
+	return nil
+}
+
+func (c *config) wants(t relay.Target) bool {
+	for _, x := range c.targets {
+		if x == t {
+			return true
+		}
+	}
+	return false
+}
+
+// checkURL checks that s parses as a URL with one of the schemes. The error
+// never repeats the URL, which may hold a password.
+func checkURL(s string, schemes ...string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return errors.New("is not a valid URL")
+	}
+	for _, sc := range schemes {
+		if u.Scheme == sc {
+			if u.Host == "" {
+				return errors.New("has no host")
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("scheme %q: want %s://", u.Scheme, strings.Join(schemes, ":// or "))
+}
+
+// redact returns a URL fit for logs: the password is replaced.
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sethvargo/go-envconfig"
+
+	"github.com/relayd/relayd/metrics"
+	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/relay/amqpsink"
+	"github.com/relayd/relayd/relay/natssink"
+	"github.com/relayd/relayd/schema"
+)
+
+const runHelp = `Usage: relayd run
+
+Relays every committed row of the outbox table to the targets in
+RELAY_TARGETS (amqp, nats or amqp,nats) until SIGINT or SIGTERM. On the first
+signal it stops claiming and lets in-flight batches finish; a second signal
+exits at once.
+
+At start it checks that the table is migrated, the JetStream stream and the
+RabbitMQ exchange exist; with RELAY_PROVISION=true it creates whatever is
+missing instead. Serves /metrics and /healthz on RELAY_METRICS_ADDR.
+`
+
+func cmdRun(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	if code, done := parseFlags(fs, args, stdout, stderr, runHelp); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "relayd run: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
+	cfg, code := configOrExit(stderr, env)
+	if cfg == nil {
+		return code
+	}
+	log := newLogger(cfg, stderr)
+	ctx, stop := signalContext(log)
+	defer stop()
+	if err := serve(ctx, cfg, log); err != nil {
+		log.Error("relayd failed", "error", err.Error())
+		return exitFailure
+	}
+	return exitOK
+}
+
+// newPool connects to Postgres. Relay sessions carry an
+// idle_in_transaction_session_timeout so that a relay frozen mid-batch
+// (SIGSTOP, a stuck broker write) cannot hold its rows' locks for ever.
+func newPool(ctx context.Context, cfg *config, maxConns int32) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, errors.New("RELAY_DATABASE_URL cannot be parsed")
+	}
+	pc.MaxConns = maxConns
+	rp := pc.ConnConfig.RuntimeParams
+	if rp["application_name"] == "" {
+		rp["application_name"] = "relayd"
+	}
+	idle := 2*cfg.PublishTimeout + 30*time.Second
+	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(idle.Milliseconds(), 10)
+	cctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	return pool, nil
+}
+
+func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
+	pool, err := newPool(ctx, cfg, int32(cfg.Workers+4))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	if err := checkSchema(ctx, cfg, pool, log); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	m := metrics.NewRelay(reg, version)
+
+	var sinks []relay.Sink
+	for _, t := range cfg.targets {
+		switch t {
+		case relay.TargetNATS:
+			nc, err := connectNATS(ctx, cfg, log)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			sctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
+			err = natssink.EnsureStream(sctx, nc, cfg.NATSStream, cfg.NATSSubjectPrefix, cfg.NATSDupWindow, cfg.Provision)
+			cancel()
+			if err != nil {
+				return err
+			}
+			s, err := natssink.New(natssink.Config{
+				Conn: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix,
+				AckTimeout: cfg.PublishTimeout, OnDuplicate: m.Duplicate, Logger: log,
+			})
+			if err != nil {
+				return err
+			}
+			sinks = append(sinks, s)
+		case relay.TargetAMQP:
+			sctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
+			err := amqpsink.EnsureExchange(sctx, cfg.AMQPURL, nil, cfg.AMQPExchange, cfg.Provision)
+			if err != nil {
+				cancel()
+				return err
+			}
+			s, err := amqpsink.New(sctx, amqpsink.Config{URL: cfg.AMQPURL, Exchange: cfg.AMQPExchange, Logger: log})
+			cancel()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			sinks = append(sinks, s)
+		}
+	}
+
+	r, err := relay.New(pool, relay.Config{
+		Table:          cfg.table,
+		Sinks:          sinks,
+		BatchSize:      cfg.BatchSize,
+		Workers:        cfg.Workers,
+		PublishTimeout: cfg.PublishTimeout,
+		PollInterval:   cfg.PollInterval,
+		Retention:      cfg.Retention,
+		Logger:         log,
+		Metrics:        m,
+	})
+	if err != nil {
+		return err
+	}
+
+	if cfg.MetricsAddr != "" {
+		srv, err := startHTTP(cfg.MetricsAddr, reg, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			srv.Shutdown(sctx) //nolint:errcheck // best effort at exit
+		}()
+	}
+	log.Info("relayd running", "version", version, "targets", cfg.Targets, "table", cfg.table.String(),
+		"nats_url", redact(cfg.NATSURL), "amqp_url", redact(cfg.AMQPURL))
+	return r.Run(ctx)
+}
+
+// checkSchema makes sure the table is migrated: with RELAY_PROVISION it
+// migrates, otherwise it says what to run.
+func checkSchema(ctx context.Context, cfg *config, pool *pgxpool.Pool, log *slog.Logger) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if cfg.Provision {
+		_, err := schema.Up(ctx, db, cfg.table, log)
+		return err
+	}
+	pending, err := schema.Pending(ctx, db, cfg.table)
+	if err != nil {
+		return fmt.Errorf("check migrations of %s: %w", cfg.table, err)
+	}
+	if pending {
+		return fmt.Errorf("outbox table %s is not migrated: run `relayd migrate` (or set RELAY_PROVISION=true)", cfg.table)
+	}
+	return nil
+}
+
+func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name("relayd"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.Timeout(5 * time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "error", err.Error())
+			}
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("nats reconnected") }),
+	}
+	if cfg.NATSCreds != "" {
+		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
+	}
+	deadline := time.Now().Add(cfg.StartupTimeout)
+	for {
+		nc, err := nats.Connect(cfg.NATSURL, opts...)
+		if err == nil {
+			return nc, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("nats: connect to %s: %w", redact(cfg.NATSURL), err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func startHTTP(addr string, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener (RELAY_METRICS_ADDR=%s): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, version+"\n") })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "error", err.Error())
+		}
+	}()
+	log.Info("metrics listening", "addr", ln.Addr().String())
+	return srv, nil
+}

@@ -1,0 +1,126 @@
+// Package metrics turns what the relay does into Prometheus metrics.
+//
+// Everything registers on a Registerer the caller gives (never the global
+// one), names follow Prometheus conventions, and labels are bounded: target
+// is "amqp" or "nats", reason one of a fixed handful.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/relay/amqpsink"
+)
+
+// Relay implements relay.Observer with Prometheus metrics.
+type Relay struct {
+	published    *prometheus.CounterVec
+	errors       *prometheus.CounterVec
+	parked       *prometheus.CounterVec
+	duplicates   prometheus.Counter
+	returned     prometheus.Counter
+	latency      *prometheus.HistogramVec
+	batch        prometheus.Histogram
+	lastProgress prometheus.Gauge
+}
+
+var _ relay.Observer = (*Relay)(nil)
+
+// NewRelay registers the relay's metrics, the build info and the Go runtime
+// and process collectors on reg.
+func NewRelay(reg prometheus.Registerer, version string) *Relay {
+	f := func(c prometheus.Collector) prometheus.Collector { reg.MustRegister(c); return c }
+	m := &Relay{
+		published: f(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "relayd_published_total", Help: "Messages confirmed by the broker, per target.",
+		}, []string{"target"})).(*prometheus.CounterVec),
+		errors: f(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "relayd_publish_errors_total", Help: "Failed publishes, per target and reason (unavailable, timeout, returned, nacked, rejected, permanent).",
+		}, []string{"target", "reason"})).(*prometheus.CounterVec),
+		parked: f(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "relayd_parked_total", Help: "Rows parked by this process, per target.",
+		}, []string{"target"})).(*prometheus.CounterVec),
+		duplicates: f(prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relayd_duplicates_total", Help: "JetStream PubAcks that said Duplicate (already stored; counted as delivered).",
+		})).(prometheus.Counter),
+		returned: f(prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relayd_returned_total", Help: "Messages RabbitMQ returned as unroutable (not delivered; retried).",
+		})).(prometheus.Counter),
+		latency: f(prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "relayd_delivery_latency_seconds", Help: "Row created_at to broker confirm, per target.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 14),
+		}, []string{"target"})).(*prometheus.HistogramVec),
+		batch: f(prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "relayd_batch_duration_seconds", Help: "Claim, publish and record of one batch.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 14),
+		})).(prometheus.Histogram),
+		lastProgress: f(prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relayd_last_progress_timestamp_seconds", Help: "Unix time of the last batch that recorded an outcome.",
+		})).(prometheus.Gauge),
+	}
+	for _, t := range relay.Targets {
+		m.published.WithLabelValues(string(t))
+		m.latency.WithLabelValues(string(t))
+	}
+	bi := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "relayd_build_info", Help: "Always 1; the labels say which build runs.",
+		ConstLabels: prometheus.Labels{"version": version, "go_version": runtime.Version()},
+	})
+	bi.Set(1)
+	reg.MustRegister(bi, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Batch implements relay.Observer.
+func (m *Relay) Batch(d time.Duration, _ int) {
+	m.batch.Observe(d.Seconds())
+	m.lastProgress.SetToCurrentTime()
+}
+
+// Published implements relay.Observer.
+func (m *Relay) Published(t relay.Target, createdAt time.Time) {
+	m.published.WithLabelValues(string(t)).Inc()
+	m.latency.WithLabelValues(string(t)).Observe(time.Since(createdAt).Seconds())
+}
+
+// PublishFailed implements relay.Observer.
+func (m *Relay) PublishFailed(t relay.Target, err error) {
+	r := Reason(err)
+	if r == "returned" {
+		m.returned.Inc()
+	}
+	m.errors.WithLabelValues(string(t), r).Inc()
+}
+
+// Parked implements relay.Observer.
+func (m *Relay) Parked(t relay.Target) {
+	m.parked.WithLabelValues(string(t)).Inc()
+	m.errors.WithLabelValues(string(t), "permanent").Inc()
+}
+
+// Duplicate counts a PubAck that said Duplicate.
+func (m *Relay) Duplicate() { m.duplicates.Inc() }
+
+// Reason maps a publish error to the bounded reason label.
+func Reason(err error) string {
+	switch {
+	case relay.IsPermanent(err):
+		return "permanent"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, relay.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, amqpsink.ErrReturned):
+		return "returned"
+	case errors.Is(err, amqpsink.ErrNacked):
+		return "nacked"
+	default:
+		return "rejected"
+	}
+}

@@ -1,0 +1,143 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// ErrInvalidMessage matches, with errors.Is, every [ValidationError].
+var ErrInvalidMessage = errors.New("invalid outbox message")
+
+// ValidationError says which message of a batch is invalid and why.
+type ValidationError struct {
+	Index  int    // the message's position in the batch; -1 from ValidateTopic and ValidateHeaders
+	Field  string // "id", "topic", "key", "headers" or "payload"
+	Reason string
+}
+
+func (e *ValidationError) Error() string {
+	if e.Index < 0 {
+		return fmt.Sprintf("%v: %s: %s", ErrInvalidMessage, e.Field, e.Reason)
+	}
+	return fmt.Sprintf("%v %d: %s: %s", ErrInvalidMessage, e.Index, e.Field, e.Reason)
+}
+
+// Is reports whether target is [ErrInvalidMessage].
+func (e *ValidationError) Is(target error) bool { return target == ErrInvalidMessage }
+
+// maxTopicLen is the longest AMQP routing key (a short string).
+const maxTopicLen = 255
+
+// ValidateTopic reports whether topic can be published as both an AMQP
+// routing key and the suffix of a NATS subject: it must be 1 to 255 bytes of
+// UTF-8, with no whitespace or control characters, no NATS wildcards ('*',
+// '>') and no empty tokens (no leading or trailing '.', no ".."). The relay
+// applies the same check to rows written with plain SQL. The error is a
+// *[ValidationError] with Index -1.
+func ValidateTopic(topic string) error {
+	reason := topicReason(topic)
+	if reason == "" {
+		return nil
+	}
+	return &ValidationError{Index: -1, Field: "topic", Reason: reason}
+}
+
+func topicReason(topic string) string {
+	switch {
+	case topic == "":
+		return "is empty"
+	case len(topic) > maxTopicLen:
+		return fmt.Sprintf("is %d bytes, more than %d", len(topic), maxTopicLen)
+	case !utf8.ValidString(topic):
+		return fmt.Sprintf("%q is not valid UTF-8", topic)
+	}
+	for _, r := range topic {
+		switch {
+		case unicode.IsSpace(r) || unicode.IsControl(r):
+			return fmt.Sprintf("%q contains whitespace or a control character", topic)
+		case r == '*' || r == '>':
+			return fmt.Sprintf("%q contains the NATS wildcard %q", topic, r)
+		}
+	}
+	if topic[0] == '.' || topic[len(topic)-1] == '.' || strings.Contains(topic, "..") {
+		return fmt.Sprintf("%q has an empty token (leading, trailing or double '.')", topic)
+	}
+	return ""
+}
+
+// msgIDHeader is the NATS header JetStream deduplicates on; the relay sets it
+// from the message id.
+const msgIDHeader = "Nats-Msg-Id"
+
+// ValidateHeaders reports whether h can be published as NATS and AMQP
+// headers: keys must be non-empty UTF-8 with no ':', whitespace or control
+// characters, and must not be "Nats-Msg-Id" in any case (the relay sets it
+// from the message id); values must be UTF-8 with no '\r', '\n' or NUL. The
+// relay applies the same check to rows written with plain SQL. The error is
+// a *[ValidationError] with Index -1.
+func ValidateHeaders(h map[string]string) error {
+	reason := headersReason(h)
+	if reason == "" {
+		return nil
+	}
+	return &ValidationError{Index: -1, Field: "headers", Reason: reason}
+}
+
+func headersReason(h map[string]string) string {
+	// Sorted, so that the same map always gives the same error.
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		switch {
+		case k == "":
+			return "empty key"
+		case !utf8.ValidString(k):
+			return fmt.Sprintf("key %q is not valid UTF-8", k)
+		case strings.IndexFunc(k, func(r rune) bool { return r == ':' || unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+			return fmt.Sprintf("key %q contains ':', whitespace or a control character", k)
+		case strings.EqualFold(k, msgIDHeader):
+			return fmt.Sprintf("key %q is reserved: the relay sets it from the message id", k)
+		}
+		v := h[k]
+		switch {
+		case !utf8.ValidString(v):
+			return fmt.Sprintf("value of %q is not valid UTF-8", k)
+		case strings.ContainsAny(v, "\r\n\x00"):
+			return fmt.Sprintf("value of %q contains CR, LF or NUL", k)
+		}
+	}
+	return ""
+}
+
+// validate checks m; the error's Index is for the caller to set.
+func (w *Writer) validate(m Message) *ValidationError {
+	invalid := func(field, reason string) *ValidationError {
+		return &ValidationError{Field: field, Reason: reason}
+	}
+	if m.ID != "" {
+		if _, ok := parseUUID(m.ID); !ok {
+			return invalid("id", fmt.Sprintf("%q is not a UUID in canonical form", m.ID))
+		}
+	}
+	if r := topicReason(m.Topic); r != "" {
+		return invalid("topic", r)
+	}
+	// Postgres text cannot hold these; caught here, they do not abort the
+	// caller's transaction.
+	if !utf8.ValidString(m.Key) || strings.IndexByte(m.Key, 0) >= 0 {
+		return invalid("key", fmt.Sprintf("%q is not valid UTF-8 or contains NUL", m.Key))
+	}
+	if r := headersReason(m.Headers); r != "" {
+		return invalid("headers", r)
+	}
+	switch {
+	case m.Payload == nil:
+		return invalid("payload", "is nil")
+	case w.maxPayload > 0 && len(m.Payload) > w.maxPayload:
+		return invalid("payload", fmt.Sprintf("is %d bytes, more than MaxPayload %d", len(m.Payload), w.maxPayload))
+	}
+	return nil
+}

@@ -1,0 +1,473 @@
+// Package amqpsink publishes outbox messages to a RabbitMQ exchange with
+// publisher confirms, for the relay's "amqp" (legacy) target.
+//
+// A message counts as delivered only when RabbitMQ acked it and did not
+// return it first: messages are published persistent and mandatory, and an
+// unroutable one comes back as basic.return BEFORE its ack. amqp091-go hands
+// returns and confirms over from its single reader goroutine in wire order,
+// and this package reads both on one goroutine of its own, so a return is
+// always seen before the ack of the same message. A closed channel or
+// connection resolves every pending publish as "unknown" (retry), and the
+// sink reconnects by itself with capped backoff.
+package amqpsink
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/relay"
+)
+
+// Config configures a Sink.
+type Config struct {
+	// URL is the RabbitMQ URL, amqp:// or amqps://. Required.
+	URL string
+	// Exchange is where messages are published, with the row's topic as the
+	// routing key. Required.
+	Exchange string
+	// TLS, when set, is used for amqps:// connections. Default: system roots.
+	TLS *tls.Config
+	// Logger receives connection events. Default: discard.
+	Logger *slog.Logger
+}
+
+// Sink is the relay's RabbitMQ target.
+type Sink struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	cur     *session // nil while disconnected
+	lastErr error
+
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+var _ relay.Sink = (*Sink)(nil)
+
+// New connects to RabbitMQ and returns a sink that stays connected until
+// Close: after a connection loss it reconnects with capped backoff. New
+// fails if the first connection cannot be made before ctx is done.
+func New(ctx context.Context, cfg Config) (*Sink, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("amqpsink: URL is required")
+	}
+	if cfg.Exchange == "" {
+		return nil, errors.New("amqpsink: Exchange is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), stop: make(chan struct{}), stopped: make(chan struct{})}
+	var first *session
+	var err error
+	for {
+		first, err = s.connect()
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("amqp: connect: %w", err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	go s.supervise(first)
+	return s, nil
+}
+
+// Target implements relay.Sink.
+func (s *Sink) Target() relay.Target { return relay.TargetAMQP }
+
+// Ready implements relay.Sink.
+func (s *Sink) Ready() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != nil {
+		return nil
+	}
+	if s.lastErr != nil {
+		return relay.Unavailable(s.lastErr)
+	}
+	return relay.Unavailable(errors.New("amqp: not connected"))
+}
+
+// Close disconnects; pending publishes resolve as unavailable.
+func (s *Sink) Close() error {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.stopped
+	return nil
+}
+
+func (s *Sink) dial() (*amqp.Connection, error) {
+	return amqp.DialConfig(s.cfg.URL, amqp.Config{
+		Heartbeat:       10 * time.Second,
+		TLSClientConfig: s.cfg.TLS,
+		Properties:      amqp.Table{"connection_name": "relayd"},
+		Dial:            amqp.DefaultDial(10 * time.Second),
+	})
+}
+
+func (s *Sink) connect() (*session, error) {
+	conn, err := s.dial()
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return newSession(conn, ch), nil
+}
+
+// supervise keeps a session up until Close.
+func (s *Sink) supervise(sess *session) {
+	defer close(s.stopped)
+	backoff := time.Duration(0)
+	for {
+		if sess != nil {
+			s.mu.Lock()
+			s.cur, s.lastErr = sess, nil
+			s.mu.Unlock()
+			if backoff > 0 {
+				s.log.Info("amqp reconnected")
+			}
+			backoff = 0
+			select {
+			case <-s.stop:
+				s.drop(sess, errors.New("sink closed"))
+				sess.conn.Close()
+				return
+			case <-sess.done:
+			}
+			s.drop(sess, sess.err)
+			s.log.Warn("amqp connection lost", "error", errString(sess.err))
+			sess.conn.Close()
+		}
+		backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(backoff):
+		}
+		var err error
+		sess, err = s.connect()
+		if err != nil {
+			s.mu.Lock()
+			s.lastErr = err
+			s.mu.Unlock()
+			s.log.Debug("amqp connect failed", "error", err.Error())
+		}
+	}
+}
+
+func (s *Sink) drop(sess *session, err error) {
+	s.mu.Lock()
+	if s.cur == sess {
+		s.cur, s.lastErr = nil, err
+	}
+	s.mu.Unlock()
+	sess.failAll(err)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// Publish implements relay.Sink.
+func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []error) {
+	s.mu.Lock()
+	sess := s.cur
+	s.mu.Unlock()
+	if sess == nil {
+		err := s.Ready()
+		for i := range results {
+			results[i] = err
+		}
+		return
+	}
+	waits := make([]*pending, len(msgs))
+	for i, m := range msgs {
+		if len(m.Topic) > 255 {
+			results[i] = relay.Permanent("amqp: routing key longer than 255 bytes")
+			continue
+		}
+		pub := publishing(m)
+		if err := pub.Headers.Validate(); err != nil {
+			results[i] = relay.Permanent("amqp: headers: %v", err)
+			continue
+		}
+		p, err := sess.publish(ctx, s.cfg.Exchange, m.Topic, m.MessageID, pub)
+		if err != nil {
+			results[i] = relay.Unavailable(fmt.Errorf("amqp publish: %w", err))
+			continue
+		}
+		waits[i] = p
+	}
+	for i, p := range waits {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+			results[i] = p.err
+		case <-ctx.Done():
+			results[i] = relay.Unavailable(fmt.Errorf("amqp: no confirm: %w", ctx.Err()))
+		}
+	}
+}
+
+func publishing(m *relay.Message) amqp.Publishing {
+	p := amqp.Publishing{
+		DeliveryMode: amqp.Persistent,
+		MessageId:    m.MessageID,
+		Timestamp:    m.CreatedAt,
+		ContentType:  "application/octet-stream",
+		Body:         m.Payload,
+	}
+	if len(m.Headers) > 0 {
+		p.Headers = make(amqp.Table, len(m.Headers))
+		for k, v := range m.Headers {
+			p.Headers[k] = v
+			switch k {
+			case "content-type", "Content-Type":
+				p.ContentType = v
+			case "correlation-id", "Correlation-Id":
+				p.CorrelationId = v
+			}
+		}
+	}
+	return p
+}
+
+// ErrReturned is a message RabbitMQ could not route to any queue.
+var ErrReturned = errors.New("amqp: returned unroutable")
+
+// ErrNacked is a message RabbitMQ refused to take responsibility for.
+var ErrNacked = errors.New("amqp: nacked by broker")
+
+// pending is one published message awaiting its confirm.
+type pending struct {
+	msgID    string
+	returned string // reply text of a basic.return, if one came
+	done     chan struct{}
+	err      error
+}
+
+// session is one connection and its confirm-mode channel, with the
+// bookkeeping that pairs confirms and returns with publishes.
+type session struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+
+	mu       sync.Mutex
+	byTag    map[uint64]*pending
+	byMsgID  map[string]*pending
+	early    map[uint64]bool   // confirms that beat their registration
+	earlyRet map[string]string // returns that beat their registration
+	dead     bool
+	err      error
+
+	done chan struct{} // closed when the channel or connection is gone
+}
+
+func newSession(conn *amqp.Connection, ch *amqp.Channel) *session {
+	s := &session{
+		conn: conn, ch: ch,
+		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
+		early: map[uint64]bool{}, earlyRet: map[string]string{},
+		done: make(chan struct{}),
+	}
+	// Unbuffered on purpose: amqp091-go's reader goroutine blocks on each
+	// send until readEvents has it, so events arrive here in wire order.
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation))
+	returns := ch.NotifyReturn(make(chan amqp.Return))
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go s.readEvents(confirms, returns, chClosed, connClosed, blocked)
+	return s
+}
+
+func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return,
+	chClosed, connClosed <-chan *amqp.Error, blocked <-chan amqp.Blocking) {
+	var closeErr error
+	defer func() {
+		s.failAll(closeErr)
+		close(s.done)
+	}()
+	for {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			s.onReturn(r)
+		case c, ok := <-confirms:
+			if !ok {
+				closeErr = errors.New("amqp channel closed")
+				return
+			}
+			s.onConfirm(c)
+		case e := <-chClosed:
+			closeErr = amqpErr("channel closed", e)
+			return
+		case e := <-connClosed:
+			closeErr = amqpErr("connection closed", e)
+			return
+		case b := <-blocked:
+			if b.Active {
+				// RabbitMQ stopped reading our publishes (resource alarm).
+				// Treat it as down: pending confirms resolve as unknown
+				// and the sink reconnects once the alarm clears.
+				closeErr = fmt.Errorf("amqp connection blocked: %s", b.Reason)
+				return
+			}
+		}
+	}
+}
+
+func amqpErr(what string, e *amqp.Error) error {
+	if e == nil {
+		return errors.New("amqp " + what)
+	}
+	return fmt.Errorf("amqp %s: %w", what, e)
+}
+
+func (s *session) publish(ctx context.Context, exchange, key, msgID string, pub amqp.Publishing) (*pending, error) {
+	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, pub)
+	if err != nil {
+		return nil, err
+	}
+	if dc == nil {
+		return nil, errors.New("channel not in confirm mode")
+	}
+	p := &pending{msgID: msgID, done: make(chan struct{})}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		p.resolve(relay.Unavailable(s.err))
+		return p, nil
+	}
+	if r, ok := s.earlyRet[msgID]; ok {
+		delete(s.earlyRet, msgID)
+		p.returned = r
+	}
+	if ack, ok := s.early[dc.DeliveryTag]; ok {
+		delete(s.early, dc.DeliveryTag)
+		p.confirm(ack)
+		return p, nil
+	}
+	s.byTag[dc.DeliveryTag] = p
+	s.byMsgID[msgID] = p
+	return p, nil
+}
+
+func (s *session) onReturn(r amqp.Return) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reason := fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
+	if p, ok := s.byMsgID[r.MessageId]; ok {
+		p.returned = reason
+		return
+	}
+	s.earlyRet[r.MessageId] = reason
+}
+
+func (s *session) onConfirm(c amqp.Confirmation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.byTag[c.DeliveryTag]
+	if !ok {
+		s.early[c.DeliveryTag] = c.Ack
+		return
+	}
+	delete(s.byTag, c.DeliveryTag)
+	if s.byMsgID[p.msgID] == p {
+		delete(s.byMsgID, p.msgID)
+	}
+	p.confirm(c.Ack)
+}
+
+func (p *pending) confirm(ack bool) {
+	switch {
+	case p.returned != "":
+		p.resolve(fmt.Errorf("%w: %s", ErrReturned, p.returned))
+	case !ack:
+		p.resolve(ErrNacked)
+	default:
+		p.resolve(nil)
+	}
+}
+
+func (p *pending) resolve(err error) {
+	p.err = err
+	close(p.done)
+}
+
+// failAll resolves every pending publish as unknown; used once, when the
+// session ends.
+func (s *session) failAll(err error) {
+	if err == nil {
+		err = errors.New("amqp session closed")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		return
+	}
+	s.dead, s.err = true, err
+	for _, p := range s.byTag {
+		p.resolve(relay.Unavailable(err))
+	}
+	s.byTag, s.byMsgID = nil, nil
+}
+
+// EnsureExchange checks that the exchange exists, or with create declares
+// it as a durable topic exchange. A missing exchange is reported by name.
+func EnsureExchange(ctx context.Context, url string, tlsCfg *tls.Config, name string, create bool) error {
+	conn, err := amqp.DialConfig(url, amqp.Config{TLSClientConfig: tlsCfg, Dial: amqp.DefaultDial(10 * time.Second)})
+	if err != nil {
+		return fmt.Errorf("amqp: connect: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("amqp: channel: %w", err)
+	}
+	if create {
+		if err := ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("amqp: declare exchange %q: %w", name, err)
+		}
+		return nil
+	}
+	if err := ch.ExchangeDeclarePassive(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return fmt.Errorf("amqp: exchange %q does not exist (create it, or set RELAY_PROVISION=true)", name)
+		}
+		return fmt.Errorf("amqp: check exchange %q: %w", name, err)
+	}
+	return nil
+}

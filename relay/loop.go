@@ -1,0 +1,121 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// broadcast wakes every waiter at once: wait returns a channel that is
+// closed by the next signal.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newBroadcast() *broadcast { return &broadcast{ch: make(chan struct{})} }
+
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ch
+}
+
+func (b *broadcast) signal() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.ch)
+	b.ch = make(chan struct{})
+}
+
+// breaker pauses a target after batches in which every publish failed for
+// want of the broker: 100ms doubling to 30s. It closes on the first batch
+// with a delivery.
+type breaker struct {
+	mu        sync.Mutex
+	failures  int
+	openUntil time.Time
+}
+
+const breakerMax = 30 * time.Second
+
+func (b *breaker) allow(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !now.Before(b.openUntil)
+}
+
+func (b *breaker) wait(now time.Time) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.openUntil.Sub(now)
+}
+
+// failure opens the breaker and returns for how long, or 0 if it was already
+// open (another worker's batch failed at the same time).
+func (b *breaker) failure(now time.Time) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now.Before(b.openUntil) {
+		return 0
+	}
+	d := breakerMax
+	if b.failures < 9 {
+		d = min(breakerMax, 100*time.Millisecond<<b.failures)
+	}
+	b.failures++
+	b.openUntil = now.Add(d)
+	return d
+}
+
+// success closes the breaker and reports whether it had failures.
+func (b *breaker) success() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	had := b.failures > 0
+	b.failures = 0
+	b.openUntil = time.Time{}
+	return had
+}
+
+// errLimiter logs a loop's errors without flooding: the first of a run at
+// once, then at most one every 30s with a count, and one line when the loop
+// recovers. context.Canceled is never logged.
+type errLimiter struct {
+	log     *slog.Logger
+	what    string
+	mu      sync.Mutex
+	failing bool
+	last    time.Time
+	dropped int
+}
+
+func newErrLimiter(log *slog.Logger, what string) *errLimiter {
+	return &errLimiter{log: log, what: what}
+}
+
+func (l *errLimiter) error(err error) {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if l.failing && now.Sub(l.last) < 30*time.Second {
+		l.dropped++
+		return
+	}
+	l.log.Error(l.what+" failed", "error", err.Error(), "suppressed", l.dropped)
+	l.failing, l.last, l.dropped = true, now, 0
+}
+
+func (l *errLimiter) ok() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failing {
+		l.log.Info(l.what+" recovered", "suppressed", l.dropped)
+	}
+	l.failing, l.dropped = false, 0
+}

@@ -1,0 +1,215 @@
+// Package natssink publishes outbox messages to a JetStream stream, for the
+// relay's "nats" (new) target.
+//
+// Each message carries the row's message id as Nats-Msg-Id, so a publish
+// repeated inside the stream's duplicate window is stored once; the PubAck
+// of such a repeat says Duplicate and counts as delivered. Publishes are
+// asynchronous with a bounded window; every future is checked on its own
+// (PublishAsyncComplete is not a success barrier) and one that fails by
+// disconnect or timeout means "unknown: publish again with the same id".
+package natssink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/relayd/relayd/outbox"
+	"github.com/relayd/relayd/relay"
+)
+
+// Config configures a Sink.
+type Config struct {
+	// Conn is the NATS connection; the caller owns it and should let it
+	// reconnect forever (nats.MaxReconnects(-1)). Required.
+	Conn *nats.Conn
+	// Stream is the JetStream stream messages must land in. Required.
+	Stream string
+	// SubjectPrefix is prepended to the row's topic. Default "".
+	SubjectPrefix string
+	// MaxPending bounds the async publishes in flight. Default 4096.
+	MaxPending int
+	// AckTimeout fails a publish that has no PubAck by then. Default 10s.
+	AckTimeout time.Duration
+	// OnDuplicate, when set, is called for each PubAck marked Duplicate.
+	OnDuplicate func()
+	// Logger. Default: discard.
+	Logger *slog.Logger
+}
+
+// Sink is the relay's JetStream target.
+type Sink struct {
+	cfg Config
+	js  jetstream.JetStream
+}
+
+var _ relay.Sink = (*Sink)(nil)
+
+// New returns a sink publishing through cfg.Conn.
+func New(cfg Config) (*Sink, error) {
+	if cfg.Conn == nil {
+		return nil, errors.New("natssink: Conn is required")
+	}
+	if cfg.Stream == "" {
+		return nil, errors.New("natssink: Stream is required")
+	}
+	if cfg.MaxPending == 0 {
+		cfg.MaxPending = 4096
+	}
+	if cfg.AckTimeout == 0 {
+		cfg.AckTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	js, err := jetstream.New(cfg.Conn,
+		jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
+		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("natssink: %w", err)
+	}
+	return &Sink{cfg: cfg, js: js}, nil
+}
+
+// Target implements relay.Sink.
+func (s *Sink) Target() relay.Target { return relay.TargetNATS }
+
+// Ready implements relay.Sink.
+func (s *Sink) Ready() error {
+	if st := s.cfg.Conn.Status(); st != nats.CONNECTED {
+		return relay.Unavailable(fmt.Errorf("nats: %s", st))
+	}
+	return nil
+}
+
+// Subject is the subject a topic is published on.
+func (s *Sink) Subject(topic string) string { return s.cfg.SubjectPrefix + topic }
+
+// Publish implements relay.Sink.
+func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []error) {
+	if err := s.Ready(); err != nil {
+		for i := range results {
+			results[i] = err
+		}
+		return
+	}
+	maxPayload := s.cfg.Conn.MaxPayload()
+	futures := make([]jetstream.PubAckFuture, len(msgs))
+	for i, m := range msgs {
+		if err := outbox.ValidateTopic(m.Topic); err != nil {
+			results[i] = relay.Permanent("nats: topic is not a valid subject: %v", err)
+			continue
+		}
+		msg := &nats.Msg{Subject: s.Subject(m.Topic), Data: m.Payload}
+		if len(m.Headers) > 0 {
+			msg.Header = make(nats.Header, len(m.Headers)+1)
+			for k, v := range m.Headers {
+				msg.Header[k] = []string{v}
+			}
+		}
+		if size := int64(len(m.Payload)) + headerSize(m.Headers); size > maxPayload {
+			results[i] = relay.Permanent("nats: message of %d bytes exceeds the server's max_payload %d", size, maxPayload)
+			continue
+		}
+		opts := []jetstream.PublishOpt{jetstream.WithMsgID(m.MessageID), jetstream.WithExpectStream(s.cfg.Stream)}
+		if dl, ok := ctx.Deadline(); ok {
+			opts = append(opts, jetstream.WithStallWait(max(time.Until(dl), time.Millisecond)))
+		}
+		f, err := s.js.PublishMsgAsync(msg, opts...)
+		if err != nil {
+			results[i] = classify(err)
+			continue
+		}
+		futures[i] = f
+	}
+	for i, f := range futures {
+		if f == nil {
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			if ack.Duplicate && s.cfg.OnDuplicate != nil {
+				s.cfg.OnDuplicate()
+			}
+			results[i] = nil
+		case err := <-f.Err():
+			results[i] = classify(err)
+		case <-ctx.Done():
+			results[i] = relay.Unavailable(fmt.Errorf("nats: no PubAck: %w", ctx.Err()))
+		}
+	}
+}
+
+// headerSize is a generous estimate of the header block's wire size.
+func headerSize(h map[string]string) int64 {
+	if len(h) == 0 {
+		return 64 // Nats-Msg-Id and Nats-Expected-Stream
+	}
+	n := int64(64 + 12) // NATS/1.0 line and ids
+	for k, v := range h {
+		n += int64(len(k) + len(v) + 4)
+	}
+	return n
+}
+
+// JetStream API error codes that no retry will fix.
+const (
+	errCodeMaxMsgSize     = 10054 // message size exceeds maximum allowed
+	errCodeStreamMismatch = 10060 // expected stream does not match
+)
+
+func classify(err error) error {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.As(err, &apiErr) && (apiErr.ErrorCode == errCodeMaxMsgSize || apiErr.ErrorCode == errCodeStreamMismatch):
+		return relay.Permanent("nats: %v", err)
+	case errors.Is(err, nats.ErrMaxPayload):
+		return relay.Permanent("nats: %v", err)
+	case errors.As(err, &apiErr):
+		return fmt.Errorf("nats: %w", err) // a per-message refusal: retry later
+	default:
+		// Timeouts, disconnects, no responders (JetStream restarting, or
+		// no stream for the subject): unknown, publish again.
+		return relay.Unavailable(fmt.Errorf("nats: %w", err))
+	}
+}
+
+// EnsureStream checks that the stream exists and captures prefix+">", or
+// with create makes it (file storage, the given duplicate window). A
+// missing stream is reported by name.
+func EnsureStream(ctx context.Context, nc *nats.Conn, name, subjectPrefix string, dupWindow time.Duration, create bool) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	subject := subjectPrefix + ">"
+	if create {
+		if subjectPrefix == "" {
+			return errors.New("nats: provisioning a stream needs RELAY_NATS_SUBJECT_PREFIX (its subjects are PREFIX>)")
+		}
+		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name:       name,
+			Subjects:   []string{subject},
+			Storage:    jetstream.FileStorage,
+			Duplicates: dupWindow,
+		})
+		if err != nil {
+			return fmt.Errorf("nats: create stream %q: %w", name, err)
+		}
+		return nil
+	}
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("nats: stream %q does not exist (create it, or set RELAY_PROVISION=true)", name)
+	}
+	if err != nil {
+		return fmt.Errorf("nats: check stream %q: %w", name, err)
+	}
+	_ = st
+	return nil
+}

@@ -1,0 +1,533 @@
+// Package relay moves committed outbox rows to the brokers.
+//
+// Workers claim batches of rows with SELECT ... FOR UPDATE SKIP LOCKED,
+// publish each row to every enabled target that still needs it, and record
+// per target what the broker confirmed — all inside one short transaction per
+// batch. The row locks are the lease: they are held only while the batch's
+// publishes are in flight (bounded by Config.PublishTimeout, and by a
+// server-side idle_in_transaction_session_timeout the caller should set), and
+// a relay that dies releases them with its connection, so a peer takes the
+// rows over at once. Several workers per process and several processes share
+// one table; each batch waits only for its own confirms, so hundreds to
+// thousands of confirms are in flight per target.
+//
+// Each target progresses on its own: a target whose broker is down is left
+// out of claims (its rows wait, tracked by its own columns and index) while
+// the other keeps flowing.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/schema"
+)
+
+// Config configures a Relay. Zero values take the defaults stated.
+type Config struct {
+	// Table is the outbox table. Default "outbox".
+	Table schema.Table
+	// Sinks are the enabled targets, at most one per Target. Required.
+	Sinks []Sink
+	// BatchSize is how many rows one worker claims at a time. Default 500.
+	BatchSize int
+	// Workers is how many batches are in flight at once. Default 4.
+	Workers int
+	// PublishTimeout bounds how long a batch waits for confirms; messages
+	// without one by then are retried. Default 10s.
+	PublishTimeout time.Duration
+	// PollInterval is how often an idle worker looks for rows when no
+	// NOTIFY arrives. Default 1s.
+	PollInterval time.Duration
+	// RetryMin and RetryMax bound the per-row backoff after a failed
+	// publish (exponential with jitter). Defaults 1s and 5m.
+	RetryMin, RetryMax time.Duration
+	// Retention is how long delivered rows (and with them the record of
+	// which message ids reached each broker) are kept. Default 24h.
+	Retention time.Duration
+	// CleanupInterval is how often delivered rows past Retention are
+	// deleted, in batches of 1000. Default 1m.
+	CleanupInterval time.Duration
+	// Logger receives the relay's logs. Default: discard.
+	Logger *slog.Logger
+	// Metrics receives the relay's measurements. Default: none.
+	Metrics Observer
+}
+
+// Observer is told what the relay does; the metrics package implements it.
+// Methods are called from several goroutines.
+type Observer interface {
+	Batch(d time.Duration, rows int)
+	Published(t Target, createdAt time.Time)
+	PublishFailed(t Target, err error)
+	Parked(t Target)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Batch(time.Duration, int)     {}
+func (nopObserver) Published(Target, time.Time)  {}
+func (nopObserver) PublishFailed(Target, error)  {}
+func (nopObserver) Parked(Target)                {}
+
+func (c *Config) applyDefaults() {
+	if c.Table == (schema.Table{}) {
+		c.Table = schema.Table{Name: schema.DefaultTable}
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
+	}
+	if c.Workers == 0 {
+		c.Workers = 4
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = 10 * time.Second
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = time.Second
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = 5 * time.Minute
+	}
+	if c.Retention == 0 {
+		c.Retention = 24 * time.Hour
+	}
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopObserver{}
+	}
+}
+
+func (c *Config) validate() error {
+	if _, err := schema.ParseTable(c.Table.String()); err != nil {
+		return err
+	}
+	if len(c.Sinks) == 0 {
+		return errors.New("relay: no sinks: at least one target must be enabled")
+	}
+	seen := map[Target]bool{}
+	for _, s := range c.Sinks {
+		if s == nil {
+			return errors.New("relay: nil sink")
+		}
+		if seen[s.Target()] {
+			return fmt.Errorf("relay: two sinks for target %s", s.Target())
+		}
+		if targetIndex(s.Target()) < 0 {
+			return fmt.Errorf("relay: unknown target %q", s.Target())
+		}
+		seen[s.Target()] = true
+	}
+	switch {
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return fmt.Errorf("relay: BatchSize %d out of range 1..10000", c.BatchSize)
+	case c.Workers < 1 || c.Workers > 256:
+		return fmt.Errorf("relay: Workers %d out of range 1..256", c.Workers)
+	case c.PublishTimeout < 0, c.PollInterval < 0, c.RetryMin < 0, c.Retention < 0, c.CleanupInterval < 0:
+		return errors.New("relay: durations must not be negative")
+	case c.RetryMax < c.RetryMin:
+		return fmt.Errorf("relay: RetryMax %v below RetryMin %v", c.RetryMax, c.RetryMin)
+	}
+	return nil
+}
+
+func targetIndex(t Target) int {
+	for i, x := range Targets {
+		if x == t {
+			return i
+		}
+	}
+	return -1
+}
+
+// Relay publishes an outbox table's rows. Create it with New, run it with Run.
+type Relay struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	store   *store
+	sinks   [2]Sink // indexed like Targets; nil when disabled
+	enabled [2]bool
+	breaker [2]*breaker
+	wake    *broadcast
+	log     *slog.Logger
+
+	// testHookAfterPublish, when set, runs after a batch's publishes and
+	// before its outcomes are recorded. Nil in production.
+	testHookAfterPublish func()
+}
+
+// New returns a relay for pool's database. pool should connect directly to
+// Postgres (LISTEN does not work through transaction pooling).
+func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
+	cfg.applyDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newBroadcast(), log: cfg.Logger}
+	for _, s := range cfg.Sinks {
+		i := targetIndex(s.Target())
+		r.sinks[i], r.enabled[i] = s, true
+		r.breaker[i] = &breaker{}
+	}
+	return r, nil
+}
+
+// Run relays until ctx is cancelled, then stops claiming, lets in-flight
+// batches finish (at most PublishTimeout plus a database round trip), and
+// returns nil. It returns an error only if the relay cannot run at all.
+func (r *Relay) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Add(2 + r.cfg.Workers)
+	go func() { defer wg.Done(); r.listen(ctx) }()
+	go func() { defer wg.Done(); r.cleanup(ctx) }()
+	for i := range r.cfg.Workers {
+		go func() { defer wg.Done(); r.work(ctx, i) }()
+	}
+	r.log.Info("relay started", "table", r.cfg.Table.String(), "targets", r.targetNames(),
+		"workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize)
+	wg.Wait()
+	r.log.Info("relay stopped")
+	return nil
+}
+
+func (r *Relay) targetNames() []string {
+	var out []string
+	for i, t := range Targets {
+		if r.enabled[i] {
+			out = append(out, string(t))
+		}
+	}
+	return out
+}
+
+// work is one worker's loop: claim and publish batches back to back while
+// they come back full, otherwise wait for a NOTIFY or the poll interval.
+func (r *Relay) work(ctx context.Context, id int) {
+	log := r.log.With("worker", id)
+	errs := newErrLimiter(log, "relay batch")
+	backoff := time.Duration(0)
+	for ctx.Err() == nil {
+		wake := r.wake.wait() // before the batch, so a NOTIFY during it is not lost
+		n, err := r.runBatch(ctx)
+		switch {
+		case err == nil:
+			errs.ok()
+			backoff = 0
+		case errors.Is(err, errNoTarget):
+			// Every enabled broker is down: wait for the first to come back.
+			sleep(ctx, r.nextTargetCheck())
+			continue
+		default:
+			errs.error(err)
+			backoff = min(max(2*backoff, 100*time.Millisecond), 30*time.Second)
+			sleep(ctx, jitter(backoff))
+			continue
+		}
+		if n >= r.cfg.BatchSize {
+			continue // drain: there is probably more
+		}
+		t := time.NewTimer(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+var errNoTarget = errors.New("no target reachable")
+
+// active reports which enabled targets may be published to now.
+func (r *Relay) active(now time.Time) (act [2]bool, any bool) {
+	for i := range Targets {
+		if r.enabled[i] && r.sinks[i].Ready() == nil && r.breaker[i].allow(now) {
+			act[i], any = true, true
+		}
+	}
+	return act, any
+}
+
+// nextTargetCheck is how long to wait before looking at the targets again
+// when none is active.
+func (r *Relay) nextTargetCheck() time.Duration {
+	d := r.cfg.PollInterval
+	for i := range Targets {
+		if r.enabled[i] {
+			if w := r.breaker[i].wait(time.Now()); w > 0 && w < d {
+				d = w
+			}
+		}
+	}
+	return min(d, 250*time.Millisecond)
+}
+
+// runBatch claims, publishes and records one batch, returning the number of
+// rows claimed. The batch runs to completion even when ctx is cancelled
+// (soft stop); only its own timeout bounds it.
+func (r *Relay) runBatch(ctx context.Context) (int, error) {
+	start := time.Now()
+	act, ok := r.active(start)
+	if !ok {
+		return 0, errNoTarget
+	}
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+30*time.Second)
+	defer cancel()
+	tx, err := r.pool.Begin(bctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(bctx)) //nolint:errcheck // no-op after commit
+
+	rows, err := r.store.claim(bctx, tx, act, r.cfg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	if len(rows) == 0 {
+		return 0, tx.Commit(bctx)
+	}
+
+	rec := r.publish(bctx, rows)
+	if r.testHookAfterPublish != nil {
+		r.testHookAfterPublish()
+	}
+	if err := r.store.record(bctx, tx, rec, r.enabled); err != nil {
+		return len(rows), err
+	}
+	if err := tx.Commit(bctx); err != nil {
+		return len(rows), fmt.Errorf("commit batch: %w", err)
+	}
+	r.cfg.Metrics.Batch(time.Since(start), len(rows))
+	return len(rows), nil
+}
+
+// publish sends each row to the targets it wants, all targets at once, and
+// returns the outcomes to record.
+func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
+	var results [2][]error
+	var wg sync.WaitGroup
+	for ti := range Targets {
+		var msgs []*Message
+		var idx []int
+		for i, c := range rows {
+			if c.want[ti] && c.badRow == "" {
+				msgs = append(msgs, &c.msg)
+				idx = append(idx, i)
+			}
+		}
+		results[ti] = make([]error, len(rows))
+		if len(msgs) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+			defer cancel()
+			res := make([]error, len(msgs))
+			r.sinks[ti].Publish(pctx, msgs, res)
+			for j, i := range idx {
+				results[ti][i] = res[j]
+			}
+		}()
+	}
+	wg.Wait()
+
+	now := time.Now()
+	rec := newBatchRecord(len(rows))
+	for ti, t := range Targets {
+		if !anyWanted(rows, ti) {
+			continue
+		}
+		attempted, unavailable, delivered := 0, 0, 0
+		for i, c := range rows {
+			if !c.want[ti] {
+				continue
+			}
+			attempted++
+			err := results[ti][i]
+			switch {
+			case c.badRow != "":
+			case err == nil:
+				delivered++
+			case errors.Is(err, ErrUnavailable):
+				unavailable++
+			}
+		}
+		// A target whose every publish in the batch failed for want of the
+		// broker is left out of claims for a while (capped backoff), so the
+		// other target is not held up by its timeouts batch after batch.
+		if attempted > 0 && unavailable == attempted {
+			if d := r.breaker[ti].failure(now); d > 0 {
+				r.log.Warn("target unavailable, pausing it", "target", string(t), "for", d.String(), "error", firstErr(results[ti]))
+			}
+		} else if delivered > 0 && r.breaker[ti].success() {
+			r.log.Info("target recovered", "target", string(t))
+		}
+	}
+	for i, c := range rows {
+		var outcome [2]int16
+		var errText [2]string
+		var backoff [2]time.Duration
+		for ti, t := range Targets {
+			if !c.want[ti] {
+				continue
+			}
+			err := results[ti][i]
+			if c.badRow != "" {
+				err = &PermanentError{Reason: c.badRow}
+			}
+			switch {
+			case err == nil:
+				outcome[ti] = outcomeDelivered
+				r.cfg.Metrics.Published(t, c.msg.CreatedAt)
+			case IsPermanent(err):
+				outcome[ti], errText[ti] = outcomeParked, err.Error()
+				r.cfg.Metrics.Parked(t)
+				r.log.Warn("row parked", "target", string(t), "id", c.msg.ID, "message_id", c.msg.MessageID, "reason", err.Error())
+			default:
+				outcome[ti], errText[ti] = outcomeRetry, err.Error()
+				backoff[ti] = r.retryBackoff(c.attempts[ti] + 1)
+				r.cfg.Metrics.PublishFailed(t, err)
+			}
+		}
+		rec.add(c.msg.ID, outcome, errText, backoff)
+	}
+	return rec
+}
+
+func anyWanted(rows []*claimed, ti int) bool {
+	for _, c := range rows {
+		if c.want[ti] {
+			return true
+		}
+	}
+	return false
+}
+
+func firstErr(errs []error) string {
+	for _, e := range errs {
+		if e != nil {
+			return e.Error()
+		}
+	}
+	return ""
+}
+
+// retryBackoff is the wait before a row's next attempt on a target:
+// RetryMin·2^(attempt-1), capped at RetryMax, jittered to 50–100%.
+func (r *Relay) retryBackoff(attempt int32) time.Duration {
+	d := r.cfg.RetryMax
+	if attempt < 32 {
+		if e := r.cfg.RetryMin << (attempt - 1); e > 0 && e < d {
+			d = e
+		}
+	}
+	return jitter(d)
+}
+
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// listen LISTENs on the table's channel on a connection of its own and wakes
+// the workers on every notification. On any error it reconnects with
+// backoff and wakes the workers once, since notifications sent meanwhile are
+// lost (the poll interval covers that gap too).
+func (r *Relay) listen(ctx context.Context) {
+	errs := newErrLimiter(r.log, "listen")
+	backoff := time.Duration(0)
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, errs)
+		if ctx.Err() != nil {
+			return
+		}
+		errs.error(err)
+		r.wake.signal()
+		backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
+		sleep(ctx, jitter(backoff))
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, errs *errLimiter) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := pgx.ConnectConfig(cctx, r.pool.Config().ConnConfig.Copy())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("listen: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Table.Channel()}.Sanitize()); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	errs.ok()
+	r.wake.signal() // rows may have arrived while not listening
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		r.wake.signal()
+	}
+}
+
+// cleanup deletes rows delivered more than Retention ago, in small batches.
+func (r *Relay) cleanup(ctx context.Context) {
+	errs := newErrLimiter(r.log, "cleanup")
+	t := time.NewTicker(r.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := r.CleanupOnce(ctx); err != nil && ctx.Err() == nil {
+			errs.error(err)
+		} else {
+			errs.ok()
+		}
+	}
+}
+
+// CleanupOnce deletes every row past retention now, 1000 at a time, and
+// returns the first error.
+func (r *Relay) CleanupOnce(ctx context.Context) error {
+	for ctx.Err() == nil {
+		tag, err := r.pool.Exec(ctx, r.store.cleanupSQL, r.cfg.Retention.Milliseconds(), 1000)
+		if err != nil {
+			return fmt.Errorf("cleanup: %w", err)
+		}
+		if tag.RowsAffected() < 1000 {
+			return nil
+		}
+	}
+	return ctx.Err()
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

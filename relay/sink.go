@@ -1,0 +1,136 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Target names a broker the relay publishes to. It is also the prefix of the
+// target's delivery columns in the outbox table and the value of the
+// `target` metric label.
+type Target string
+
+// The targets. Their order is the order of the RELAY_TARGETS phases.
+const (
+	TargetAMQP Target = "amqp" // the legacy RabbitMQ exchange
+	TargetNATS Target = "nats" // the new JetStream stream
+)
+
+// Targets lists every target the relay knows, in a fixed order.
+var Targets = []Target{TargetAMQP, TargetNATS}
+
+// ParseTargets parses a comma-separated RELAY_TARGETS value: a non-empty set
+// of known targets, each at most once.
+func ParseTargets(s string) ([]Target, error) {
+	if s == "" {
+		return nil, errors.New("empty: want amqp, nats or amqp,nats")
+	}
+	seen := map[Target]bool{}
+	var out []Target
+	for _, part := range splitComma(s) {
+		t := Target(part)
+		if t != TargetAMQP && t != TargetNATS {
+			return nil, fmt.Errorf("unknown target %q: want amqp, nats or amqp,nats", part)
+		}
+		if seen[t] {
+			return nil, fmt.Errorf("target %q given twice", part)
+		}
+		seen[t] = true
+	}
+	for _, t := range Targets { // canonical order
+		if seen[t] {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
+func splitComma(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == ',' {
+			p := s[start:i]
+			for len(p) > 0 && p[0] == ' ' {
+				p = p[1:]
+			}
+			for len(p) > 0 && p[len(p)-1] == ' ' {
+				p = p[:len(p)-1]
+			}
+			out = append(out, p)
+			start = i + 1
+		}
+	}
+	return out
+}
+
+// Message is one outbox row on its way to a broker.
+type Message struct {
+	ID        int64             // the row's id
+	MessageID string            // the row's message_id: Nats-Msg-Id and AMQP message-id
+	Topic     string            // subject suffix / routing key
+	Key       string            // ordering key; "" when the row's key is NULL
+	HasKey    bool              // whether the row's key is non-NULL
+	Headers   map[string]string // copied into the broker's headers
+	Payload   []byte
+	CreatedAt time.Time
+}
+
+// Sink publishes messages to one broker with confirmation.
+//
+// Contract:
+//   - Publish sends every message and waits for the broker's verdict on each;
+//     results[i] is nil only when the broker confirmed msgs[i] (stored it, or
+//     for JetStream, recognised it as a duplicate of a stored message). It
+//     returns when every message has a verdict or ctx is done; a message
+//     without a verdict by then gets an error wrapping ErrUnavailable
+//     ("unknown: publish again with the same id").
+//   - An error wrapping ErrUnavailable means the broker, not the message, is
+//     the problem (disconnected, timed out). An error of type *PermanentError
+//     means this message can never be published as it is: it is parked. Any
+//     other error is a per-message failure (returned unroutable, nacked) that
+//     is retried with backoff.
+//   - Publishing the same MessageID again must be safe: the broker or the
+//     consumer dedupes by it.
+//   - Publish and Ready are safe for concurrent use; callers publish several
+//     batches at once to keep hundreds of confirms in flight.
+type Sink interface {
+	Target() Target
+	Publish(ctx context.Context, msgs []*Message, results []error)
+	// Ready returns nil while the broker connection is up.
+	Ready() error
+}
+
+// ErrUnavailable marks a failure of the broker or the connection to it: the
+// outcome of the publish is unknown and it will be retried.
+var ErrUnavailable = errors.New("broker unavailable")
+
+// PermanentError is a message that the broker will never accept as it is
+// (an invalid subject, a payload over the broker's limit, headers that are
+// not a flat string object). Such a row is parked with Reason.
+type PermanentError struct {
+	Reason string
+}
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Reason }
+
+// Permanent returns a *PermanentError with a formatted reason.
+func Permanent(format string, args ...any) error {
+	return &PermanentError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// Unavailable wraps err as ErrUnavailable.
+func Unavailable(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// IsPermanent reports whether err is a *PermanentError.
+func IsPermanent(err error) bool {
+	var pe *PermanentError
+	return errors.As(err, &pe)
+}

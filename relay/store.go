@@ -1,0 +1,178 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayd/relayd/schema"
+)
+
+// store holds the relay's SQL for one outbox table. Every statement is built
+// once from the validated, quoted table identifier; values always travel as
+// parameters.
+type store struct {
+	claimSQL   string
+	recordSQL  string
+	cleanupSQL string
+}
+
+func newStore(t schema.Table) *store {
+	tbl := t.Ident()
+	claimable := func(target Target) string {
+		p := string(target)
+		return fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL
+		  AND (%[1]s_retry_at IS NULL OR %[1]s_retry_at <= now())`, p)
+	}
+	const cols = `id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts`
+	return &store{
+		// Two branches, one per target, each walking its own partial index in
+		// id order and locking what it returns (SKIP LOCKED: rows another
+		// relay holds are left to it). The want_* flags are computed in the
+		// locking SELECT, so they describe the row version that was locked
+		// and not an older snapshot: a target another relay just recorded is
+		// never published again.
+		claimSQL: fmt.Sprintf(`
+WITH a AS (
+	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s) AS want_nats
+	FROM %[1]s WHERE $1::boolean AND %[3]s
+	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
+), n AS (
+	SELECT %[2]s, false AS want_amqp, true AS want_nats
+	FROM %[1]s WHERE $2::boolean AND %[4]s AND id NOT IN (SELECT id FROM a)
+	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
+)
+SELECT * FROM a UNION ALL SELECT * FROM n ORDER BY id`, tbl, cols, claimable(TargetAMQP), claimable(TargetNATS)),
+
+		// One statement records a whole batch. Per target and row, the
+		// outcome is 0 not attempted, 1 delivered, 2 failed (retry after
+		// the backoff), 3 parked. done_at is set once every enabled target
+		// has the row.
+		recordSQL: fmt.Sprintf(`
+UPDATE %[1]s o SET
+	amqp_delivered_at = CASE WHEN u.a = 1 THEN clock_timestamp() ELSE o.amqp_delivered_at END,
+	amqp_attempts     = o.amqp_attempts + (u.a > 0)::int,
+	amqp_retry_at     = CASE WHEN u.a = 2 THEN clock_timestamp() + u.ab * interval '1 millisecond' WHEN u.a = 1 THEN NULL ELSE o.amqp_retry_at END,
+	amqp_parked_at    = CASE WHEN u.a = 3 THEN clock_timestamp() ELSE o.amqp_parked_at END,
+	amqp_last_error   = CASE WHEN u.a IN (2, 3) THEN u.ae ELSE o.amqp_last_error END,
+	nats_delivered_at = CASE WHEN u.n = 1 THEN clock_timestamp() ELSE o.nats_delivered_at END,
+	nats_attempts     = o.nats_attempts + (u.n > 0)::int,
+	nats_retry_at     = CASE WHEN u.n = 2 THEN clock_timestamp() + u.nb * interval '1 millisecond' WHEN u.n = 1 THEN NULL ELSE o.nats_retry_at END,
+	nats_parked_at    = CASE WHEN u.n = 3 THEN clock_timestamp() ELSE o.nats_parked_at END,
+	nats_last_error   = CASE WHEN u.n IN (2, 3) THEN u.ne ELSE o.nats_last_error END,
+	done_at = CASE WHEN (NOT $8::boolean OR u.a = 1 OR o.amqp_delivered_at IS NOT NULL)
+	               AND (NOT $9::boolean OR u.n = 1 OR o.nats_delivered_at IS NOT NULL)
+	          THEN clock_timestamp() END
+FROM unnest($1::bigint[], $2::smallint[], $3::text[], $4::bigint[], $5::smallint[], $6::text[], $7::bigint[])
+	AS u(id, a, ae, ab, n, ne, nb)
+WHERE o.id = u.id`, tbl),
+
+		cleanupSQL: fmt.Sprintf(`
+DELETE FROM %[1]s WHERE id IN (
+	SELECT id FROM %[1]s WHERE done_at < now() - $1 * interval '1 millisecond'
+	ORDER BY done_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, tbl),
+	}
+}
+
+// claimed is one claimed row and what to do with it.
+type claimed struct {
+	msg      Message
+	want     [2]bool // indexed like Targets
+	attempts [2]int32
+	badRow   string // why the row can never be published (bad headers), or ""
+}
+
+func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int) ([]*claimed, error) {
+	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit)
+	if err != nil {
+		return nil, fmt.Errorf("claim batch: %w", err)
+	}
+	defer rows.Close()
+	var out []*claimed
+	for rows.Next() {
+		c := &claimed{}
+		var key, headers *string
+		if err := rows.Scan(&c.msg.ID, &c.msg.MessageID, &c.msg.Topic, &key, &headers, &c.msg.Payload,
+			&c.msg.CreatedAt, &c.attempts[0], &c.attempts[1], &c.want[0], &c.want[1]); err != nil {
+			return nil, fmt.Errorf("claim batch: scan: %w", err)
+		}
+		if key != nil {
+			c.msg.Key, c.msg.HasKey = *key, true
+		}
+		if headers != nil {
+			c.msg.Headers, c.badRow = decodeHeaders(*headers)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim batch: %w", err)
+	}
+	return out, nil
+}
+
+// decodeHeaders turns the headers column into a string map, or says why it
+// cannot be one.
+func decodeHeaders(raw string) (map[string]string, string) {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(raw), &m); err != nil {
+		return nil, "headers: not a JSON object"
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Sprintf("headers: value of %q is not a string", k)
+		}
+		out[k] = s
+	}
+	return out, ""
+}
+
+// Outcomes of one target for one row, as recordSQL expects them.
+const (
+	outcomeNone      = 0
+	outcomeDelivered = 1
+	outcomeRetry     = 2
+	outcomeParked    = 3
+)
+
+// batchRecord collects a batch's outcomes column-wise for recordSQL.
+type batchRecord struct {
+	ids     []int64
+	outcome [2][]int16
+	errText [2][]string
+	backoff [2][]int64 // milliseconds
+}
+
+func newBatchRecord(n int) *batchRecord {
+	b := &batchRecord{ids: make([]int64, 0, n)}
+	for i := range 2 {
+		b.outcome[i] = make([]int16, 0, n)
+		b.errText[i] = make([]string, 0, n)
+		b.backoff[i] = make([]int64, 0, n)
+	}
+	return b
+}
+
+func (b *batchRecord) add(id int64, outcome [2]int16, errText [2]string, backoff [2]time.Duration) {
+	b.ids = append(b.ids, id)
+	for i := range 2 {
+		b.outcome[i] = append(b.outcome[i], outcome[i])
+		b.errText[i] = append(b.errText[i], errText[i])
+		b.backoff[i] = append(b.backoff[i], backoff[i].Milliseconds())
+	}
+}
+
+func (s *store) record(ctx context.Context, tx pgx.Tx, b *batchRecord, enabled [2]bool) error {
+	_, err := tx.Exec(ctx, s.recordSQL, b.ids,
+		b.outcome[0], b.errText[0], b.backoff[0],
+		b.outcome[1], b.errText[1], b.backoff[1],
+		enabled[0], enabled[1])
+	if err != nil {
+		return fmt.Errorf("record batch: %w", err)
+	}
+	return nil
+}
