@@ -1,0 +1,417 @@
+// Package integration runs relayd end to end against real Postgres, RabbitMQ
+// and NATS JetStream: the built binary as separate processes (so SIGKILL is
+// real), producers writing through the outbox package, and checks that read
+// every message back from both brokers.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/outbox"
+	"github.com/relayd/relayd/schema"
+)
+
+// relaydBin is the relayd binary built once for the whole package.
+var relaydBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "relayd-it-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	relaydBin = filepath.Join(dir, "relayd")
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Dir(filepath.Dir(file))
+	build := exec.Command("go", "build", "-o", relaydBin, "./cmd/relayd")
+	build.Dir = root
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build relayd:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one test's private corner of the three services: its own outbox
+// table (in its own schema), stream, subject prefix, exchange and queue.
+type env struct {
+	t        *testing.T
+	pool     *pgxpool.Pool
+	table    schema.Table
+	writer   *outbox.Writer
+	dbURL    string
+	natsURL  string
+	amqpURL  string
+	stream   string
+	prefix   string
+	exchange string
+	queue    string
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	amqpConn *amqp.Connection
+}
+
+// newEnv sets a test up against the shared services; natsURL, when given,
+// replaces the shared NATS (for tests that stop their own server).
+func newEnv(t *testing.T, natsURL ...string) *env {
+	t.Helper()
+	e := &env{t: t, dbURL: testenv.DatabaseURL(t), amqpURL: testenv.AMQPURL(t)}
+	if len(natsURL) > 0 {
+		e.natsURL = natsURL[0]
+	} else {
+		e.natsURL = testenv.NATSURL(t)
+	}
+	e.pool = testenv.Pool(t)
+	e.table = testenv.Outbox(t, e.pool)
+	var err error
+	if e.writer, err = outbox.New(outbox.Config{Table: e.table.String()}); err != nil {
+		t.Fatal(err)
+	}
+	id := testenv.Name("it")
+	e.stream = strings.ToUpper(id)
+	e.prefix = id + "."
+	e.exchange = id
+	e.queue = id + "_q"
+	e.connectNATS(e.natsURL)
+	e.setupAMQP()
+	return e
+}
+
+func (e *env) connectNATS(url string) {
+	t := e.t
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("nats connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	e.nc = nc
+	if e.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: e.stream, Subjects: []string{e.prefix + ">"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
+	}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	t.Cleanup(func() { e.js.DeleteStream(context.Background(), e.stream) })
+}
+
+func (e *env) setupAMQP() {
+	t := e.t
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		t.Fatalf("amqp dial: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	e.amqpConn = conn
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(e.exchange, "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(e.queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Bind the topics the tests use; "unbound.#" is deliberately left out.
+	for _, key := range []string{"orders.#", "test.#"} {
+		if err := ch.QueueBind(e.queue, key, e.exchange, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		c, err := amqp.Dial(e.amqpURL)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if ch, err := c.Channel(); err == nil {
+			ch.QueueDelete(e.queue, false, false, false)
+			ch.ExchangeDelete(e.exchange, false, false)
+		}
+	})
+}
+
+// relayEnv is the environment a relayd process of this test runs with.
+func (e *env) relayEnv(extra ...string) []string {
+	base := []string{
+		"PATH=" + os.Getenv("PATH"),
+		"RELAY_DATABASE_URL=" + e.dbURL,
+		"RELAY_NATS_URL=" + e.natsURL,
+		"RELAY_AMQP_URL=" + e.amqpURL,
+		"RELAY_OUTBOX_TABLE=" + e.table.String(),
+		"RELAY_NATS_STREAM=" + e.stream,
+		"RELAY_NATS_SUBJECT_PREFIX=" + e.prefix,
+		"RELAY_AMQP_EXCHANGE=" + e.exchange,
+		"RELAY_METRICS_ADDR=127.0.0.1:0",
+		"RELAY_POLL_INTERVAL=200ms",
+		"RELAY_LOG_LEVEL=debug",
+	}
+	return append(base, extra...)
+}
+
+// proc is a relayd process started by a test.
+type proc struct {
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startRelay starts `relayd run` and waits until it says it is running.
+func (e *env) startRelay(name string, extra ...string) *proc {
+	e.t.Helper()
+	p := &proc{t: e.t, name: name, out: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(relaydBin, "run")
+	p.cmd.Env = e.relayEnv(extra...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		e.t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	e.t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if e.t.Failed() {
+			e.t.Logf("--- %s output ---\n%s", name, p.out.String())
+		}
+	})
+	testenv.Eventually(e.t, 30*time.Second, func() bool {
+		select {
+		case <-p.done:
+			e.t.Fatalf("%s exited at start: %v\n%s", name, p.err, p.out.String())
+		default:
+		}
+		return strings.Contains(p.out.String(), "relay started")
+	}, "%s did not start", name)
+	return p
+}
+
+func (p *proc) kill() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (p *proc) stop(timeout time.Duration) int {
+	p.t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.t.Fatalf("%s did not exit within %v of SIGTERM", p.name, timeout)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func (p *proc) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// counts returns how many rows are committed, and delivered to each target.
+func (e *env) counts() (total, amqpN, natsN int) {
+	e.t.Helper()
+	err := e.pool.QueryRow(context.Background(), `SELECT count(*), count(amqp_delivered_at), count(nats_delivered_at) FROM `+e.table.Ident()).
+		Scan(&total, &amqpN, &natsN)
+	if err != nil {
+		e.t.Fatalf("count rows: %v", err)
+	}
+	return
+}
+
+// committedIDs returns the message ids of every row in the table.
+func (e *env) committedIDs() map[string]bool {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT message_id::text FROM `+e.table.Ident())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	ids := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			e.t.Fatal(err)
+		}
+		ids[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return ids
+}
+
+// waitDelivered waits until every row in the table is delivered to both
+// brokers.
+func (e *env) waitDelivered(timeout time.Duration) {
+	e.t.Helper()
+	var total, a, n int
+	testenv.Eventually(e.t, timeout, func() bool {
+		total, a, n = e.counts()
+		return a == total && n == total
+	}, "rows not all delivered")
+}
+
+// streamIDs reads the whole stream and counts each Nats-Msg-Id.
+func (e *env) streamIDs() map[string]int {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	want := int(info.State.Msgs)
+	ids := make(map[string]int, want)
+	if want == 0 {
+		return ids
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	got := 0
+	for got < want {
+		batch, err := c.Fetch(min(1000, want-got), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			ids[m.Headers().Get("Nats-Msg-Id")]++
+			n++
+		}
+		if batch.Error() != nil {
+			e.t.Fatalf("read stream: %v", batch.Error())
+		}
+		if n == 0 {
+			e.t.Fatalf("read stream: got %d of %d messages", got, want)
+		}
+		got += n
+	}
+	return ids
+}
+
+// queueIDs drains the test's queue and counts each message-id. It reads
+// until the queue has been empty for quiet.
+func (e *env) queueIDs(quiet time.Duration) map[string]int {
+	e.t.Helper()
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Qos(1000, 0, false); err != nil {
+		e.t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(e.queue, "", true, false, false, false, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ids := map[string]int{}
+	timer := time.NewTimer(quiet)
+	defer timer.Stop()
+	for {
+		select {
+		case d := <-deliveries:
+			ids[d.MessageId]++
+			timer.Reset(quiet)
+		case <-timer.C:
+			return ids
+		}
+	}
+}
+
+// checkExactlyOnce asserts that every committed row is in the stream once
+// and in the queue once, and that nothing else is in either.
+func (e *env) checkExactlyOnce(committed map[string]bool, allowAMQPDupes bool) (amqpDupes int) {
+	e.t.Helper()
+	stream := e.streamIDs()
+	queue := e.queueIDs(time.Second)
+	check := func(broker string, got map[string]int, allowDupes bool) int {
+		missing, extra, dupes := 0, 0, 0
+		for id := range committed {
+			switch n := got[id]; {
+			case n == 0:
+				missing++
+			case n > 1:
+				dupes += n - 1
+			}
+		}
+		for id := range got {
+			if !committed[id] {
+				extra++
+			}
+		}
+		if missing > 0 || extra > 0 || (dupes > 0 && !allowDupes) {
+			e.t.Errorf("%s: %d committed rows, %d distinct ids received: %d missing, %d not committed (rolled back?), %d duplicates",
+				broker, len(committed), len(got), missing, extra, dupes)
+		}
+		return dupes
+	}
+	check("jetstream", stream, false)
+	return check("rabbitmq", queue, allowAMQPDupes)
+}
+
+// freePort returns a TCP port on loopback that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

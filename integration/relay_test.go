@@ -1,0 +1,358 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/outbox"
+)
+
+// producers writes total rows from n concurrent producers in transactions
+// of 1–50 rows, rolling back one transaction in five. It returns the
+// message ids of committed and of rolled-back rows. pace, when set, is slept
+// between transactions (to spread writes over time).
+func (e *env) producers(ctx context.Context, n, total int, pace time.Duration) (committed, rolledBack map[string]bool) {
+	e.t.Helper()
+	var mu sync.Mutex
+	committed, rolledBack = map[string]bool{}, map[string]bool{}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for p := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(p), 42))
+			left := total / n
+			if p == 0 {
+				left += total % n
+			}
+			for left > 0 && ctx.Err() == nil {
+				size := min(left, 1+rng.IntN(50))
+				left -= size
+				msgs := make([]outbox.Message, size)
+				for i := range msgs {
+					msgs[i] = outbox.Message{
+						Topic:   fmt.Sprintf("orders.p%d", p),
+						Payload: []byte(fmt.Sprintf(`{"producer":%d,"left":%d}`, p, left+i)),
+						Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+					}
+				}
+				tx, err := e.pool.Begin(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				ids, err := e.writer.Write(ctx, tx, msgs...)
+				if err != nil {
+					tx.Rollback(ctx)
+					errs <- err
+					return
+				}
+				rollback := rng.IntN(5) == 0
+				if rollback {
+					err = tx.Rollback(ctx)
+				} else {
+					err = tx.Commit(ctx)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for _, id := range ids {
+					if rollback {
+						rolledBack[id] = true
+					} else {
+						committed[id] = true
+					}
+				}
+				mu.Unlock()
+				if pace > 0 {
+					time.Sleep(pace) // pacing the load, not waiting for a result
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		e.t.Fatalf("producer: %v", err)
+	}
+	return committed, rolledBack
+}
+
+// 50,000 rows from 8 concurrent producers, a fifth rolled back, while two
+// relayd processes run: every committed row exactly once in the stream and
+// once in the queue; no rolled-back row anywhere; both stop cleanly.
+func TestConcurrentProducersTwoRelays(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r1 := e.startRelay("relay-1")
+	r2 := e.startRelay("relay-2")
+
+	committed, rolledBack := e.producers(context.Background(), 8, 50_000, 0)
+	if len(rolledBack) == 0 || len(committed)+len(rolledBack) != 50_000 {
+		t.Fatalf("producers wrote %d committed + %d rolled back rows, want 50000 with some rolled back", len(committed), len(rolledBack))
+	}
+	e.waitDelivered(2 * time.Minute)
+	if got := e.committedIDs(); len(got) != len(committed) {
+		t.Fatalf("table has %d rows, producers committed %d", len(got), len(committed))
+	}
+	e.checkExactlyOnce(committed, false)
+
+	for _, r := range []*proc{r1, r2} {
+		if code := r.stop(30 * time.Second); code != 0 {
+			t.Errorf("%s exited %d after SIGTERM, want 0", r.name, code)
+		}
+	}
+	// Both instances did work: the load was shared.
+	for _, r := range []*proc{r1, r2} {
+		if !strings.Contains(r.out.String(), "relay started") {
+			t.Errorf("%s never started", r.name)
+		}
+	}
+}
+
+// One of two relayd processes SIGKILLed mid-run, while rows keep coming:
+// nothing is lost, nothing is twice in the stream. RabbitMQ may see the
+// in-flight rows of the killed relay again; that count is reported.
+func TestSIGKILLMidRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r1 := e.startRelay("relay-1")
+	r2 := e.startRelay("relay-2")
+
+	var committed map[string]bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		committed, _ = e.producers(context.Background(), 4, 20_000, 2*time.Millisecond)
+	}()
+	// Kill relay-1 once a good part has flowed, so it dies mid-batch.
+	testenv.Eventually(t, time.Minute, func() bool { _, _, n := e.counts(); return n > 3000 }, "no progress before kill")
+	r1.kill()
+	<-done
+	e.waitDelivered(2 * time.Minute)
+	dupes := e.checkExactlyOnce(committed, true)
+	t.Logf("rabbitmq duplicates after one SIGKILL: %d (bound: the killed relay's in-flight batches, RELAY_WORKERS x RELAY_BATCH_SIZE = 2000)", dupes)
+	if dupes > 2000 {
+		t.Errorf("rabbitmq duplicates %d exceed the in-flight bound 2000", dupes)
+	}
+	if !r2.running() {
+		t.Errorf("surviving relay exited:\n%s", r2.out.String())
+	}
+}
+
+// startNATS runs a JetStream server of the test's own on port (0: any),
+// storing in dir, so the test can stop it without touching shared services.
+func startNATS(t *testing.T, port int, dir string) *natsserver.Server {
+	t.Helper()
+	s, err := natsserver.NewServer(&natsserver.Options{
+		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	return s
+}
+
+// NATS unreachable for 20 s mid-run: relayd stays up, RabbitMQ deliveries go
+// on, nothing is marked delivered to NATS meanwhile, and every row reaches
+// the stream once NATS is back.
+func TestNATSOutage(t *testing.T) {
+	t.Parallel()
+	port, dir := freePort(t), t.TempDir()
+	ns := startNATS(t, port, dir)
+	t.Cleanup(func() { ns.Shutdown() })
+	e := newEnv(t, fmt.Sprintf("nats://127.0.0.1:%d", port))
+	r := e.startRelay("relay", "RELAY_PUBLISH_TIMEOUT=2s")
+
+	ctx, stop := context.WithCancel(context.Background())
+	var committed map[string]bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		committed, _ = e.producers(ctx, 2, 12_000, 20*time.Millisecond)
+	}()
+	testenv.Eventually(t, time.Minute, func() bool { _, _, n := e.counts(); return n > 500 }, "no progress before outage")
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	// A batch whose PubAcks arrived just before the shutdown may still be
+	// committing; after that nothing may be marked delivered to NATS.
+	time.Sleep(2 * time.Second) // let that batch commit; a fixed grace, not a wait for a result
+	_, amqpBefore, natsBefore := e.counts()
+	outageEnd := time.Now().Add(18 * time.Second)
+	for time.Now().Before(outageEnd) {
+		if _, _, n := e.counts(); n != natsBefore {
+			t.Fatalf("rows marked delivered to NATS while it was down: %d -> %d", natsBefore, n)
+		}
+		if !r.running() {
+			t.Fatalf("relayd exited during the outage:\n%s", r.out.String())
+		}
+		time.Sleep(250 * time.Millisecond) // sampling interval of the outage window
+	}
+	total, amqpAfter, _ := e.counts()
+	if amqpAfter <= amqpBefore {
+		t.Errorf("rabbitmq made no progress while NATS was down (%d -> %d of %d)", amqpBefore, amqpAfter, total)
+	}
+
+	ns = startNATS(t, port, dir)
+	t.Cleanup(func() { ns.Shutdown() })
+	stop()
+	<-done
+	e.waitDelivered(2 * time.Minute)
+	e.checkExactlyOnce(committed, false)
+	if !r.running() {
+		t.Fatalf("relayd exited:\n%s", r.out.String())
+	}
+}
+
+// A topic RabbitMQ cannot route is returned, and so never recorded as
+// delivered to RabbitMQ (while NATS gets it); once a binding exists, the
+// retry delivers it.
+func TestUnroutableIsNotDelivered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startRelay("relay")
+	ctx := context.Background()
+	ids, err := e.writer.Write(ctx, e.pool, outbox.Message{Topic: "unbound.thing", Payload: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attempts int
+	var amqpDelivered, natsDelivered bool
+	var lastErr *string
+	q := `SELECT amqp_attempts, amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL, amqp_last_error FROM ` + e.table.Ident() + ` WHERE message_id = $1`
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		if err := e.pool.QueryRow(ctx, q, ids[0]).Scan(&attempts, &amqpDelivered, &natsDelivered, &lastErr); err != nil {
+			t.Fatal(err)
+		}
+		return attempts >= 2 && natsDelivered
+	}, "row not attempted twice on amqp / not delivered to nats")
+	if amqpDelivered {
+		t.Fatal("unroutable row recorded as delivered to RabbitMQ")
+	}
+	if lastErr == nil || !strings.Contains(*lastErr, "NO_ROUTE") {
+		t.Fatalf("amqp_last_error = %v, want it to name NO_ROUTE", lastErr)
+	}
+
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.QueueBind(e.queue, "unbound.#", e.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		e.pool.QueryRow(ctx, q, ids[0]).Scan(&attempts, &amqpDelivered, &natsDelivered, &lastErr)
+		return amqpDelivered
+	}, "row not delivered after the binding was added")
+	if got := e.queueIDs(500 * time.Millisecond); got[ids[0]] != 1 {
+		t.Fatalf("queue has the row %d times, want 1", got[ids[0]])
+	}
+}
+
+// An idle relay publishes a new row to both brokers within milliseconds: the
+// NOTIFY wakes it (the poll interval here is 10 s).
+func TestIdleLatency(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startRelay("relay", "RELAY_POLL_INTERVAL=10s")
+	ctx := context.Background()
+
+	gotNATS := make(chan string, 64)
+	cons, err := e.js.OrderedConsumer(ctx, e.stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) { gotNATS <- m.Headers().Get("Nats-Msg-Id") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	deliveries, err := ch.Consume(e.queue, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var lat []time.Duration
+	for i := range 20 {
+		start := time.Now()
+		ids, err := e.writer.Write(ctx, e.pool, outbox.Message{Topic: "test.latency", Payload: []byte{byte(i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n, a bool
+		deadline := time.After(5 * time.Second)
+		for !n || !a {
+			select {
+			case id := <-gotNATS:
+				n = n || id == ids[0]
+			case d := <-deliveries:
+				a = a || d.MessageId == ids[0]
+			case <-deadline:
+				t.Fatalf("row %d not on both brokers after 5s (nats %v, amqp %v)", i, n, a)
+			}
+		}
+		lat = append(lat, time.Since(start))
+	}
+	slices.Sort(lat)
+	median := (lat[9] + lat[10]) / 2
+	t.Logf("idle relay, commit to both brokers: median %v, max %v (n=20)", median, lat[19])
+	if median >= 100*time.Millisecond {
+		t.Fatalf("median latency %v, want < 100ms", median)
+	}
+}
+
+// Bad configuration: exit status 2 and one line naming the variable.
+func TestConfigErrorsExit2(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"bogus targets", []string{"RELAY_DATABASE_URL=postgres://u:secret@127.0.0.1/db", "RELAY_TARGETS=bogus"}, "RELAY_TARGETS"},
+		{"no database url", nil, "RELAY_DATABASE_URL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(relaydBin, "run")
+			cmd.Env = tc.env
+			out, err := cmd.CombinedOutput()
+			if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 2 {
+				t.Fatalf("exit = %v, want status 2; output:\n%s", err, out)
+			}
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			if len(lines) != 1 || !strings.Contains(lines[0], tc.want) {
+				t.Fatalf("output %q: want one line naming %s", out, tc.want)
+			}
+			if strings.Contains(string(out), "secret") {
+				t.Fatalf("output leaks the password: %q", out)
+			}
+		})
+	}
+}
+
+
