@@ -339,7 +339,7 @@ func TestConfigErrorsExit2(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(relaydBin, "run")
-			cmd.Env = tc.env
+			cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, tc.env...) // nothing inherited
 			out, err := cmd.CombinedOutput()
 			if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 2 {
 				t.Fatalf("exit = %v, want status 2; output:\n%s", err, out)
@@ -354,5 +354,3 @@ func TestConfigErrorsExit2(t *testing.T) {
 		})
 	}
 }
-
-

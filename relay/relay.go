@@ -73,10 +73,10 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) Batch(time.Duration, int)     {}
-func (nopObserver) Published(Target, time.Time)  {}
-func (nopObserver) PublishFailed(Target, error)  {}
-func (nopObserver) Parked(Target)                {}
+func (nopObserver) Batch(time.Duration, int)    {}
+func (nopObserver) Published(Target, time.Time) {}
+func (nopObserver) PublishFailed(Target, error) {}
+func (nopObserver) Parked(Target)               {}
 
 func (c *Config) applyDefaults() {
 	if c.Table == (schema.Table{}) {

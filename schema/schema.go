@@ -124,9 +124,9 @@ func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"
 // templateData is what the migration templates see.
 type templateData struct{ t Table }
 
-func (d templateData) Table() string           { return d.t.Ident() }
-func (d templateData) Name() string            { return d.t.Name }
-func (d templateData) Channel() string         { return d.t.Channel() }
+func (d templateData) Table() string             { return d.t.Ident() }
+func (d templateData) Name() string              { return d.t.Name }
+func (d templateData) Channel() string           { return d.t.Channel() }
 func (d templateData) Func(suffix string) string { return d.t.qualify(d.t.Name + "_" + suffix) }
 
 // render returns the SQL of one embedded migration file for t.

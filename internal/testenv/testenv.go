@@ -77,6 +77,9 @@ func NATSURL(t testing.TB) string { return resolve(t, nats) }
 
 func resolve(t testing.TB, s *service) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skipf("needs %s: skipped in -short mode", s.name)
+	}
 	s.once.Do(func() { s.url, s.err = s.find() })
 	if s.err != nil {
 		if os.Getenv("CI") == "true" {

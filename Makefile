@@ -1,0 +1,38 @@
+# relayd — run `make help` for the targets.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X main.version=$(VERSION)
+GO      ?= go
+
+# `make run` talks to local services (compose.yaml, or the machine's own)
+# unless RELAY_DATABASE_URL is set.
+LOCAL_DATABASE_URL ?= postgres://root@127.0.0.1:5432/test?sslmode=disable
+
+.PHONY: help build run test test-short lint bench up down clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## build bin/relayd
+	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/relayd ./cmd/relayd
+
+run: build ## migrate and run relayd against the local services (creates stream and exchange)
+	RELAY_DATABASE_URL="$${RELAY_DATABASE_URL:-$(LOCAL_DATABASE_URL)}" RELAY_PROVISION=true ./bin/relayd run
+
+test: ## run every test, with the race detector, against the real services
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+test-short: ## unit tests only (no services needed)
+	$(GO) test -short -count=1 ./...
+
+lint: ## go vet and staticcheck
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 ./...
+
+up: ## start Postgres, RabbitMQ, NATS and relayd with docker compose
+	docker compose up -d --build
+
+down: ## stop the compose services
+	docker compose down -v
+
+clean: ## remove build output
+	rm -rf bin
