@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 
@@ -82,8 +83,14 @@ func envError(err error) error {
 			return badVar(msg[i+2:], "required but not set")
 		}
 	}
-	// "RELAY_X: time: invalid duration ..." or similar: already named.
+	// Parse errors start with the Go field's name: name the variable.
 	msg = strings.ReplaceAll(msg, "\n", " ")
+	if field, rest, ok := strings.Cut(msg, ": "); ok {
+		if f, ok := reflect.TypeFor[config]().FieldByName(field); ok {
+			name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+			return badVar(name, "invalid value: %s", rest)
+		}
+	}
 	return &configError{msg: msg}
 }
 

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sethvargo/go-envconfig"
+
+	"github.com/relayd/relayd/relay"
+)
+
+func base() map[string]string {
+	return map[string]string{"RELAY_DATABASE_URL": "postgres://relay:s3cret@db.example:5432/app"}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	cfg, err := loadConfig(context.Background(), envconfig.MapLookuper(base()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.targets) != 2 || cfg.targets[0] != relay.TargetAMQP || cfg.targets[1] != relay.TargetNATS {
+		t.Errorf("targets %v, want dual write by default", cfg.targets)
+	}
+	if cfg.table.String() != "outbox" || cfg.NATSStream != "OUTBOX" || cfg.AMQPExchange != "outbox" ||
+		cfg.NATSSubjectPrefix != "outbox." || cfg.PublishTimeout != 10*time.Second || cfg.MetricsAddr != "127.0.0.1:9090" {
+		t.Errorf("unexpected defaults: %+v", cfg)
+	}
+}
+
+// Every bad value: an error naming the variable, on one line, without the
+// database password.
+func TestConfigErrorsNameTheVariable(t *testing.T) {
+	for _, tc := range []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{"RELAY_DATABASE_URL": ""}, "RELAY_DATABASE_URL"},
+		{map[string]string{"RELAY_TARGETS": "bogus"}, "RELAY_TARGETS"},
+		{map[string]string{"RELAY_TARGETS": "amqp,amqp"}, "RELAY_TARGETS"},
+		{map[string]string{"RELAY_TARGETS": ""}, "RELAY_TARGETS"},
+		{map[string]string{"RELAY_OUTBOX_TABLE": "public.Outbox; drop"}, "RELAY_OUTBOX_TABLE"},
+		{map[string]string{"RELAY_NATS_URL": "http://x"}, "RELAY_NATS_URL"},
+		{map[string]string{"RELAY_AMQP_URL": "amqp://"}, "RELAY_AMQP_URL"},
+		{map[string]string{"RELAY_NATS_SUBJECT_PREFIX": "a.*."}, "RELAY_NATS_SUBJECT_PREFIX"},
+		{map[string]string{"RELAY_NATS_SUBJECT_PREFIX": "events"}, "RELAY_NATS_SUBJECT_PREFIX"},
+		{map[string]string{"RELAY_NATS_STREAM": "a.b"}, "RELAY_NATS_STREAM"},
+		{map[string]string{"RELAY_AMQP_EXCHANGE": ""}, "RELAY_AMQP_EXCHANGE"},
+		{map[string]string{"RELAY_BATCH_SIZE": "0"}, "RELAY_BATCH_SIZE"},
+		{map[string]string{"RELAY_BATCH_SIZE": "many"}, "RELAY_BATCH_SIZE"},
+		{map[string]string{"RELAY_WORKERS": "1000"}, "RELAY_WORKERS"},
+		{map[string]string{"RELAY_PUBLISH_TIMEOUT": "10"}, "RELAY_PUBLISH_TIMEOUT"},
+		{map[string]string{"RELAY_PUBLISH_TIMEOUT": "-1s"}, "RELAY_PUBLISH_TIMEOUT"},
+		{map[string]string{"RELAY_RETENTION": "0s"}, "RELAY_RETENTION"},
+		{map[string]string{"RELAY_PROVISION": "maybe"}, "RELAY_PROVISION"},
+		{map[string]string{"RELAY_METRICS_ADDR": "9090"}, "RELAY_METRICS_ADDR"},
+		{map[string]string{"RELAY_LOG_LEVEL": "loud"}, "RELAY_LOG_LEVEL"},
+		{map[string]string{"RELAY_LOG_FORMAT": "xml"}, "RELAY_LOG_FORMAT"},
+	} {
+		env := base()
+		for k, v := range tc.set {
+			if v == "" && k == "RELAY_DATABASE_URL" {
+				delete(env, k)
+				continue
+			}
+			env[k] = v
+		}
+		_, err := loadConfig(context.Background(), envconfig.MapLookuper(env))
+		if err == nil {
+			t.Errorf("%v: accepted", tc.set)
+			continue
+		}
+		msg := err.Error()
+		if !strings.HasPrefix(msg, tc.want) || strings.Contains(msg, "\n") || strings.Contains(msg, "s3cret") {
+			t.Errorf("%v: error %q, want one line starting with %s and no password", tc.set, msg, tc.want)
+		}
+	}
+}
+
+// A target that is off needs no settings of its own.
+func TestConfigSkipsDisabledTarget(t *testing.T) {
+	env := base()
+	env["RELAY_TARGETS"] = "amqp"
+	env["RELAY_NATS_URL"] = "garbage"
+	if _, err := loadConfig(context.Background(), envconfig.MapLookuper(env)); err != nil {
+		t.Fatalf("nats settings checked with nats disabled: %v", err)
+	}
+}
+
+func TestRunExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		code int
+		out  string
+	}{
+		{nil, nil, exitUsage, "Usage"},
+		{[]string{"frobnicate"}, nil, exitUsage, "unknown command"},
+		{[]string{"version"}, nil, exitOK, "relayd dev"},
+		{[]string{"run", "--help"}, nil, exitOK, "Usage: relayd run"},
+		{[]string{"migrate", "--help"}, nil, exitOK, "Usage: relayd migrate"},
+		{[]string{"migrate", "sideways"}, base(), exitUsage, "unknown action"},
+		{[]string{"run", "--bogus"}, base(), exitUsage, "flag provided but not defined"},
+		{[]string{"run"}, map[string]string{"RELAY_TARGETS": "bogus", "RELAY_DATABASE_URL": "postgres://x"}, exitUsage, "RELAY_TARGETS"},
+		{[]string{"run"}, map[string]string{}, exitUsage, "RELAY_DATABASE_URL"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(tc.args, &stdout, &stderr, envconfig.MapLookuper(tc.env))
+		if code != tc.code || !strings.Contains(stdout.String()+stderr.String(), tc.out) {
+			t.Errorf("relayd %v: exit %d, output %q; want exit %d and %q", tc.args, code, stdout.String()+stderr.String(), tc.code, tc.out)
+		}
+		if tc.code == exitUsage && len(tc.args) > 0 && tc.args[0] == "run" && tc.env != nil {
+			if lines := strings.Count(strings.TrimSpace(stderr.String()), "\n"); lines != 0 {
+				t.Errorf("relayd %v: %d lines on stderr, want 1", tc.args, lines+1)
+			}
+		}
+	}
+}
+
+func TestRedact(t *testing.T) {
+	if got := redact("amqp://guest:hunter2@rabbit:5672/"); strings.Contains(got, "hunter2") {
+		t.Fatalf("redact kept the password: %s", got)
+	}
+}
+
+func FuzzConfigTargets(f *testing.F) {
+	for _, s := range []string{"amqp", "nats", "amqp,nats", "bogus", "", ",", "amqp,,nats"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		env := base()
+		env["RELAY_TARGETS"] = s
+		cfg, err := loadConfig(context.Background(), envconfig.MapLookuper(env))
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "RELAY_") || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("error %q is not one line naming a variable", err)
+			}
+			return
+		}
+		if len(cfg.targets) == 0 || len(cfg.targets) > 2 {
+			t.Fatalf("accepted %q as %v", s, cfg.targets)
+		}
+	})
+}

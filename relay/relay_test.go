@@ -1,0 +1,494 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/schema"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgxpool's background health check outlives a closed pool briefly.
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+	)
+}
+
+// fakeSink is a broker stand-in for tests of the loop: it records what it
+// was asked to publish and fails on demand. Integration tests use the real
+// brokers.
+type fakeSink struct {
+	target Target
+	mu     sync.Mutex
+	got    map[string]int // message id -> publishes confirmed
+	tries  map[string]int // message id -> publish calls
+	down   error          // Ready's answer
+	fail   func(*Message) error
+}
+
+func newFake(t Target) *fakeSink {
+	return &fakeSink{target: t, got: map[string]int{}, tries: map[string]int{}}
+}
+
+func (f *fakeSink) Target() Target { return f.target }
+
+func (f *fakeSink) Ready() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.down
+}
+
+func (f *fakeSink) setDown(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = err
+}
+
+func (f *fakeSink) setFail(fn func(*Message) error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail = fn
+}
+
+func (f *fakeSink) Publish(_ context.Context, msgs []*Message, results []error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, m := range msgs {
+		f.tries[m.MessageID]++
+		if f.down != nil {
+			results[i] = f.down
+			continue
+		}
+		if f.fail != nil {
+			if err := f.fail(m); err != nil {
+				results[i] = err
+				continue
+			}
+		}
+		f.got[m.MessageID]++
+	}
+}
+
+func (f *fakeSink) count(id string) (got, tries int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.got[id], f.tries[id]
+}
+
+func (f *fakeSink) total() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.got {
+		n += c
+	}
+	return n
+}
+
+type fixture struct {
+	t     *testing.T
+	pool  *pgxpool.Pool
+	table schema.Table
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	pool := testenv.Pool(t)
+	return &fixture{t: t, pool: pool, table: testenv.Outbox(t, pool)}
+}
+
+// insert writes n rows with plain SQL, as any producer may, and returns
+// their message ids.
+func (f *fixture) insert(n int, topic string) []string {
+	f.t.Helper()
+	rows, err := f.pool.Query(context.Background(),
+		`INSERT INTO `+f.table.Ident()+` (topic, payload, headers)
+		 SELECT $1, convert_to('p' || g, 'UTF8'), '{"traceparent":"00-1-2-01"}' FROM generate_series(1, $2) g
+		 RETURNING message_id::text`, topic, n)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		f.t.Fatal(err)
+	}
+	return ids
+}
+
+// start runs a relay until the test ends.
+func (f *fixture) start(cfg Config) (*Relay, context.CancelFunc, <-chan struct{}) {
+	f.t.Helper()
+	cfg.Table = f.table
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 20 * time.Millisecond
+	}
+	if cfg.RetryMin == 0 {
+		cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 100*time.Millisecond
+	}
+	if cfg.PublishTimeout == 0 {
+		cfg.PublishTimeout = 2 * time.Second
+	}
+	r, err := New(f.pool, cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	f.t.Cleanup(func() { cancel(); <-done })
+	return r, cancel, done
+}
+
+// state reads one row's delivery columns.
+type rowState struct {
+	amqpDelivered, natsDelivered, done bool
+	amqpParked, natsParked             bool
+	amqpAttempts, natsAttempts         int
+	amqpErr, natsErr                   string
+}
+
+func (f *fixture) state(id string) rowState {
+	f.t.Helper()
+	var s rowState
+	var ae, ne *string
+	err := f.pool.QueryRow(context.Background(), `SELECT amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL, done_at IS NOT NULL,
+		amqp_parked_at IS NOT NULL, nats_parked_at IS NOT NULL, amqp_attempts, nats_attempts, amqp_last_error, nats_last_error
+		FROM `+f.table.Ident()+` WHERE message_id = $1`, id).
+		Scan(&s.amqpDelivered, &s.natsDelivered, &s.done, &s.amqpParked, &s.natsParked, &s.amqpAttempts, &s.natsAttempts, &ae, &ne)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if ae != nil {
+		s.amqpErr = *ae
+	}
+	if ne != nil {
+		s.natsErr = *ne
+	}
+	return s
+}
+
+func (f *fixture) countDone() int {
+	f.t.Helper()
+	var n int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table.Ident()+` WHERE done_at IS NOT NULL`).Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
+
+func TestDeliversEveryRowOncePerTarget(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	ids := f.insert(3000, "orders.created")
+	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 100, Workers: 4})
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(ids) }, "rows not all done")
+	for _, id := range ids {
+		if ga, _ := a.count(id); ga != 1 {
+			t.Fatalf("amqp got %s %d times", id, ga)
+		}
+		if gn, _ := n.count(id); gn != 1 {
+			t.Fatalf("nats got %s %d times", id, gn)
+		}
+	}
+}
+
+// With one broker down, the other keeps flowing; the down one is not even
+// tried, and catches up once back.
+func TestTargetsProgressIndependently(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	n.setDown(Unavailable(errors.New("nats: disconnected")))
+	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 50})
+	ids := f.insert(500, "orders.created")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.total() == len(ids) }, "amqp did not get every row while nats was down")
+	for _, id := range ids[:10] {
+		if s := f.state(id); !s.amqpDelivered || s.natsDelivered || s.done {
+			t.Fatalf("row %s: %+v, want amqp delivered only", id, s)
+		}
+		if _, tries := n.count(id); tries != 0 {
+			t.Fatalf("nats was tried %d times while not ready", tries)
+		}
+	}
+	n.setDown(nil)
+	testenv.Eventually(t, 20*time.Second, func() bool { return f.countDone() == len(ids) }, "nats did not catch up")
+	for _, id := range ids {
+		if ga, _ := a.count(id); ga != 1 {
+			t.Fatalf("amqp got %s %d times, want once", id, ga)
+		}
+	}
+}
+
+// A broker that takes every publish but confirms none (a blackhole) pauses
+// its target without holding the other one back, and never marks anything
+// delivered.
+func TestUnconfirmedTargetNeverMarkedAndDoesNotBlockOther(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	n.setFail(func(*Message) error { return Unavailable(context.DeadlineExceeded) })
+	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 20})
+	ids := f.insert(400, "orders.created")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.total() == len(ids) }, "amqp held back by a failing nats")
+	var natsDelivered int
+	f.pool.QueryRow(context.Background(), `SELECT count(nats_delivered_at) FROM `+f.table.Ident()).Scan(&natsDelivered)
+	if natsDelivered != 0 {
+		t.Fatalf("%d rows marked delivered to nats, none was confirmed", natsDelivered)
+	}
+	n.setFail(nil)
+	testenv.Eventually(t, 20*time.Second, func() bool { return f.countDone() == len(ids) }, "nats did not recover")
+}
+
+// A row is never re-sent to a broker that confirmed it, however often the
+// other broker makes it retry.
+func TestConfirmedTargetNotResentOnOtherTargetsRetries(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	var mu sync.Mutex
+	fails := 0
+	n.setFail(func(*Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if fails < 3 {
+			fails++
+			return errors.New("nats: stream busy") // per-message, retried with backoff
+		}
+		return nil
+	})
+	ids := f.insert(1, "orders.created")
+	f.start(Config{Sinks: []Sink{a, n}})
+	testenv.Eventually(t, 20*time.Second, func() bool { return f.state(ids[0]).done }, "row not done")
+	s := f.state(ids[0])
+	if ga, ta := a.count(ids[0]); ga != 1 || ta != 1 {
+		t.Fatalf("amqp got/tried %d/%d times, want 1/1", ga, ta)
+	}
+	if s.natsAttempts != 4 || s.amqpAttempts != 1 || !strings.Contains(s.natsErr, "stream busy") {
+		t.Fatalf("state %+v: want 4 nats attempts with the last error kept, 1 amqp attempt", s)
+	}
+}
+
+// A row that can never be published is parked with its reason, per target,
+// and the rows after it flow.
+func TestPermanentErrorsPark(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	n.setFail(func(m *Message) error {
+		if m.Topic == "bad topic" {
+			return Permanent("nats: topic is not a valid subject")
+		}
+		return nil
+	})
+	bad := f.insert(1, "bad topic")[0]
+	var badHeaders string
+	err := f.pool.QueryRow(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, payload, headers) VALUES ('orders.x', '\x00', '{"n": 1}') RETURNING message_id::text`).Scan(&badHeaders)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := f.insert(100, "orders.created")
+	f.start(Config{Sinks: []Sink{a, n}})
+	testenv.Eventually(t, 20*time.Second, func() bool { return f.countDone() == len(good) }, "good rows held up by bad ones")
+
+	testenv.Eventually(t, 5*time.Second, func() bool { return f.state(bad).natsParked }, "bad topic not parked")
+	if s := f.state(bad); !s.amqpDelivered || s.done || !strings.Contains(s.natsErr, "not a valid subject") {
+		t.Fatalf("bad topic row: %+v, want amqp delivered, nats parked with reason, not done", s)
+	}
+	s := f.state(badHeaders)
+	if !s.amqpParked || !s.natsParked || !strings.Contains(s.amqpErr, `value of "n" is not a string`) {
+		t.Fatalf("bad headers row: %+v, want parked on both targets with the reason", s)
+	}
+	if _, tries := a.count(badHeaders); tries != 0 {
+		t.Fatalf("bad headers row was published %d times", tries)
+	}
+	// Parked rows are not retried.
+	_, before := n.count(bad)
+	time.Sleep(200 * time.Millisecond) // several poll intervals, to see that nothing happens
+	if _, after := n.count(bad); after != before {
+		t.Fatalf("parked row retried: %d -> %d tries", before, after)
+	}
+}
+
+// Changing RELAY_TARGETS never re-sends: rows finished in the legacy-only
+// phase are not replayed to JetStream when dual write starts; rows written
+// afterwards go to both.
+func TestPhaseChangeDoesNotResend(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a1 := newFake(TargetAMQP)
+	old := f.insert(50, "orders.created")
+	_, cancel, done := f.start(Config{Sinks: []Sink{a1}})
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == len(old) }, "legacy phase did not finish")
+	cancel()
+	<-done
+
+	a2, n2 := newFake(TargetAMQP), newFake(TargetNATS)
+	f.start(Config{Sinks: []Sink{a2, n2}})
+	fresh := f.insert(50, "orders.created")
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == len(old)+len(fresh) }, "dual phase did not finish")
+	if a2.total() != len(fresh) || n2.total() != len(fresh) {
+		t.Fatalf("dual phase published amqp %d, nats %d; want only the %d new rows each", a2.total(), n2.total(), len(fresh))
+	}
+	for _, id := range old {
+		if s := f.state(id); s.natsDelivered {
+			t.Fatalf("legacy-phase row %s recorded as delivered to nats", id)
+		}
+	}
+}
+
+// Soft stop: cancelling Run lets the in-flight batch finish and record.
+func TestStopFinishesInFlightBatch(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a := newFake(TargetAMQP)
+	r, err := New(f.pool, Config{Table: f.table, Sinks: []Sink{a}, Workers: 1, BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inFlight, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.testHookAfterPublish = func() {
+		once.Do(func() { close(inFlight); <-release })
+	}
+	ids := f.insert(10, "orders.created")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	<-inFlight
+	cancel()
+	close(release)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	for _, id := range ids {
+		if !f.state(id).amqpDelivered {
+			t.Fatalf("row %s published but not recorded at stop", id)
+		}
+	}
+}
+
+// Rows delivered longer ago than Retention are deleted; others stay.
+func TestCleanupKeepsRetention(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a := newFake(TargetAMQP)
+	r, err := New(f.pool, Config{Table: f.table, Sinks: []Sink{a}, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := f.insert(2500, "orders.created")
+	ctx := context.Background()
+	// 2100 rows finished two hours ago, 300 a minute ago, 100 not yet.
+	exec := func(q string, args ...any) {
+		if _, err := f.pool.Exec(ctx, q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`UPDATE `+f.table.Ident()+` SET amqp_delivered_at = now(), done_at = now() - interval '2 hours' WHERE message_id = ANY($1::uuid[])`, ids[:2100])
+	exec(`UPDATE `+f.table.Ident()+` SET amqp_delivered_at = now(), done_at = now() - interval '1 minute' WHERE message_id = ANY($1::uuid[])`, ids[2100:2400])
+	if err := r.CleanupOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var left, leftDone int
+	f.pool.QueryRow(ctx, `SELECT count(*), count(done_at) FROM `+f.table.Ident()).Scan(&left, &leftDone)
+	if left != 400 || leftDone != 300 {
+		t.Fatalf("after cleanup: %d rows (%d done), want 400 (300 done)", left, leftDone)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	a := newFake(TargetAMQP)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no sinks", Config{}, "no sinks"},
+		{"two amqp", Config{Sinks: []Sink{a, newFake(TargetAMQP)}}, "two sinks"},
+		{"unknown target", Config{Sinks: []Sink{newFake("kafka")}}, "unknown target"},
+		{"batch", Config{Sinks: []Sink{a}, BatchSize: -1}, "BatchSize"},
+		{"workers", Config{Sinks: []Sink{a}, Workers: 1000}, "Workers"},
+		{"retry", Config{Sinks: []Sink{a}, RetryMin: time.Minute, RetryMax: time.Second}, "RetryMax"},
+	} {
+		if _, err := New(nil, tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: New error %v, want one mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestParseTargets(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"amqp": "[amqp]", "nats": "[nats]", "amqp,nats": "[amqp nats]", "nats, amqp": "[amqp nats]",
+	} {
+		got, err := ParseTargets(in)
+		if err != nil || fmt.Sprint(got) != want {
+			t.Errorf("ParseTargets(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "bogus", "amqp,amqp", "amqp,", "kafka,nats"} {
+		if _, err := ParseTargets(in); err == nil {
+			t.Errorf("ParseTargets(%q) accepted", in)
+		}
+	}
+}
+
+func TestRetryBackoffIsCappedExponential(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: Config{RetryMin: time.Second, RetryMax: time.Minute}}
+	for attempt, want := range map[int32]time.Duration{1: time.Second, 2: 2 * time.Second, 4: 8 * time.Second, 7: time.Minute, 40: time.Minute} {
+		for range 20 {
+			if d := r.retryBackoff(attempt); d < want/2 || d > want {
+				t.Fatalf("attempt %d: backoff %v, want within [%v, %v]", attempt, d, want/2, want)
+			}
+		}
+	}
+}
+
+func TestBreaker(t *testing.T) {
+	t.Parallel()
+	var b breaker
+	now := time.Now()
+	if !b.allow(now) {
+		t.Fatal("new breaker closed")
+	}
+	d1 := b.failure(now)
+	if d1 != 100*time.Millisecond || b.allow(now) || b.failure(now) != 0 {
+		t.Fatalf("first failure: open for %v; want 100ms, closed meanwhile, no double count", d1)
+	}
+	later := now.Add(d1)
+	if !b.allow(later) {
+		t.Fatal("breaker did not half-open after its wait")
+	}
+	if d2 := b.failure(later); d2 != 200*time.Millisecond {
+		t.Fatalf("second failure: %v, want 200ms", d2)
+	}
+	for i := range 20 {
+		later = later.Add(time.Hour)
+		if d := b.failure(later); d > breakerMax {
+			t.Fatalf("failure %d: %v over the cap", i, d)
+		}
+	}
+	if !b.success() || !b.allow(later) {
+		t.Fatal("success did not close the breaker")
+	}
+}
