@@ -354,3 +354,49 @@ func TestConfigErrorsExit2(t *testing.T) {
 		})
 	}
 }
+
+// Postgres drops every relay connection, again and again, mid-run (what a
+// restart or failover looks like from relayd): it reconnects by itself, loses
+// nothing and puts nothing twice in the stream.
+func TestPostgresConnectionsKilled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	app := testenv.Name("relayd")
+	url := e.dbURL + "&application_name=" + app
+	if !strings.Contains(e.dbURL, "?") {
+		url = e.dbURL + "?application_name=" + app
+	}
+	r := e.startRelay("relay", "RELAY_DATABASE_URL="+url)
+
+	var committed map[string]bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		committed, _ = e.producers(context.Background(), 2, 10_000, 5*time.Millisecond)
+	}()
+	ctx := context.Background()
+	killed := 0
+	for i := 0; i < 10; i++ {
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			var n int
+			e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+			return n > 0
+		}, "relay did not reconnect to postgres")
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		killed += n
+		time.Sleep(300 * time.Millisecond) // spacing between fault injections
+	}
+	<-done
+	e.waitDelivered(2 * time.Minute)
+	dupes := e.checkExactlyOnce(committed, true)
+	t.Logf("terminated %d relay backends in 10 rounds; rabbitmq duplicates: %d", killed, dupes)
+	if killed < 10 {
+		t.Errorf("only %d backends terminated, the fault was not injected", killed)
+	}
+	if !r.running() {
+		t.Fatalf("relayd exited:\n%s", r.out.String())
+	}
+}

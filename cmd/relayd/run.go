@@ -171,7 +171,19 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}
 	log.Info("relayd running", "version", version, "targets", cfg.Targets, "table", cfg.table.String(),
 		"nats_url", redact(cfg.NATSURL), "amqp_url", redact(cfg.AMQPURL))
-	return r.Run(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(cfg.ShutdownGrace):
+		return fmt.Errorf("in-flight batches did not finish within RELAY_SHUTDOWN_TIMEOUT=%s; their rows will be published again", cfg.ShutdownGrace)
+	}
 }
 
 // checkSchema makes sure the table is migrated: with RELAY_PROVISION it
