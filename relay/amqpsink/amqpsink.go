@@ -80,6 +80,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+	s.cur = first // ready as soon as New returns
 	go s.supervise(first)
 	return s, nil
 }
