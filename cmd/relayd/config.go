@@ -40,6 +40,7 @@ type config struct {
 	PublishTimeout time.Duration `env:"RELAY_PUBLISH_TIMEOUT, default=10s"`
 	PollInterval   time.Duration `env:"RELAY_POLL_INTERVAL, default=1s"`
 	Retention      time.Duration `env:"RELAY_RETENTION, default=24h"`
+	StatsInterval  time.Duration `env:"RELAY_STATS_INTERVAL, default=5s"`
 	StartupTimeout time.Duration `env:"RELAY_STARTUP_TIMEOUT, default=30s"`
 	ShutdownGrace  time.Duration `env:"RELAY_SHUTDOWN_TIMEOUT, default=30s"`
 
@@ -152,6 +153,7 @@ func (c *config) validate() error {
 		{"RELAY_PUBLISH_TIMEOUT", c.PublishTimeout},
 		{"RELAY_POLL_INTERVAL", c.PollInterval},
 		{"RELAY_RETENTION", c.Retention},
+		{"RELAY_STATS_INTERVAL", c.StatsInterval},
 		{"RELAY_STARTUP_TIMEOUT", c.StartupTimeout},
 		{"RELAY_SHUTDOWN_TIMEOUT", c.ShutdownGrace},
 	} {

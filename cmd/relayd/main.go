@@ -38,6 +38,7 @@ const usage = `relayd relays outbox rows from Postgres to RabbitMQ and NATS JetS
 Usage:
   relayd run        relay until SIGINT/SIGTERM (a second signal exits at once)
   relayd migrate    create or upgrade the outbox table (up, the default, or status)
+  relayd status     how far behind each target is (--json for scripts)
   relayd version    print the version
 
 Each command takes --help. Configuration comes from RELAY_* environment
@@ -60,6 +61,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdRun(args[1:], stdout, stderr, env)
 	case "migrate":
 		return cmdMigrate(args[1:], stdout, stderr, env)
+	case "status":
+		return cmdStatus(args[1:], stdout, stderr, env)
 	case "version":
 		fmt.Fprintf(stdout, "relayd %s (%s)\n", version, runtime.Version())
 		return exitOK

@@ -35,7 +35,8 @@ exits at once.
 
 At start it checks that the table is migrated, the JetStream stream and the
 RabbitMQ exchange exist; with RELAY_PROVISION=true it creates whatever is
-missing instead. Serves /metrics and /healthz on RELAY_METRICS_ADDR.
+missing instead. Serves /metrics, /healthz, /readyz and /version on
+RELAY_METRICS_ADDR.
 `
 
 func cmdRun(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
@@ -158,8 +159,13 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		return err
 	}
 
+	ob := metrics.NewOutbox(reg)
+	go ob.Run(ctx, cfg.StatsInterval, func(ctx context.Context) ([]relay.TargetStats, error) {
+		return relay.ReadStats(ctx, pool, cfg.table, cfg.targets)
+	}, log)
+
 	if cfg.MetricsAddr != "" {
-		srv, err := startHTTP(cfg.MetricsAddr, reg, log)
+		srv, err := startHTTP(cfg.MetricsAddr, reg, readiness(pool, sinks), log)
 		if err != nil {
 			return err
 		}
@@ -235,7 +241,26 @@ func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn
 	}
 }
 
-func startHTTP(addr string, reg *prometheus.Registry, log *slog.Logger) (*http.Server, error) {
+// readiness reports what relayd depends on and cannot reach: Postgres and
+// each enabled broker. Empty means ready.
+func readiness(pool *pgxpool.Pool, sinks []relay.Sink) func(context.Context) []string {
+	return func(ctx context.Context) []string {
+		var down []string
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := pool.Ping(pctx); err != nil {
+			down = append(down, "postgres: "+err.Error())
+		}
+		for _, s := range sinks {
+			if err := s.Ready(); err != nil {
+				down = append(down, string(s.Target())+": "+err.Error())
+			}
+		}
+		return down
+	}
+}
+
+func startHTTP(addr string, reg *prometheus.Registry, ready func(context.Context) []string, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener (RELAY_METRICS_ADDR=%s): %w", addr, err)
@@ -243,6 +268,16 @@ func startHTTP(addr string, reg *prometheus.Registry, log *slog.Logger) (*http.S
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if down := ready(r.Context()); len(down) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			for _, d := range down {
+				fmt.Fprintln(w, d)
+			}
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
 	mux.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, version+"\n") })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

@@ -1,0 +1,267 @@
+package amqpsink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/relay/amqpsink"
+	"github.com/relayd/relayd/relay/sinktest"
+)
+
+// Every goroutine started here (sinks, amqp091 connections, the queue
+// readers) must be gone when the tests end, with one exception owned by
+// toxiproxy v2.5.0: when Proxy.Stop closes a connection while bytes are in
+// flight, the link's write goroutine exits on the write error and nothing
+// drains the link's channels any more, so its read goroutine (blocked in
+// stream.(*ChanWriter).Write) and its toxic stub (blocked in
+// toxics.(*NoopToxic).Pipe) stay blocked on a channel send for good
+// (toxiproxy link.go read/write, toxics/toxic.go Run). Both are toxiproxy's
+// own pipeline goroutines, started by ToxicLink.Start, never ours.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/stream.(*ChanWriter).Write"),
+		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*NoopToxic).Pipe"),
+	)
+}
+
+func TestConformance(t *testing.T) {
+	sinktest.Run(t, sinktest.Harness{
+		New:     func(t *testing.T) (relay.Sink, sinktest.Broker) { e := setup(t); return e.sink, e },
+		Dedupes: false, // RabbitMQ never dedupes: a retried message is queued again
+	})
+}
+
+// A batch mixing routable messages with ones no queue is bound to: the
+// routable ones are confirmed and arrive; the others are returned, never
+// confirmed, never queued.
+func TestUnroutableIsReturned(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t)
+	msgs := sinktest.Messages("mixed", 30)
+	unroutable := map[string]bool{}
+	for i, m := range msgs {
+		if i%3 == 1 {
+			m.Topic = "unbound.mixed" // the queue binds sinktest.# only
+			unroutable[m.MessageID] = true
+		}
+	}
+	results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
+	requireRouting(t, msgs, results, unroutable)
+
+	var routed []*relay.Message
+	for _, m := range msgs {
+		if !unroutable[m.MessageID] {
+			routed = append(routed, m)
+		}
+	}
+	sinktest.WaitArrived(t, e, routed)
+	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), routed, 1)
+}
+
+// Returns and confirms of concurrent publishes are paired with the right
+// message: 8 goroutines, each a batch with every third message unroutable.
+func TestConcurrentReturns(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		msgs := sinktest.Messages(fmt.Sprintf("cret%d", w), 150)
+		unroutable := map[string]bool{}
+		for i, m := range msgs {
+			if (i+w)%3 == 0 {
+				m.Topic = "unbound.conc"
+				unroutable[m.MessageID] = true
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			results := make([]error, len(msgs))
+			e.sink.Publish(ctx, msgs, results)
+			requireRouting(t, msgs, results, unroutable)
+		}()
+	}
+	wg.Wait()
+}
+
+func requireRouting(t *testing.T, msgs []*relay.Message, results []error, unroutable map[string]bool) {
+	t.Helper()
+	for i, m := range msgs {
+		err := results[i]
+		switch {
+		case unroutable[m.MessageID] && !errors.Is(err, amqpsink.ErrReturned):
+			t.Errorf("unroutable message %s (topic %q): result %v, want an error wrapping amqpsink.ErrReturned", m.MessageID, m.Topic, err)
+		case unroutable[m.MessageID] && errors.Is(err, relay.ErrUnavailable):
+			t.Errorf("unroutable message %s: result %v also wraps ErrUnavailable", m.MessageID, err)
+		case !unroutable[m.MessageID] && err != nil:
+			t.Errorf("routable message %s (topic %q): result %v, want nil", m.MessageID, m.Topic, err)
+		}
+	}
+}
+
+// A routing key over AMQP's 255-byte limit is permanent; the batch's other
+// messages are published.
+func TestLongRoutingKeyIsPermanent(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t)
+	msgs := sinktest.Messages("longkey", 3)
+	msgs[1].Topic = sinktest.TopicPrefix + strings.Repeat("k", 256-len(sinktest.TopicPrefix))
+	results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
+	var pe *relay.PermanentError
+	if !errors.As(results[1], &pe) {
+		t.Fatalf("routing key of %d bytes: result %v (%T), want a *relay.PermanentError", len(msgs[1].Topic), results[1], results[1])
+	}
+	ok := []*relay.Message{msgs[0], msgs[2]}
+	sinktest.RequireAllNil(t, ok, []error{results[0], results[2]})
+	sinktest.WaitArrived(t, e, ok)
+}
+
+// env is one test's exchange and queue, a proxy in front of RabbitMQ that
+// the sink connects through, and a reader of the queue. It is the
+// sinktest.Broker.
+type env struct {
+	sink     *amqpsink.Sink
+	proxy    *toxiproxy.Proxy
+	exchange string
+	queue    string
+
+	mu  sync.Mutex
+	got map[string][]sinktest.Delivery
+}
+
+var _ sinktest.Broker = (*env)(nil)
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	rawURL := testenv.AMQPURL(t)
+	name := testenv.Name("sinktest")
+	e := &env{exchange: name, queue: name + "_q", got: map[string][]sinktest.Delivery{}}
+
+	// The reader connects directly, so Down does not touch it.
+	conn, err := amqp.Dial(rawURL)
+	if err != nil {
+		t.Fatalf("amqp dial: %v", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(e.exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(e.queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(e.queue, sinktest.TopicPrefix+"#", e.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(e.queue, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		for d := range deliveries {
+			e.add(d)
+		}
+	}()
+	t.Cleanup(func() {
+		if _, err := ch.QueueDelete(e.queue, false, false, false); err != nil {
+			t.Errorf("delete queue %s: %v", e.queue, err)
+		}
+		if err := ch.ExchangeDelete(e.exchange, false, false); err != nil {
+			t.Errorf("delete exchange %s: %v", e.exchange, err)
+		}
+		conn.Close()
+		<-readerDone
+	})
+
+	// The sink connects through a proxy of its own, which Down stops.
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	e.proxy = toxiproxy.NewProxy(srv, name, "127.0.0.1:0", u.Host)
+	if err := e.proxy.Start(); err != nil {
+		t.Fatalf("start proxy: %v", err)
+	}
+	t.Cleanup(e.proxy.Stop)
+	u.Host = e.proxy.Listen // the port it got; kept across Stop/Start
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e.sink, err = amqpsink.New(ctx, amqpsink.Config{URL: u.String(), Exchange: e.exchange})
+	if err != nil {
+		t.Fatalf("amqpsink.New: %v", err)
+	}
+	t.Cleanup(func() {
+		closed := make(chan struct{})
+		go func() { e.sink.Close(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(30 * time.Second):
+			t.Errorf("Sink.Close did not return within 30s")
+		}
+	})
+	return e
+}
+
+// setupReady is setup, then waits for the sink to be Ready, for the tests
+// of what comes after; the conformance suite's ReadyAfterNew checks that it
+// is Ready at once.
+func setupReady(t *testing.T) *env {
+	t.Helper()
+	e := setup(t)
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	return e
+}
+
+func (e *env) add(d amqp.Delivery) {
+	h := make(map[string]string, len(d.Headers))
+	for k, v := range d.Headers {
+		h[k] = fmt.Sprint(v)
+	}
+	e.mu.Lock()
+	e.got[d.MessageId] = append(e.got[d.MessageId], sinktest.Delivery{Headers: h, Payload: d.Body})
+	e.mu.Unlock()
+}
+
+// Received implements sinktest.Broker: what the queue's consumer got.
+func (e *env) Received(t *testing.T) map[string][]sinktest.Delivery {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string][]sinktest.Delivery, len(e.got))
+	for id, ds := range e.got {
+		out[id] = append([]sinktest.Delivery(nil), ds...)
+	}
+	return out
+}
+
+// Down implements sinktest.Broker: the proxy closes its listener and every
+// connection through it.
+func (e *env) Down(t *testing.T) { e.proxy.Stop() }
+
+// Up implements sinktest.Broker: the proxy listens on its port again.
+func (e *env) Up(t *testing.T) {
+	t.Helper()
+	if err := e.proxy.Start(); err != nil {
+		t.Fatalf("restart proxy on %s: %v", e.proxy.Listen, err)
+	}
+}

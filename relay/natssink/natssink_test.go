@@ -1,0 +1,333 @@
+package natssink_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/relay/natssink"
+	"github.com/relayd/relayd/relay/sinktest"
+)
+
+// Every goroutine started here (embedded servers, connections, the
+// JetStream async publisher) must be gone when the tests end: nothing is
+// ignored.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestConformance(t *testing.T) {
+	// Against a JetStream server of the test's own, which the outage
+	// subtests stop and restart on the same port and store directory.
+	t.Run("Embedded", func(t *testing.T) {
+		t.Parallel()
+		sinktest.Run(t, sinktest.Harness{
+			New:     func(t *testing.T) (relay.Sink, sinktest.Broker) { e := setupEmbedded(t); return e.sink, e },
+			Dedupes: true,
+		})
+	})
+	// Against the shared server (the version the project runs); it is never
+	// stopped, so the outage subtests skip here.
+	t.Run("Shared", func(t *testing.T) {
+		t.Parallel()
+		sinktest.Run(t, sinktest.Harness{
+			New:     func(t *testing.T) (relay.Sink, sinktest.Broker) { e := setupShared(t); return e.sink, e },
+			Dedupes: true,
+		})
+	})
+}
+
+// Topics that are not valid subjects are permanent, and do not stop the
+// valid message of the same batch.
+func TestInvalidSubjectIsPermanent(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	for _, topic := range []string{"a b", "a.*", "a.>", "*", ">", "a..b", "a.", ".a", "", "a\tb"} {
+		msgs := sinktest.Messages("badsubject", 2)
+		msgs[0].Topic = topic
+		results := sinktest.Publish(t, e.sink, 10*time.Second, msgs)
+		var pe *relay.PermanentError
+		if !errors.As(results[0], &pe) {
+			t.Errorf("topic %q: result %v (%T), want a *relay.PermanentError", topic, results[0], results[0])
+		}
+		if results[1] != nil {
+			t.Errorf("valid message in the same batch as topic %q: %v, want nil", topic, results[1])
+		}
+	}
+}
+
+// A message over the server's max_payload is permanent, whether the sink's
+// own size check or the client's catches it; one that fits is published.
+func TestOversizePayloadIsPermanent(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	maxPayload := int(e.nc.MaxPayload())
+	for _, tc := range []struct {
+		name      string
+		size      int
+		headers   bool
+		permanent bool
+	}{
+		{"payload alone over max_payload", maxPayload + 1, false, true},
+		// The payload fits, the headers (Nats-Msg-Id and
+		// Nats-Expected-Stream at least) push it over.
+		{"payload plus headers over max_payload", maxPayload - 64, false, true},
+		{"payload plus user headers over max_payload", maxPayload - 100, true, true},
+		{"well under max_payload", maxPayload - 4096, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msgs := sinktest.Messages("size", 1)
+			msgs[0].Payload = make([]byte, tc.size)
+			if !tc.headers {
+				msgs[0].Headers = nil
+			}
+			results := sinktest.Publish(t, e.sink, 10*time.Second, msgs)
+			if !tc.permanent {
+				sinktest.RequireAllNil(t, msgs, results)
+				sinktest.WaitArrived(t, e, msgs)
+				return
+			}
+			var pe *relay.PermanentError
+			if !errors.As(results[0], &pe) {
+				t.Fatalf("payload of %d bytes (max_payload %d): result %v (%T), want a *relay.PermanentError", tc.size, maxPayload, results[0], results[0])
+			}
+		})
+	}
+}
+
+// The sink publishes with jetstream.WithExpectStream(Stream): the stream is
+// named right, so the publish is stored, under the expected-stream header;
+// a sink naming another stream gets a permanent error and stores nothing.
+func TestExpectStream(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	msgs := sinktest.Messages("expect", 1)
+	sinktest.RequireAllNil(t, msgs, sinktest.Publish(t, e.sink, 10*time.Second, msgs))
+	got := sinktest.WaitArrived(t, e, msgs)
+	if s := got[msgs[0].MessageID][0].Headers[jetstream.ExpectedStreamHeader]; s != e.stream {
+		t.Errorf("stored message has %s %q, want %q", jetstream.ExpectedStreamHeader, s, e.stream)
+	}
+
+	wrong, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream + "_OTHER", SubjectPrefix: e.prefix, AckTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := sinktest.Messages("expect", 1)
+	results := sinktest.Publish(t, wrong, 10*time.Second, bad)
+	var pe *relay.PermanentError
+	if !errors.As(results[0], &pe) {
+		t.Fatalf("sink configured with stream %q, subject in %q: result %v (%T), want a *relay.PermanentError", e.stream+"_OTHER", e.stream, results[0], results[0])
+	}
+	if n := len(sinktest.Settle(t, e.sink, e)[bad[0].MessageID]); n != 0 {
+		t.Fatalf("message refused for its expected stream is stored %d times, want 0", n)
+	}
+}
+
+// env is one test's stream, the sink's connection and a reader of the
+// stream; for an embedded server, the server too. It is the
+// sinktest.Broker.
+type env struct {
+	sink   *natssink.Sink
+	nc     *nats.Conn // the sink's
+	js     jetstream.JetStream
+	stream string
+	prefix string
+	dups   atomic.Int64
+
+	srv  *natsserver.Server // nil for the shared server
+	port int
+	dir  string
+
+	mu   sync.Mutex
+	next uint64 // stream sequence Received reads from
+	got  map[string][]sinktest.Delivery
+}
+
+var (
+	_ sinktest.Broker           = (*env)(nil)
+	_ sinktest.DuplicateCounter = (*env)(nil)
+)
+
+func setupShared(t *testing.T) *env {
+	t.Helper()
+	return setup(t, &env{}, testenv.NATSURL(t))
+}
+
+func setupEmbedded(t *testing.T) *env {
+	t.Helper()
+	e := &env{dir: t.TempDir()}
+	e.srv = startServer(t, natsserver.RANDOM_PORT, e.dir)
+	e.port = e.srv.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() {
+		e.srv.Shutdown()
+		e.srv.WaitForShutdown()
+	})
+	return setup(t, e, e.srv.ClientURL())
+}
+
+// startServer runs a JetStream server of the test's own on port, storing in
+// dir, so the test can stop it without touching the shared server.
+func startServer(t *testing.T, port int, dir string) *natsserver.Server {
+	t.Helper()
+	s, err := natsserver.NewServer(&natsserver.Options{
+		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		t.Fatal("nats server not ready")
+	}
+	return s
+}
+
+// setup makes the stream, the sink (on a connection that reconnects
+// forever, every 100ms) and the reader's connection, on the server at url.
+func setup(t *testing.T, e *env, url string) *env {
+	t.Helper()
+	name := testenv.Name("sinktest")
+	e.stream = strings.ToUpper(name)
+	e.prefix = name + "."
+	e.got = map[string][]sinktest.Delivery{}
+	e.next = 1
+
+	reader := connect(t, url)
+	var err error
+	if e.js, err = jetstream.New(reader); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: e.stream, Subjects: []string{e.prefix + ">"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
+	}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := e.js.DeleteStream(ctx, e.stream); err != nil && e.srv == nil {
+			t.Errorf("delete stream %s: %v", e.stream, err) // an embedded server's goes with its dir
+		}
+	})
+
+	e.nc = connect(t, url)
+	e.sink, err = natssink.New(natssink.Config{
+		Conn: e.nc, Stream: e.stream, SubjectPrefix: e.prefix, AckTimeout: 5 * time.Second,
+		OnDuplicate: func() { e.dups.Add(1) },
+	})
+	if err != nil {
+		t.Fatalf("natssink.New: %v", err)
+	}
+	return e
+}
+
+func connect(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("nats connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// setupReady waits for e's sink to be Ready, for the tests of what comes
+// after; the conformance suite's ReadyAfterNew checks that it is at once.
+func setupReady(t *testing.T, e *env) *env {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	return e
+}
+
+// Received implements sinktest.Broker: the stream's messages by
+// Nats-Msg-Id, read from where the last call stopped.
+func (e *env) Received(t *testing.T) map[string][]sinktest.Delivery {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", e.stream, err)
+	}
+	last := st.CachedInfo().State.LastSeq
+	if e.next <= last {
+		cons, err := e.js.OrderedConsumer(ctx, e.stream, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: e.next,
+		})
+		if err != nil {
+			t.Fatalf("ordered consumer on %s: %v", e.stream, err)
+		}
+		for e.next <= last {
+			batch, err := cons.Fetch(int(min(last-e.next+1, 1000)), jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				t.Fatalf("fetch from %s: %v", e.stream, err)
+			}
+			n := 0
+			for m := range batch.Messages() {
+				md, err := m.Metadata()
+				if err != nil {
+					t.Fatal(err)
+				}
+				h := map[string]string{}
+				for k, v := range m.Headers() {
+					h[k] = v[0]
+				}
+				id := m.Headers().Get(jetstream.MsgIDHeader)
+				e.got[id] = append(e.got[id], sinktest.Delivery{Headers: h, Payload: m.Data()})
+				e.next = md.Sequence.Stream + 1
+				n++
+			}
+			if batch.Error() != nil || n == 0 {
+				t.Fatalf("fetch from %s at %d of %d: %d messages, error %v", e.stream, e.next, last, n, batch.Error())
+			}
+		}
+	}
+	out := make(map[string][]sinktest.Delivery, len(e.got))
+	for id, ds := range e.got {
+		out[id] = append([]sinktest.Delivery(nil), ds...)
+	}
+	return out
+}
+
+// Down implements sinktest.Broker: the embedded server shuts down.
+func (e *env) Down(t *testing.T) {
+	if e.srv == nil {
+		t.Skip("the shared NATS server is never stopped; the Embedded run covers outages")
+	}
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+}
+
+// Up implements sinktest.Broker: a new server on the same port and store
+// directory, so the stream survives; it returns once the stream answers.
+func (e *env) Up(t *testing.T) {
+	t.Helper()
+	e.srv = startServer(t, e.port, e.dir)
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := e.js.Stream(ctx, e.stream)
+		return err == nil
+	}, "stream %s not back after the restart", e.stream)
+}
+
+// Duplicates implements sinktest.DuplicateCounter: the sink's OnDuplicate
+// calls.
+func (e *env) Duplicates() int { return int(e.dups.Load()) }

@@ -1,0 +1,123 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/schema"
+)
+
+// TargetStats is how far one target is behind, read from the outbox table.
+type TargetStats struct {
+	Target Target `json:"target"`
+	// Pending is the number of rows still owed to the target (not
+	// delivered, not parked). Exact up to ExactLimit; above it an estimate
+	// from the pending id range (an upper bound), with PendingExact false.
+	Pending      int64 `json:"pending"`
+	PendingExact bool  `json:"pending_exact"`
+	// Lag is the age, by the database clock, of the oldest pending row (of
+	// the first 100 by id); 0 when nothing is pending.
+	Lag        time.Duration `json:"-"`
+	LagSeconds float64       `json:"lag_seconds"`
+	// Oldest pending row, when Pending > 0.
+	OldestID    int64     `json:"oldest_id,omitempty"`
+	OldestTopic string    `json:"oldest_topic,omitempty"`
+	OldestAt    time.Time `json:"oldest_created_at,omitzero"`
+	// Retrying is how many of the first ExactLimit pending rows wait for a
+	// retry after a failed publish.
+	Retrying int64 `json:"retrying"`
+	// Parked rows will not be retried without an operator.
+	Parked int64 `json:"parked"`
+	// LastError is the last_error of the newest unfinished row that has one.
+	LastError string `json:"last_error,omitempty"`
+	// At is when the figures were read (database clock).
+	At time.Time `json:"at"`
+}
+
+// ExactLimit is how many pending rows are counted one by one; beyond it
+// the count is estimated, so that reading stats stays cheap with millions of
+// rows pending.
+const ExactLimit = 10000
+
+// ReadStats reads each target's backlog. Every query is backed by the
+// target's partial index of pending rows (or the parked index), so the cost
+// does not grow with the backlog beyond ExactLimit index entries.
+func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target) ([]TargetStats, error) {
+	out := make([]TargetStats, 0, len(targets))
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("read stats: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read-only
+	for _, t := range targets {
+		s, err := readTargetStats(ctx, tx, table, t)
+		if err != nil {
+			return nil, fmt.Errorf("read stats for %s: %w", t, err)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Target) (TargetStats, error) {
+	tbl, p := table.Ident(), string(t)
+	pending := fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
+	s := TargetStats{Target: t}
+	var oldestID *int64
+	var oldestTopic *string
+	var oldestAt *time.Time
+	var lagSec *float64
+	var minID, maxID *int64
+	err := tx.QueryRow(ctx, fmt.Sprintf(`
+WITH head AS (
+	SELECT id, topic, created_at, %[3]s_retry_at FROM %[1]s WHERE %[2]s ORDER BY id LIMIT 100
+), first AS (
+	SELECT id, topic, created_at FROM head ORDER BY created_at, id LIMIT 1
+), win AS (
+	SELECT id, %[3]s_retry_at AS retry_at FROM %[1]s WHERE %[2]s ORDER BY id LIMIT %[4]d
+)
+SELECT clock_timestamp(),
+	(SELECT count(*) FROM win),
+	(SELECT count(*) FROM win WHERE retry_at > now()),
+	(SELECT min(id) FROM win),
+	(SELECT id FROM %[1]s WHERE %[2]s ORDER BY id DESC LIMIT 1),
+	first.id, first.topic, first.created_at,
+	extract(epoch FROM clock_timestamp() - first.created_at)::float8
+FROM (SELECT 1) one LEFT JOIN first ON true`, tbl, pending, p, ExactLimit)).
+		Scan(&s.At, &s.Pending, &s.Retrying, &minID, &maxID, &oldestID, &oldestTopic, &oldestAt, &lagSec)
+	if err != nil {
+		return s, err
+	}
+	s.PendingExact = s.Pending < ExactLimit
+	if !s.PendingExact && minID != nil && maxID != nil {
+		s.Pending = max(s.Pending, *maxID-*minID+1)
+	}
+	if oldestID != nil {
+		s.OldestID, s.OldestTopic, s.OldestAt = *oldestID, *oldestTopic, *oldestAt
+		s.Lag = max(0, time.Duration(*lagSec*float64(time.Second)))
+		s.LagSeconds = s.Lag.Seconds()
+	}
+	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %[1]s
+		WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL`, tbl, p)).Scan(&s.Parked)
+	if err != nil {
+		return s, err
+	}
+	var lastErr *string
+	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT last_error FROM (
+		(SELECT id, %[2]s_last_error AS last_error FROM %[1]s WHERE %[3]s ORDER BY id LIMIT %[4]d)
+		UNION ALL
+		(SELECT id, %[2]s_last_error FROM %[1]s WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL)
+	) r WHERE last_error IS NOT NULL ORDER BY id DESC LIMIT 1`, tbl, p, pending, ExactLimit)).Scan(&lastErr)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return s, err
+	}
+	if lastErr != nil {
+		s.LastError = *lastErr
+	}
+	return s, nil
+}
