@@ -1,0 +1,188 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/outbox"
+)
+
+// scrape reads one gauge or counter per target label from /metrics.
+func scrape(t *testing.T, addr, name string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse metrics: %v", err)
+	}
+	out := map[string]float64{}
+	fam, ok := fams[name]
+	if !ok {
+		return out
+	}
+	for _, m := range fam.GetMetric() {
+		target := ""
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "target" {
+				target = l.GetValue()
+			}
+		}
+		switch {
+		case m.Gauge != nil:
+			out[target] = m.GetGauge().GetValue()
+		case m.Counter != nil:
+			out[target] = m.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+func readyz(addr string) (int, string) {
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// With NATS cut off and rows pending, the nats lag gauge rises with the age
+// of the oldest pending row while the amqp one stays near 0; /readyz fails.
+// Once NATS is back, both recover by themselves.
+func TestLagGaugeAndReadinessFollowAnOutage(t *testing.T) {
+	t.Parallel()
+	port, dir := freePort(t), t.TempDir()
+	ns := startNATS(t, port, dir)
+	t.Cleanup(func() { ns.Shutdown() })
+	e := newEnv(t, fmt.Sprintf("nats://127.0.0.1:%d", port))
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	r := e.startRelay("relay", "RELAY_METRICS_ADDR="+addr, "RELAY_STATS_INTERVAL=200ms", "RELAY_PUBLISH_TIMEOUT=2s")
+	ctx := context.Background()
+	write := func(n int) {
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Topic: "orders.lag", Payload: []byte("x")}
+		}
+		if _, err := e.writer.Write(ctx, e.pool, msgs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	write(10)
+	e.waitDelivered(30 * time.Second)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		lag := scrape(t, addr, "relayd_outbox_lag_seconds")
+		return len(lag) == 2 && lag["nats"] == 0 && lag["amqp"] == 0
+	}, "lag gauges not 0 when idle")
+	if code, body := readyz(addr); code != 200 {
+		t.Fatalf("/readyz %d %q with everything up", code, body)
+	}
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	write(10)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		code, body := readyz(addr)
+		return code == 503 && strings.Contains(body, "nats")
+	}, "/readyz did not fail with NATS down")
+
+	var first map[string]float64
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		first = scrape(t, addr, "relayd_outbox_lag_seconds")
+		return first["nats"] > 0.5
+	}, "nats lag did not rise")
+	// The oldest pending row was written before this instant, so the gauge
+	// must be at least its age by now.
+	written := time.Now()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		lag := scrape(t, addr, "relayd_outbox_lag_seconds")
+		return lag["nats"] >= first["nats"]+1 && lag["nats"] >= time.Since(written).Seconds()
+	}, "nats lag did not keep rising with the oldest row's age")
+	lag := scrape(t, addr, "relayd_outbox_lag_seconds")
+	if lag["amqp"] > 1 {
+		t.Fatalf("amqp lag %.2fs while only NATS is down, want near 0", lag["amqp"])
+	}
+	if p := scrape(t, addr, "relayd_outbox_pending_messages"); p["nats"] < 10 || p["amqp"] != 0 {
+		t.Fatalf("pending %v, want nats >= 10 and amqp 0", p)
+	}
+
+	ns = startNATS(t, port, dir)
+	t.Cleanup(func() { ns.Shutdown() })
+	e.waitDelivered(60 * time.Second)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		lag := scrape(t, addr, "relayd_outbox_lag_seconds")
+		return lag["nats"] == 0 && lag["amqp"] == 0
+	}, "nats lag did not return to 0")
+	testenv.Eventually(t, 10*time.Second, func() bool { code, _ := readyz(addr); return code == 200 }, "/readyz did not recover")
+	if pub := scrape(t, addr, "relayd_published_total"); pub["nats"] < 20 || pub["amqp"] < 20 {
+		t.Fatalf("published_total %v, want >= 20 per target", pub)
+	}
+	if !r.running() {
+		t.Fatal("relayd exited")
+	}
+}
+
+// traceparent and tracestate in a row's headers reach both brokers
+// unchanged, so a trace continues across the relay.
+func TestTraceContextReachesBothBrokers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startRelay("relay")
+	ctx := context.Background()
+	hdr := map[string]string{
+		"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"tracestate":  "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7",
+	}
+	ids, err := e.writer.Write(ctx, e.pool, outbox.Message{Topic: "orders.traced", Payload: []byte("{}"), Headers: hdr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitDelivered(30 * time.Second)
+
+	s, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, e.prefix+"orders.traced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Header.Get("Nats-Msg-Id"); got != ids[0] {
+		t.Fatalf("Nats-Msg-Id %q, want %q", got, ids[0])
+	}
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	d, ok, err := ch.Get(e.queue, true)
+	if err != nil || !ok {
+		t.Fatalf("amqp get: %v, %v", ok, err)
+	}
+	if d.MessageId != ids[0] || d.DeliveryMode != 2 || d.Timestamp.IsZero() || d.ContentType == "" {
+		t.Fatalf("amqp properties: id %q mode %d timestamp %v content-type %q", d.MessageId, d.DeliveryMode, d.Timestamp, d.ContentType)
+	}
+	for k, v := range hdr {
+		if got := m.Header.Get(k); got != v {
+			t.Errorf("nats header %s = %q, want %q", k, got, v)
+		}
+		if got, _ := d.Headers[k].(string); got != v {
+			t.Errorf("amqp header %s = %q, want %q", k, got, v)
+		}
+	}
+}
