@@ -400,3 +400,66 @@ func TestPostgresConnectionsKilled(t *testing.T) {
 		t.Fatalf("relayd exited:\n%s", r.out.String())
 	}
 }
+
+// At start relayd checks that the stream and the exchange exist and names
+// the missing one; RELAY_PROVISION=true creates them (and the table) instead.
+func TestStartupChecksAndProvision(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	missing := testenv.Name("missing")
+	for _, tc := range []struct {
+		name, env, want string
+	}{
+		{"stream", "RELAY_NATS_STREAM=" + strings.ToUpper(missing), strings.ToUpper(missing)},
+		{"exchange", "RELAY_AMQP_EXCHANGE=" + missing, missing},
+	} {
+		cmd := exec.Command(relaydBin, "run")
+		cmd.Env = e.relayEnv(tc.env)
+		out, _ := cmd.CombinedOutput()
+		if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), tc.want) || !strings.Contains(string(out), tc.name+` \"`) ||
+			!strings.Contains(string(out), "does not exist") {
+			t.Errorf("missing %s: exit %d, output %q; want exit 1 naming it", tc.name, cmd.ProcessState.ExitCode(), out)
+		}
+	}
+
+	// Provision everything from nothing: a new schema, stream and exchange.
+	stream, exchange := strings.ToUpper(testenv.Name("prov")), testenv.Name("prov")
+	table := testenv.Name("t") + ".events"
+	t.Cleanup(func() {
+		e.js.DeleteStream(context.Background(), stream)
+		if ch, err := e.amqpConn.Channel(); err == nil {
+			ch.ExchangeDelete(exchange, false, false)
+			ch.Close()
+		}
+		e.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+strings.Split(table, ".")[0]+`" CASCADE`)
+	})
+	r := e.startRelay("provisioned", "RELAY_PROVISION=true", "RELAY_NATS_STREAM="+stream, "RELAY_AMQP_EXCHANGE="+exchange,
+		"RELAY_OUTBOX_TABLE="+table, "RELAY_NATS_SUBJECT_PREFIX="+strings.ToLower(stream)+".")
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `INSERT INTO `+table+` (topic, payload) VALUES ('orders.created', '\x7b7d')`); err != nil {
+		t.Fatalf("provisioned table: %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var n int
+		e.pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE nats_delivered_at IS NOT NULL`).Scan(&n)
+		return n == 1
+	}, "row not delivered to the provisioned stream")
+	info, err := e.js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("provisioned stream: %v", err)
+	}
+	if cfg := info.CachedInfo().Config; cfg.Storage != jetstream.FileStorage || cfg.Duplicates != 2*time.Minute {
+		t.Errorf("provisioned stream: storage %v duplicates %v; want file storage, 2m window", cfg.Storage, cfg.Duplicates)
+	}
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclarePassive(exchange, "topic", true, false, false, false, nil); err != nil {
+		t.Errorf("provisioned exchange: %v", err)
+	}
+	if code := r.stop(30 * time.Second); code != 0 {
+		t.Errorf("exit %d after SIGTERM", code)
+	}
+}
