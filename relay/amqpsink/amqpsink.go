@@ -5,8 +5,11 @@
 // return it first: messages are published persistent and mandatory, and an
 // unroutable one comes back as basic.return BEFORE its ack. amqp091-go hands
 // returns and confirms over from its single reader goroutine in wire order,
-// and this package reads both on one goroutine of its own, so a return is
-// always seen before the ack of the same message. A closed channel or
+// and this package reads both on one goroutine of its own that does nothing
+// else, so a return is always seen before the ack of the same message.
+// (amqp091-go drops a notification its listener has not taken within 5 s;
+// the reading goroutine only touches maps under a short lock, so it is never
+// that late short of a frozen process.) A closed channel or
 // connection resolves every pending publish as "unknown" (retry), and the
 // sink reconnects by itself with capped backoff.
 package amqpsink
@@ -312,11 +315,19 @@ func newSession(conn *amqp.Connection, ch *amqp.Channel) *session {
 
 func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return,
 	chClosed, connClosed <-chan *amqp.Error, blocked <-chan amqp.Blocking) {
-	var closeErr error
-	defer func() {
-		s.failAll(closeErr)
-		close(s.done)
-	}()
+	// Keep draining until amqp091 closes confirms: its reader goroutine holds
+	// the channel's confirms lock while it hands confirms over, and the
+	// channel's shutdown waits for that lock. Returning at the first close
+	// signal would leave it blocked (5 s per remaining confirm).
+	ended := false
+	end := func(err error) {
+		if !ended {
+			ended = true
+			s.failAll(err)
+			close(s.done)
+		}
+	}
+	defer end(errors.New("amqp channel closed"))
 	for {
 		select {
 		case r, ok := <-returns:
@@ -327,23 +338,21 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 			s.onReturn(r)
 		case c, ok := <-confirms:
 			if !ok {
-				closeErr = errors.New("amqp channel closed")
 				return
 			}
 			s.onConfirm(c)
 		case e := <-chClosed:
-			closeErr = amqpErr("channel closed", e)
-			return
+			chClosed = nil
+			end(amqpErr("channel closed", e))
 		case e := <-connClosed:
-			closeErr = amqpErr("connection closed", e)
-			return
+			connClosed = nil
+			end(amqpErr("connection closed", e))
 		case b := <-blocked:
 			if b.Active {
 				// RabbitMQ stopped reading our publishes (resource alarm).
 				// Treat it as down: pending confirms resolve as unknown
 				// and the sink reconnects once the alarm clears.
-				closeErr = fmt.Errorf("amqp connection blocked: %s", b.Reason)
-				return
+				end(fmt.Errorf("amqp connection blocked: %s", b.Reason))
 			}
 		}
 	}

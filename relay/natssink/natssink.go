@@ -148,9 +148,9 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 // headerSize is a generous estimate of the header block's wire size.
 func headerSize(h map[string]string) int64 {
 	if len(h) == 0 {
-		return 64 // Nats-Msg-Id and Nats-Expected-Stream
+		return 128 // NATS/1.0 line, Nats-Msg-Id and Nats-Expected-Stream
 	}
-	n := int64(64 + 12) // NATS/1.0 line and ids
+	n := int64(128)
 	for k, v := range h {
 		n += int64(len(k) + len(v) + 4)
 	}
