@@ -508,19 +508,25 @@ func (r *Relay) cleanup(ctx context.Context) {
 	}
 }
 
-// CleanupOnce deletes every row past retention now, 1000 at a time, and
-// returns the first error.
+// CleanupOnce deletes every row past retention now, and the backfill's
+// record of moved ids past retention, 1000 at a time; it returns the first
+// error.
 func (r *Relay) CleanupOnce(ctx context.Context) error {
-	for ctx.Err() == nil {
-		tag, err := r.pool.Exec(ctx, r.store.cleanupSQL, r.cfg.Retention.Milliseconds(), 1000)
-		if err != nil {
-			return fmt.Errorf("cleanup: %w", err)
-		}
-		if tag.RowsAffected() < 1000 {
-			return nil
+	for _, q := range []string{r.store.cleanupSQL, r.store.cleanupBackfilledSQL} {
+		for {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			tag, err := r.pool.Exec(ctx, q, r.cfg.Retention.Milliseconds(), 1000)
+			if err != nil {
+				return fmt.Errorf("cleanup: %w", err)
+			}
+			if tag.RowsAffected() < 1000 {
+				break
+			}
 		}
 	}
-	return ctx.Err()
+	return nil
 }
 
 func sleep(ctx context.Context, d time.Duration) {

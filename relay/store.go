@@ -18,6 +18,8 @@ type store struct {
 	claimSQL   string
 	recordSQL  string
 	cleanupSQL string
+	// cleanupBackfilledSQL trims the backfill's record of moved ids.
+	cleanupBackfilledSQL string
 }
 
 func newStore(t schema.Table) *store {
@@ -74,6 +76,11 @@ WHERE o.id = u.id`, tbl),
 DELETE FROM %[1]s WHERE id IN (
 	SELECT id FROM %[1]s WHERE done_at < now() - $1 * interval '1 millisecond'
 	ORDER BY done_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, tbl),
+
+		cleanupBackfilledSQL: fmt.Sprintf(`
+DELETE FROM %[1]s WHERE message_id IN (
+	SELECT message_id FROM %[1]s WHERE moved_at < now() - $1 * interval '1 millisecond'
+	ORDER BY moved_at LIMIT $2)`, t.Backfilled()),
 	}
 }
 

@@ -111,6 +111,10 @@ func (t Table) Channel() string {
 	return c
 }
 
+// Backfilled is the table in which `relayd backfill` records the message ids
+// it moved into JetStream.
+func (t Table) Backfilled() string { return t.qualify(t.Name + "_backfilled") }
+
 // versionTable is goose's record of applied migrations for this table.
 func (t Table) versionTable() string {
 	if t.Schema == "" {
@@ -124,10 +128,12 @@ func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"
 // templateData is what the migration templates see.
 type templateData struct{ t Table }
 
-func (d templateData) Table() string             { return d.t.Ident() }
-func (d templateData) Name() string              { return d.t.Name }
-func (d templateData) Channel() string           { return d.t.Channel() }
-func (d templateData) Func(suffix string) string { return d.t.qualify(d.t.Name + "_" + suffix) }
+func (d templateData) Table() string   { return d.t.Ident() }
+func (d templateData) Name() string    { return d.t.Name }
+func (d templateData) Channel() string { return d.t.Channel() }
+func (d templateData) Qualified(suffix string) string {
+	return d.t.qualify(d.t.Name + "_" + suffix)
+}
 
 // render returns the SQL of one embedded migration file for t.
 func render(file string, t Table) (string, error) {

@@ -39,6 +39,7 @@ Usage:
   relayd run        relay until SIGINT/SIGTERM (a second signal exits at once)
   relayd migrate    create or upgrade the outbox table (up, the default, or status)
   relayd status     how far behind each target is (--json for scripts)
+  relayd backfill   move a legacy RabbitMQ queue into the JetStream stream, exactly once
   relayd version    print the version
 
 Each command takes --help. Configuration comes from RELAY_* environment
@@ -63,6 +64,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdMigrate(args[1:], stdout, stderr, env)
 	case "status":
 		return cmdStatus(args[1:], stdout, stderr, env)
+	case "backfill":
+		return cmdBackfill(args[1:], stdout, stderr, env)
 	case "version":
 		fmt.Fprintf(stdout, "relayd %s (%s)\n", version, runtime.Version())
 		return exitOK

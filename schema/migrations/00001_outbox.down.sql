@@ -1,2 +1,2 @@
 DROP TABLE IF EXISTS {{.Table}};
-DROP FUNCTION IF EXISTS {{.Func "notify"}}();
+DROP FUNCTION IF EXISTS {{.Qualified "notify"}}();

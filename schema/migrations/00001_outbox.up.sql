@@ -50,11 +50,11 @@ ALTER TABLE {{.Table}} SET (
 
 -- Wake idle relays: one NOTIFY per INSERT statement (not per row), folded per
 -- transaction and delivered at commit. Plain-SQL producers get it for free.
-CREATE FUNCTION {{.Func "notify"}}() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION {{.Qualified "notify"}}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify(TG_ARGV[0], '');
     RETURN NULL;
 END
 $$;
 CREATE TRIGGER {{.Name}}_notify AFTER INSERT ON {{.Table}}
-    FOR EACH STATEMENT EXECUTE FUNCTION {{.Func "notify"}}('{{.Channel}}');
+    FOR EACH STATEMENT EXECUTE FUNCTION {{.Qualified "notify"}}('{{.Channel}}');

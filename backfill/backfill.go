@@ -1,0 +1,359 @@
+// Package backfill drains a legacy RabbitMQ queue into the JetStream stream,
+// losing and duplicating nothing.
+//
+// It follows RabbitMQ Shovel's on-confirm mode, the only mode that loses
+// nothing: a delivery is acked on RabbitMQ only after JetStream acked the
+// publish (or the message was recorded as already delivered, or parked in a
+// dead-letter queue that confirmed it). Anything else is requeued.
+//
+// Duplicates are kept out three ways: the message id (the AMQP message-id, or
+// an id derived from the content) is the Nats-Msg-Id, so JetStream drops a
+// repeat inside its duplicate window; ids the relay already delivered to
+// JetStream (or still owes it) are acked without being sent, however old;
+// and every id moved is recorded in Postgres before its RabbitMQ ack, so a
+// rerun after a crash skips it instead of relying on the window.
+package backfill
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/time/rate"
+
+	"github.com/relayd/relayd/outbox"
+	"github.com/relayd/relayd/schema"
+)
+
+// DerivedIDHeader marks a message whose id was derived from its content
+// (it had no AMQP message-id); its value is the id.
+const DerivedIDHeader = "Relay-Derived-Id"
+
+// ReasonHeader carries, on a dead-lettered message, why JetStream refused it.
+const ReasonHeader = "x-relay-dead-letter-reason"
+
+// Config configures a backfill run.
+type Config struct {
+	// AMQPURL and Queue name the legacy queue to drain. Required.
+	AMQPURL string
+	Queue   string
+	// Prefetch is how many deliveries are unacked at once. Default 1000.
+	Prefetch int
+	// NATS is the connection to JetStream; the caller owns it. Required.
+	NATS *nats.Conn
+	// Stream must receive every message. Required.
+	Stream string
+	// SubjectPrefix is prepended to the (mapped) routing key.
+	SubjectPrefix string
+	// SubjectMap rewrites routing-key prefixes before SubjectPrefix is
+	// added: {"legacy.orders.": "orders."}. The longest match wins.
+	SubjectMap map[string]string
+	// DB and Table are the relay's outbox: its record of ids delivered to
+	// JetStream, and where moved ids are recorded. Required.
+	DB    *pgxpool.Pool
+	Table schema.Table
+	// DeadLetterQueue receives messages JetStream refuses for good (too
+	// large, no stream for the subject, an invalid subject), with the reason
+	// in ReasonHeader. Empty: they are held unacked until the run ends and
+	// then returned to the queue, and reported.
+	DeadLetterQueue string
+	// Follow keeps consuming after the queue is drained.
+	Follow bool
+	// DryRun reports what would happen and changes nothing.
+	DryRun bool
+	// Limit stops after this many messages (0: no limit).
+	Limit int64
+	// Rate caps messages per second (0: no cap).
+	Rate float64
+	// AllowOtherConsumers lets the run start while other consumers are
+	// attached to the queue (they would take some of its messages).
+	AllowOtherConsumers bool
+	// PublishTimeout bounds the wait for a PubAck. Default 10s.
+	PublishTimeout time.Duration
+	// Logger. Default: discard.
+	Logger *slog.Logger
+	// OnProgress, when set, is called after every batch and at the end.
+	OnProgress func(Progress)
+}
+
+// Progress is a snapshot of a run.
+type Progress struct {
+	QueueDepthAtStart int64
+	Summary
+}
+
+// Summary is what a run did.
+type Summary struct {
+	Moved            int64         `json:"moved"`             // published to JetStream and acked
+	AlreadyDelivered int64         `json:"already_delivered"` // the relay or an earlier run had it: acked, not re-sent
+	Derived          int64         `json:"derived_ids"`       // of the moved, how many had no message-id
+	DeadLettered     int64         `json:"dead_lettered"`     // refused by JetStream for good, parked in the dead-letter queue
+	Failed           int64         `json:"failed"`            // refused for good and held (no dead-letter queue): back in the queue at the end
+	Requeued         int64         `json:"requeued"`          // transient failures, requeued to try again
+	Duration         time.Duration `json:"duration_ns"`
+	Rate             float64       `json:"rate_per_second"`
+	DryRun           bool          `json:"dry_run"`
+}
+
+// Handled counts messages that reached a final state this run.
+func (s Summary) Handled() int64 { return s.Moved + s.AlreadyDelivered + s.DeadLettered + s.Failed }
+
+// ErrOtherConsumers is returned when other consumers share the queue and
+// AllowOtherConsumers is not set.
+var ErrOtherConsumers = errors.New("other consumers are attached to the queue")
+
+func (c *Config) applyDefaults() error {
+	if c.Prefetch == 0 {
+		c.Prefetch = 1000
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.AMQPURL == "" || c.Queue == "":
+		return errors.New("backfill: AMQPURL and Queue are required")
+	case c.NATS == nil || c.Stream == "":
+		return errors.New("backfill: NATS and Stream are required")
+	case c.DB == nil:
+		return errors.New("backfill: DB is required (the relay's record of delivered ids)")
+	case c.Prefetch < 1 || c.Prefetch > 65535:
+		return fmt.Errorf("backfill: Prefetch %d out of range 1..65535", c.Prefetch)
+	case c.Limit < 0 || c.Rate < 0:
+		return errors.New("backfill: Limit and Rate must not be negative")
+	}
+	return nil
+}
+
+// Run drains the queue and returns what it did. It stops when the queue is
+// empty with nothing in flight (unless Follow), after Limit messages, or when
+// ctx is cancelled — then it stops consuming, finishes what is in flight and
+// returns the summary with ctx's error.
+func Run(ctx context.Context, cfg Config) (Summary, error) {
+	if err := cfg.applyDefaults(); err != nil {
+		return Summary{}, err
+	}
+	b := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(), seenHeld: map[string]bool{}}
+	if cfg.Rate > 0 {
+		b.limiter = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, int(cfg.Rate/10)))
+	}
+	js, err := jetstream.New(cfg.NATS, jetstream.WithPublishAsyncMaxPending(cfg.Prefetch*2),
+		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+	if err != nil {
+		return Summary{}, err
+	}
+	b.js = js
+	if err := b.preflight(ctx); err != nil {
+		return Summary{}, err
+	}
+	if cfg.DryRun {
+		return b.dryRun(ctx)
+	}
+	err = b.loop(ctx)
+	return b.summary(), err
+}
+
+type runner struct {
+	cfg     Config
+	log     *slog.Logger
+	js      jetstream.JetStream
+	limiter *rate.Limiter
+	start   time.Time
+	depth0  int64
+
+	moved, already, derived, dead, failed, requeued atomic.Int64
+
+	mu       sync.Mutex
+	seenHeld map[string]bool // ids refused for good and held this run
+}
+
+func (b *runner) summary() Summary {
+	s := Summary{
+		Moved: b.moved.Load(), AlreadyDelivered: b.already.Load(), Derived: b.derived.Load(),
+		DeadLettered: b.dead.Load(), Failed: b.failed.Load(), Requeued: b.requeued.Load(),
+		Duration: time.Since(b.start), DryRun: b.cfg.DryRun,
+	}
+	if secs := s.Duration.Seconds(); secs > 0 {
+		s.Rate = float64(s.Handled()) / secs
+	}
+	return s
+}
+
+func (b *runner) progress() {
+	if b.cfg.OnProgress != nil {
+		b.cfg.OnProgress(Progress{QueueDepthAtStart: b.depth0, Summary: b.summary()})
+	}
+}
+
+// preflight checks the queue, its other consumers, and the stream.
+func (b *runner) preflight(ctx context.Context) error {
+	conn, err := amqp.Dial(b.cfg.AMQPURL)
+	if err != nil {
+		return fmt.Errorf("amqp: connect: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("amqp: channel: %w", err)
+	}
+	q, err := ch.QueueDeclarePassive(b.cfg.Queue, true, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("amqp: queue %q: %w", b.cfg.Queue, err)
+	}
+	b.depth0 = int64(q.Messages)
+	if q.Consumers > 0 {
+		if !b.cfg.AllowOtherConsumers {
+			return fmt.Errorf("%w: queue %q has %d consumer(s) that would take some of its messages; stop them, or pass --allow-other-consumers", ErrOtherConsumers, b.cfg.Queue, q.Consumers)
+		}
+		b.log.Warn("other consumers share the queue: they will take some of its messages", "queue", b.cfg.Queue, "consumers", q.Consumers)
+	}
+	if b.cfg.DeadLetterQueue != "" && !b.cfg.DryRun {
+		ch2, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		if _, err := ch2.QueueDeclarePassive(b.cfg.DeadLetterQueue, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("amqp: dead-letter queue %q: %w (declare it first)", b.cfg.DeadLetterQueue, err)
+		}
+	}
+	if _, err := b.js.Stream(ctx, b.cfg.Stream); err != nil {
+		return fmt.Errorf("nats: stream %q: %w", b.cfg.Stream, err)
+	}
+	b.log.Info("backfill starting", "queue", b.cfg.Queue, "depth", b.depth0, "stream", b.cfg.Stream, "dry_run", b.cfg.DryRun)
+	return nil
+}
+
+// item is one delivery on its way.
+type item struct {
+	d       amqp.Delivery
+	id      string
+	derived bool
+	subject string
+	msg     *nats.Msg
+	bad     string // why JetStream can never take it, or ""
+}
+
+func (b *runner) prepare(d amqp.Delivery) *item {
+	it := &item{d: d, id: d.MessageId}
+	if it.id == "" {
+		it.id, it.derived = DeriveID(d), true
+	}
+	key := b.mapKey(d.RoutingKey)
+	it.subject = b.cfg.SubjectPrefix + key
+	if err := outbox.ValidateTopic(key); err != nil {
+		it.bad = fmt.Sprintf("routing key %q is not a valid subject: %v", key, err)
+		return it
+	}
+	it.msg = &nats.Msg{Subject: it.subject, Data: d.Body, Header: natsHeaders(d)}
+	if it.derived {
+		it.msg.Header.Set(DerivedIDHeader, it.id)
+	}
+	if size := int64(len(d.Body)) + 2048; size > b.cfg.NATS.MaxPayload() {
+		it.bad = fmt.Sprintf("message of %d bytes exceeds the NATS server's max_payload %d", len(d.Body), b.cfg.NATS.MaxPayload())
+	}
+	return it
+}
+
+func (b *runner) mapKey(key string) string {
+	best := ""
+	for from := range b.cfg.SubjectMap {
+		if strings.HasPrefix(key, from) && len(from) > len(best) {
+			best = from
+		}
+	}
+	if best == "" {
+		return key
+	}
+	return b.cfg.SubjectMap[best] + strings.TrimPrefix(key, best)
+}
+
+// natsHeaders carries the AMQP headers and the useful properties over.
+func natsHeaders(d amqp.Delivery) nats.Header {
+	h := nats.Header{}
+	for k, v := range d.Headers {
+		h[k] = []string{headerValue(v)}
+	}
+	if d.ContentType != "" {
+		h.Set("Content-Type", d.ContentType)
+	}
+	if d.CorrelationId != "" {
+		h.Set("Correlation-Id", d.CorrelationId)
+	}
+	if !d.Timestamp.IsZero() {
+		h.Set("Amqp-Timestamp", d.Timestamp.UTC().Format(time.RFC3339))
+	}
+	if d.Type != "" {
+		h.Set("Amqp-Type", d.Type)
+	}
+	h.Set("Amqp-Routing-Key", d.RoutingKey)
+	return h
+}
+
+func headerValue(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case []byte:
+		return string(x)
+	case time.Time:
+		return x.UTC().Format(time.RFC3339)
+	case nil:
+		return ""
+	default:
+		if b, err := json.Marshal(x); err == nil {
+			return string(b)
+		}
+		return fmt.Sprint(x)
+	}
+}
+
+// DeriveID is the id of a message that has no message-id: a UUID (version
+// 8, RFC 9562) built from the SHA-256 of its routing key, timestamp, type,
+// correlation id, content type, headers (sorted by name) and body. The same
+// message always gets the same id, so a rerun after a crash publishes it with
+// the same Nats-Msg-Id. Two messages identical in all of these are treated
+// as one.
+func DeriveID(d amqp.Delivery) string {
+	h := sha256.New()
+	field := func(s string) { fmt.Fprintf(h, "%d:%s;", len(s), s) }
+	field(d.RoutingKey)
+	if !d.Timestamp.IsZero() {
+		field(d.Timestamp.UTC().Format(time.RFC3339Nano))
+	} else {
+		field("")
+	}
+	field(d.Type)
+	field(d.CorrelationId)
+	field(d.ContentType)
+	keys := make([]string, 0, len(d.Headers))
+	for k := range d.Headers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		field(k)
+		field(headerValue(d.Headers[k]))
+	}
+	field(string(d.Body))
+	var u [16]byte
+	copy(u[:], h.Sum(nil))
+	u[6] = (u[6] & 0x0f) | 0x80 // version 8
+	u[8] = (u[8] & 0x3f) | 0x80 // variant 10
+	s := hex.EncodeToString(u[:])
+	return s[0:8] + "-" + s[8:12] + "-" + s[12:16] + "-" + s[16:20] + "-" + s[20:32]
+}

@@ -1,0 +1,363 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+const (
+	batchMax  = 256
+	batchWait = 20 * time.Millisecond
+	parallel  = 4 // batches in flight at once
+)
+
+// errLost means the RabbitMQ connection went away mid-run: reconnect.
+var errLost = errors.New("amqp connection lost")
+
+// loop runs sessions, reconnecting with capped backoff, until one ends the
+// run.
+func (b *runner) loop(ctx context.Context) error {
+	backoff := time.Duration(0)
+	for {
+		err := b.session(ctx)
+		if !errors.Is(err, errLost) {
+			b.progress()
+			return err
+		}
+		backoff = min(max(2*backoff, 200*time.Millisecond), 10*time.Second)
+		b.log.Warn("backfill: reconnecting to RabbitMQ", "in", backoff.String(), "error", err.Error())
+		select {
+		case <-ctx.Done():
+			b.progress()
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// session consumes on one connection. It returns nil when the run is over
+// (drained, limit), ctx's error on cancel, or errLost.
+func (b *runner) session(ctx context.Context) error {
+	conn, err := amqp.Dial(b.cfg.AMQPURL)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errLost, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("%w: %w", errLost, err)
+	}
+	if err := ch.Qos(b.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("%w: %w", errLost, err)
+	}
+	var dlq *amqp.Channel
+	if b.cfg.DeadLetterQueue != "" {
+		if dlq, err = conn.Channel(); err != nil {
+			return fmt.Errorf("%w: %w", errLost, err)
+		}
+		if err := dlq.Confirm(false); err != nil {
+			return fmt.Errorf("%w: %w", errLost, err)
+		}
+	}
+	const tag = "relayd-backfill"
+	deliveries, err := ch.ConsumeWithContext(ctx, b.cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("%w: consume: %w", errLost, err)
+	}
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	var (
+		wg       sync.WaitGroup
+		sem      = make(chan struct{}, parallel)
+		inFlight atomic.Int64 // deliveries received and not yet settled
+		reserved int64        // deliveries taken toward Limit
+		lastRecv = time.Now()
+		batch    []amqp.Delivery
+		flushT   = time.NewTimer(time.Hour)
+		checkT   = time.NewTicker(250 * time.Millisecond)
+		stopping = false
+		endErr   error
+	)
+	defer checkT.Stop()
+	defer flushT.Stop()
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		items := batch
+		batch = nil
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			b.process(ctx, items, dlq)
+			inFlight.Add(-int64(len(items)))
+			b.progress()
+		}()
+	}
+	stop := func(err error) {
+		if !stopping {
+			stopping, endErr = true, err
+			ch.Cancel(tag, false) //nolint:errcheck // the channel closes below anyway
+		}
+	}
+
+	for !stopping {
+		select {
+		case <-ctx.Done():
+			stop(ctx.Err())
+		case e := <-closed:
+			flush()
+			wg.Wait()
+			return fmt.Errorf("%w: %v", errLost, e)
+		case d, ok := <-deliveries:
+			if !ok {
+				flush()
+				wg.Wait()
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("%w: consumer closed", errLost)
+			}
+			lastRecv = time.Now()
+			if b.cfg.Limit > 0 && reserved >= b.cfg.Limit {
+				d.Nack(false, true) //nolint:errcheck // beyond the limit: back to the queue
+				stop(nil)
+				continue
+			}
+			reserved++
+			inFlight.Add(1)
+			batch = append(batch, d)
+			if len(batch) == 1 {
+				flushT.Reset(batchWait)
+			}
+			if len(batch) >= batchMax {
+				flush()
+			}
+		case <-flushT.C:
+			flush()
+		case <-checkT.C:
+			flush()
+			if b.cfg.Limit > 0 && reserved >= b.cfg.Limit && inFlight.Load() == 0 {
+				stop(nil)
+				continue
+			}
+			if b.cfg.Follow || inFlight.Load() > 0 || time.Since(lastRecv) < 500*time.Millisecond {
+				continue
+			}
+			if drained, err := b.drained(conn); err == nil && drained {
+				stop(nil)
+			}
+		}
+	}
+	flush()
+	wg.Wait()
+	// Deliveries that arrived after the cancel go back to the queue.
+	for {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				goto done
+			}
+			d.Nack(false, true) //nolint:errcheck // returned to the queue
+		case <-time.After(200 * time.Millisecond):
+			goto done
+		}
+	}
+done:
+	if n := b.heldCount(); n > 0 {
+		b.log.Warn("messages JetStream refused for good were returned to the queue; pass --dead-letter-queue to park them", "count", n)
+	}
+	return endErr
+}
+
+// drained reports whether the queue has no ready message.
+func (b *runner) drained(conn *amqp.Connection) (bool, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, err
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(b.cfg.Queue, true, false, false, false, nil)
+	if err != nil {
+		return false, err
+	}
+	return q.Messages == 0, nil
+}
+
+func (b *runner) heldCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.seenHeld)
+}
+
+// process settles one batch: skip what JetStream already has, publish the
+// rest, record and ack what JetStream acked, dead-letter or hold what it
+// refuses for good, requeue the rest.
+func (b *runner) process(ctx context.Context, ds []amqp.Delivery, dlq *amqp.Channel) {
+	items := make([]*item, len(ds))
+	for i, d := range ds {
+		items[i] = b.prepare(d)
+	}
+	// A cancelled run still settles its batch: bounded by PublishTimeout.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.PublishTimeout+10*time.Second)
+	defer cancel()
+
+	known, err := b.known(wctx, items)
+	if err != nil {
+		b.log.Error("backfill: cannot read the relay's record of delivered ids; requeueing", "error", err.Error())
+		for _, it := range items {
+			b.requeue(it)
+		}
+		return
+	}
+	var toPublish []*item
+	for _, it := range items {
+		switch {
+		case known[it.id]:
+			if ackErr := it.d.Ack(false); ackErr == nil {
+				b.already.Add(1)
+			}
+		case it.bad != "":
+			b.refuse(wctx, it, it.bad, dlq)
+		default:
+			toPublish = append(toPublish, it)
+		}
+	}
+	if len(toPublish) == 0 {
+		return
+	}
+	if b.limiter != nil {
+		for range toPublish {
+			if err := b.limiter.Wait(ctx); err != nil {
+				break // cancelled: publish this batch anyway, it is already ours
+			}
+		}
+	}
+
+	pctx, pcancel := context.WithTimeout(wctx, b.cfg.PublishTimeout)
+	defer pcancel()
+	futures := make([]jetstream.PubAckFuture, len(toPublish))
+	errs := make([]error, len(toPublish))
+	for i, it := range toPublish {
+		futures[i], errs[i] = b.js.PublishMsgAsync(it.msg, jetstream.WithMsgID(it.id), jetstream.WithExpectStream(b.cfg.Stream))
+	}
+	var moved []*item
+	for i, it := range toPublish {
+		err := errs[i]
+		if err == nil {
+			select {
+			case <-futures[i].Ok():
+			case err = <-futures[i].Err():
+			case <-pctx.Done():
+				err = pctx.Err()
+			}
+		}
+		if err == nil {
+			moved = append(moved, it)
+			continue
+		}
+		if reason := b.permanent(wctx, it, err); reason != "" {
+			b.refuse(wctx, it, reason, dlq)
+			continue
+		}
+		b.log.Debug("backfill: publish failed, requeueing", "message_id", it.id, "error", err.Error())
+		b.requeue(it)
+	}
+	if len(moved) == 0 {
+		return
+	}
+	// Record before acking: a crash between the two then costs a skip on
+	// the rerun, not a duplicate. A failed record does not stop the ack —
+	// once acked, the message cannot come back.
+	if err := b.record(wctx, moved); err != nil {
+		b.log.Warn("backfill: could not record moved ids (a crash before the acks below would re-send them)", "error", err.Error())
+	}
+	for _, it := range moved {
+		if err := it.d.Ack(false); err != nil {
+			continue // channel gone: redelivered on reconnect, skipped by the record or deduped by JetStream
+		}
+		b.moved.Add(1)
+		if it.derived {
+			b.derived.Add(1)
+		}
+	}
+}
+
+func (b *runner) requeue(it *item) {
+	if err := it.d.Nack(false, true); err == nil {
+		b.requeued.Add(1)
+	}
+}
+
+// permanent says why err means JetStream will never take the message, or "".
+func (b *runner) permanent(ctx context.Context, it *item, err error) string {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload):
+		return "message exceeds the NATS server's max_payload"
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10054:
+		return "message exceeds the stream's maximum message size"
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10060:
+		return fmt.Sprintf("subject %q belongs to another stream than %q", it.subject, b.cfg.Stream)
+	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse):
+		// No stream for the subject — or JetStream restarting. Ask.
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if _, lerr := b.js.StreamNameBySubject(sctx, it.subject); errors.Is(lerr, jetstream.ErrStreamNotFound) {
+			return fmt.Sprintf("no stream captures subject %q", it.subject)
+		}
+	}
+	return ""
+}
+
+// refuse parks a message JetStream will never take: in the dead-letter
+// queue (then ack), or held unacked for the rest of the run.
+func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *amqp.Channel) {
+	b.log.Warn("backfill: JetStream refuses message for good", "message_id", it.id, "routing_key", it.d.RoutingKey, "reason", reason)
+	if dlq == nil {
+		b.mu.Lock()
+		seen := b.seenHeld[it.id]
+		b.seenHeld[it.id] = true
+		b.mu.Unlock()
+		if !seen {
+			b.failed.Add(1)
+		}
+		return // held: unacked until the session ends, then back in the queue
+	}
+	headers := amqp.Table{}
+	for k, v := range it.d.Headers {
+		headers[k] = v
+	}
+	headers[ReasonHeader] = reason
+	pub := amqp.Publishing{
+		Headers: headers, ContentType: it.d.ContentType, ContentEncoding: it.d.ContentEncoding,
+		DeliveryMode: amqp.Persistent, CorrelationId: it.d.CorrelationId, MessageId: it.d.MessageId,
+		Timestamp: it.d.Timestamp, Type: it.d.Type, AppId: it.d.AppId, Body: it.d.Body,
+	}
+	dc, err := dlq.PublishWithDeferredConfirmWithContext(ctx, "", b.cfg.DeadLetterQueue, true, false, pub)
+	if err == nil {
+		var ok bool
+		ok, err = dc.WaitContext(ctx)
+		if err == nil && !ok {
+			err = errors.New("nacked")
+		}
+	}
+	if err != nil {
+		b.log.Error("backfill: dead-letter publish failed; requeueing", "message_id", it.id, "error", err.Error())
+		b.requeue(it)
+		return
+	}
+	if it.d.Ack(false) == nil {
+		b.dead.Add(1)
+	}
+}

@@ -1,0 +1,168 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// known returns the ids JetStream already has or will get without the
+// backfill: delivered by the relay (or still owed by it: the relay will
+// deliver those itself), or moved by an earlier backfill run.
+func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, error) {
+	var uuids, all []string
+	for _, it := range items {
+		all = append(all, it.id)
+		if isUUID(it.id) {
+			uuids = append(uuids, it.id)
+		}
+	}
+	known := map[string]bool{}
+	tbl := b.cfg.Table.Ident()
+	rows, err := b.cfg.DB.Query(ctx, fmt.Sprintf(`
+SELECT message_id::text FROM %s
+WHERE message_id = ANY($1::uuid[])
+  AND (nats_delivered_at IS NOT NULL OR (done_at IS NULL AND nats_parked_at IS NULL))
+UNION ALL
+SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.Backfilled()), uuids, all)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		known[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// Match ids as the items spell them (the database returns lower case).
+	for _, it := range items {
+		if !known[it.id] && isUUID(it.id) && known[lowerASCII(it.id)] {
+			known[it.id] = true
+		}
+	}
+	return known, nil
+}
+
+// record notes the moved ids, so a rerun skips them.
+func (b *runner) record(ctx context.Context, moved []*item) error {
+	ids := make([]string, len(moved))
+	derived := make([]bool, len(moved))
+	for i, it := range moved {
+		ids[i], derived[i] = it.id, it.derived
+	}
+	_, err := b.cfg.DB.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (message_id, queue, derived)
+SELECT id, $3, d FROM unnest($1::text[], $2::boolean[]) AS u(id, d)
+ON CONFLICT (message_id) DO NOTHING`, b.cfg.Table.Backfilled()), ids, derived, b.cfg.Queue)
+	return err
+}
+
+// dryRun looks at every ready message (up to Limit) without acking any,
+// counts what a real run would do, then returns them all to the queue by
+// closing the channel. Nothing is published and nothing recorded.
+func (b *runner) dryRun(ctx context.Context) (Summary, error) {
+	conn, err := amqp.Dial(b.cfg.AMQPURL)
+	if err != nil {
+		return Summary{}, fmt.Errorf("amqp: connect: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return Summary{}, err
+	}
+	deliveries, err := ch.ConsumeWithContext(ctx, b.cfg.Queue, "relayd-backfill-dry-run", false, false, false, false, nil)
+	if err != nil {
+		return Summary{}, fmt.Errorf("amqp: consume: %w", err)
+	}
+	want := b.depth0
+	if b.cfg.Limit > 0 {
+		want = min(want, b.cfg.Limit)
+	}
+	var batch []*item
+	check := func() error {
+		known, err := b.known(ctx, batch)
+		if err != nil {
+			return fmt.Errorf("read the relay's record: %w", err)
+		}
+		for _, it := range batch {
+			switch {
+			case known[it.id]:
+				b.already.Add(1)
+			case it.bad != "":
+				if b.cfg.DeadLetterQueue != "" {
+					b.dead.Add(1)
+				} else {
+					b.failed.Add(1)
+				}
+			default:
+				b.moved.Add(1)
+				if it.derived {
+					b.derived.Add(1)
+				}
+			}
+		}
+		batch = batch[:0]
+		b.progress()
+		return nil
+	}
+	seen := int64(0)
+	for seen < want {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return b.summary(), ctx.Err()
+			}
+			seen++
+			batch = append(batch, b.prepare(d))
+			if len(batch) >= batchMax {
+				if err := check(); err != nil {
+					return b.summary(), err
+				}
+			}
+		case <-time.After(time.Second):
+			want = seen // the queue had fewer than it said (other consumers)
+		case <-ctx.Done():
+			want = seen
+		}
+	}
+	if err := check(); err != nil {
+		return b.summary(), err
+	}
+	// Closing the channel returns every unacked delivery to the queue.
+	return b.summary(), ch.Close()
+}
+
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func lowerASCII(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}

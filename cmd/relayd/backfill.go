@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/schollz/progressbar/v3"
+	"github.com/sethvargo/go-envconfig"
+	"golang.org/x/term"
+
+	"github.com/relayd/relayd/backfill"
+)
+
+const backfillHelp = `Usage: relayd backfill --queue NAME [flags]
+
+Moves every message of a legacy RabbitMQ queue into the JetStream stream,
+exactly once: each delivery is acked on RabbitMQ only after JetStream acked
+it. Messages the relay already delivered to JetStream (by message-id, however
+long ago) are acked without being re-sent. Messages without a message-id get
+an id derived from their content (see README) and the Relay-Derived-Id header.
+Stops by itself once the queue is drained and prints a summary. SIGINT stops
+cleanly; a rerun continues where it stopped.
+
+Uses RELAY_DATABASE_URL, RELAY_OUTBOX_TABLE, RELAY_AMQP_URL, RELAY_NATS_URL,
+RELAY_NATS_STREAM, RELAY_NATS_SUBJECT_PREFIX and RELAY_METRICS_ADDR; each flag
+below may also be set as RELAY_BACKFILL_<FLAG> (e.g. RELAY_BACKFILL_QUEUE).
+
+Flags:
+`
+
+// backfillEnv holds the RELAY_BACKFILL_* defaults for the flags.
+type backfillEnv struct {
+	Queue       string  `env:"RELAY_BACKFILL_QUEUE"`
+	DeadLetter  string  `env:"RELAY_BACKFILL_DEAD_LETTER_QUEUE"`
+	Prefetch    int     `env:"RELAY_BACKFILL_PREFETCH, default=1000"`
+	Limit       int64   `env:"RELAY_BACKFILL_LIMIT, default=0"`
+	Rate        float64 `env:"RELAY_BACKFILL_RATE, default=0"`
+	SubjectMap  string  `env:"RELAY_BACKFILL_SUBJECT_MAP"`
+	AllowOthers bool    `env:"RELAY_BACKFILL_ALLOW_OTHER_CONSUMERS, default=false"`
+}
+
+func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+	var be backfillEnv
+	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &be, Lookuper: env}); err != nil {
+		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet("backfill", flag.ContinueOnError)
+	queue := fs.String("queue", be.Queue, "the legacy queue to drain (required)")
+	dlq := fs.String("dead-letter-queue", be.DeadLetter, "queue for messages JetStream refuses for good (must exist)")
+	prefetch := fs.Int("prefetch", be.Prefetch, "unacked deliveries at once")
+	limit := fs.Int64("limit", be.Limit, "stop after N messages (0: all)")
+	rateFlag := fs.Float64("rate", be.Rate, "at most R messages per second (0: no cap)")
+	subjectMap := fs.String("subject-map", be.SubjectMap, "rewrite routing-key prefixes: from=to[,from=to...]")
+	allowOthers := fs.Bool("allow-other-consumers", be.AllowOthers, "start even if other consumers share the queue")
+	follow := fs.Bool("follow", false, "keep going after the queue is drained")
+	dryRun := fs.Bool("dry-run", false, "report what would happen; change nothing")
+	asJSON := fs.Bool("json", false, "print the summary as JSON")
+	var flagHelp strings.Builder
+	fs.SetOutput(&flagHelp)
+	fs.PrintDefaults()
+	if code, done := parseFlags(fs, args, stdout, stderr, backfillHelp+flagHelp.String()); done {
+		return code
+	}
+	if *queue == "" {
+		fmt.Fprintln(stderr, "relayd backfill: --queue (or RELAY_BACKFILL_QUEUE) is required")
+		return exitUsage
+	}
+	smap, err := parseSubjectMap(*subjectMap)
+	if err != nil {
+		fmt.Fprintf(stderr, "relayd backfill: --subject-map: %v\n", err)
+		return exitUsage
+	}
+	cfg, code := configOrExit(stderr, env)
+	if cfg == nil {
+		return code
+	}
+	for _, v := range []struct{ name, val string }{{"RELAY_NATS_URL", cfg.NATSURL}, {"RELAY_AMQP_URL", cfg.AMQPURL}} {
+		schemes := []string{"nats", "tls"}
+		if v.name == "RELAY_AMQP_URL" {
+			schemes = []string{"amqp", "amqps"}
+		}
+		if err := checkURL(v.val, schemes...); err != nil {
+			fmt.Fprintf(stderr, "relayd: config: %s: %v\n", v.name, err)
+			return exitUsage
+		}
+	}
+	log := newLogger(cfg, stderr)
+	ctx, stop := signalContext(log)
+	defer stop()
+
+	pool, err := newPool(ctx, cfg, 4)
+	if err != nil {
+		log.Error("connect to postgres", "error", err.Error())
+		return exitFailure
+	}
+	defer pool.Close()
+	if err := checkSchema(ctx, cfg, pool, log); err != nil {
+		log.Error("backfill", "error", err.Error())
+		return exitFailure
+	}
+	nc, err := connectNATS(ctx, cfg, log)
+	if err != nil {
+		log.Error("backfill", "error", err.Error())
+		return exitFailure
+	}
+	defer nc.Close()
+
+	rep := newReporter(stderr, log)
+	if cfg.MetricsAddr != "" {
+		reg := prometheus.NewRegistry()
+		rep.register(reg)
+		srv, err := startHTTP(cfg.MetricsAddr, reg, func(context.Context) []string { return nil }, log)
+		if err != nil {
+			log.Error("backfill", "error", err.Error())
+			return exitFailure
+		}
+		defer srv.Close()
+	}
+	sum, err := backfill.Run(ctx, backfill.Config{
+		AMQPURL: cfg.AMQPURL, Queue: *queue, Prefetch: *prefetch,
+		NATS: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix, SubjectMap: smap,
+		DB: pool, Table: cfg.table, DeadLetterQueue: *dlq,
+		Follow: *follow, DryRun: *dryRun, Limit: *limit, Rate: *rateFlag, AllowOtherConsumers: *allowOthers,
+		PublishTimeout: cfg.PublishTimeout, Logger: log, OnProgress: rep.update,
+	})
+	rep.finish()
+	interrupted := errors.Is(err, context.Canceled)
+	if err != nil && !interrupted {
+		log.Error("backfill failed", "error", err.Error())
+		printSummary(stdout, sum, *asJSON)
+		if errors.Is(err, backfill.ErrOtherConsumers) {
+			return exitUsage
+		}
+		return exitFailure
+	}
+	if interrupted {
+		log.Info("backfill interrupted: rerun to continue where it stopped")
+	}
+	printSummary(stdout, sum, *asJSON)
+	return exitOK
+}
+
+func parseSubjectMap(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, pair := range strings.Split(s, ",") {
+		from, to, ok := strings.Cut(pair, "=")
+		if !ok || from == "" {
+			return nil, fmt.Errorf("%q: want from=to", pair)
+		}
+		m[from] = to
+	}
+	return m, nil
+}
+
+func printSummary(w io.Writer, s backfill.Summary, asJSON bool) {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(s) //nolint:errcheck // stdout
+		return
+	}
+	title := "backfill"
+	if s.DryRun {
+		title = "backfill (dry run: nothing was changed; figures are what a run would do)"
+	}
+	fmt.Fprintf(w, "%s\n  moved:             %d\n  already delivered: %d\n  derived ids:       %d\n  dead-lettered:     %d\n  failed (held):     %d\n  requeued (retry):  %d\n  rate:              %.0f msg/s\n  duration:          %s\n",
+		title, s.Moved, s.AlreadyDelivered, s.Derived, s.DeadLettered, s.Failed, s.Requeued, s.Rate, s.Duration.Round(time.Millisecond))
+}
+
+// reporter shows progress: a bar on a terminal, a log line every 5 s
+// otherwise, and the relayd_backfill_* metrics.
+type reporter struct {
+	mu      sync.Mutex
+	last    backfill.Progress
+	bar     *progressbar.ProgressBar
+	log     *slog.Logger
+	logNext time.Time
+}
+
+func newReporter(w io.Writer, log *slog.Logger) *reporter {
+	r := &reporter{log: log, logNext: time.Now().Add(5 * time.Second)}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		r.bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("backfill"),
+			progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("msg"),
+			progressbar.OptionSetPredictTime(true), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+	}
+	return r
+}
+
+func (r *reporter) update(p backfill.Progress) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last = p
+	if r.bar != nil {
+		if p.QueueDepthAtStart > 0 && r.bar.GetMax64() != p.QueueDepthAtStart {
+			r.bar.ChangeMax64(p.QueueDepthAtStart)
+		}
+		r.bar.Set64(p.Handled()) //nolint:errcheck // display only
+		return
+	}
+	if now := time.Now(); now.After(r.logNext) {
+		r.logNext = now.Add(5 * time.Second)
+		r.log.Info("backfill progress", "handled", p.Handled(), "queue_depth_at_start", p.QueueDepthAtStart,
+			"moved", p.Moved, "already_delivered", p.AlreadyDelivered, "dead_lettered", p.DeadLettered,
+			"rate", fmt.Sprintf("%.0f/s", p.Rate))
+	}
+}
+
+func (r *reporter) finish() {
+	if r.bar != nil {
+		r.bar.Finish() //nolint:errcheck // display only
+	}
+}
+
+func (r *reporter) register(reg prometheus.Registerer) {
+	get := func(f func(backfill.Progress) int64) func() float64 {
+		return func() float64 {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return float64(f(r.last))
+		}
+	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "relayd_backfill_moved_total", Help: "Messages moved to JetStream and acked on RabbitMQ."}, get(func(p backfill.Progress) int64 { return p.Moved })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "relayd_backfill_already_delivered_total", Help: "Messages JetStream already had (acked, not re-sent)."}, get(func(p backfill.Progress) int64 { return p.AlreadyDelivered })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "relayd_backfill_derived_ids_total", Help: "Moved messages that had no message-id."}, get(func(p backfill.Progress) int64 { return p.Derived })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "relayd_backfill_dead_lettered_total", Help: "Messages JetStream refused for good, parked in the dead-letter queue."}, get(func(p backfill.Progress) int64 { return p.DeadLettered })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "relayd_backfill_failed_total", Help: "Messages JetStream refused for good, held (no dead-letter queue)."}, get(func(p backfill.Progress) int64 { return p.Failed })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "relayd_backfill_requeued_total", Help: "Transient failures requeued for another try."}, get(func(p backfill.Progress) int64 { return p.Requeued })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "relayd_backfill_queue_depth_at_start", Help: "Ready messages in the queue when the run started."}, get(func(p backfill.Progress) int64 { return p.QueueDepthAtStart })),
+	)
+}

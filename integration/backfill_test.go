@@ -1,0 +1,352 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/backfill"
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/outbox"
+)
+
+// legacyPublish publishes msgs to the test's exchange the way a legacy
+// producer does, with confirms.
+func (e *env) legacyPublish(msgs []amqp.Publishing, key string) {
+	e.t.Helper()
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		e.t.Fatal(err)
+	}
+	ctx := context.Background()
+	var dcs []*amqp.DeferredConfirmation
+	for _, m := range msgs {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, e.exchange, key, true, false, m)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		dcs = append(dcs, dc)
+		if len(dcs) >= 2000 {
+			for _, dc := range dcs {
+				if !dc.Wait() {
+					e.t.Fatal("legacy publish nacked")
+				}
+			}
+			dcs = dcs[:0]
+		}
+	}
+	for _, dc := range dcs {
+		if !dc.Wait() {
+			e.t.Fatal("legacy publish nacked")
+		}
+	}
+}
+
+// queueDepth returns the ready messages and consumers of a queue.
+func (e *env) queueDepth(name string) (messages, consumers int) {
+	e.t.Helper()
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return q.Messages, q.Consumers
+}
+
+func (e *env) streamCount() uint64 {
+	e.t.Helper()
+	s, err := e.js.Stream(context.Background(), e.stream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// backfillCmd is `relayd backfill` for this test's queue and stream.
+func (e *env) backfillCmd(args ...string) *exec.Cmd {
+	cmd := exec.Command(relaydBin, append([]string{"backfill", "--queue", e.queue, "--json"}, args...)...)
+	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=")
+	return cmd
+}
+
+func decodeSummary(t *testing.T, out []byte) backfill.Summary {
+	t.Helper()
+	var s backfill.Summary
+	start := strings.Index(string(out), "{")
+	if start < 0 {
+		t.Fatalf("no JSON summary in output:\n%s", out)
+	}
+	if err := json.NewDecoder(strings.NewReader(string(out[start:]))).Decode(&s); err != nil {
+		t.Fatalf("summary: %v\n%s", err, out)
+	}
+	return s
+}
+
+// 50,000 legacy messages — most with a message-id, 2,500 without, 1,000 the
+// relay already delivered to JetStream longer ago than the stream's
+// duplicate window — and the backfill SIGKILLed twice mid-way and rerun:
+// every legacy message is in the stream exactly once, the queue is empty,
+// and the relay's messages were not re-sent.
+func TestBackfillExactlyOnceThroughKills(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	// A short duplicate window, so only the relay's record can keep the
+	// relay's messages from being stored twice.
+	s, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg := s.CachedInfo().Config
+	scfg.Duplicates = 5 * time.Second
+	if _, err := e.js.UpdateStream(ctx, scfg); err != nil {
+		t.Fatal(err)
+	}
+
+	// Dual write put 1,000 rows on both brokers: they sit in the legacy
+	// queue and are already in the stream.
+	relayed := make([]outbox.Message, 1000)
+	for i := range relayed {
+		relayed[i] = outbox.Message{Topic: "orders.relayed", Payload: []byte(fmt.Sprintf("relayed %d", i))}
+	}
+	relayedIDs, err := e.writer.Write(ctx, e.pool, relayed...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := e.startRelay("relay")
+	e.waitDelivered(30 * time.Second)
+	r.stop(30 * time.Second)
+	deliveredAt := time.Now()
+
+	// 49,000 from legacy producers, 2,500 of them without a message-id.
+	var legacy []amqp.Publishing
+	withID := map[string]bool{}
+	for i := range 49_000 {
+		p := amqp.Publishing{DeliveryMode: amqp.Persistent, ContentType: "application/json",
+			Timestamp: time.Unix(1700000000+int64(i), 0), Body: []byte(fmt.Sprintf(`{"legacy":%d}`, i)),
+			Headers: amqp.Table{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "n": int32(i)}}
+		if i%20 != 0 {
+			p.MessageId = fmt.Sprintf("legacy-%06d", i)
+			withID[p.MessageId] = true
+		}
+		legacy = append(legacy, p)
+	}
+	e.legacyPublish(legacy, "orders.legacy")
+	if n, _ := e.queueDepth(e.queue); n != 50_000 {
+		t.Fatalf("legacy queue holds %d messages, want 50000", n)
+	}
+	// Past the window: JetStream alone would store the relay's 1,000 again.
+	time.Sleep(time.Until(deliveredAt.Add(6 * time.Second))) // let the duplicate window pass; a wait for time itself
+
+	var final backfill.Summary
+	for kill := 1; ; kill++ {
+		cmd := e.backfillCmd("--prefetch", "500")
+		var out syncBuffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		if kill <= 2 {
+			target := uint64(1000 + kill*15_000)
+			testenv.Eventually(t, 2*time.Minute, func() bool { return e.streamCount() >= target }, "backfill run %d made no progress:\n%s", kill, out.String())
+			cmd.Process.Kill()
+			<-done
+			t.Logf("backfill SIGKILLed with %d messages in the stream", e.streamCount())
+			continue
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("final backfill run: %v\n%s", err, out.String())
+			}
+		case <-time.After(3 * time.Minute):
+			cmd.Process.Kill()
+			t.Fatalf("final backfill run did not finish:\n%s", out.String())
+		}
+		final = decodeSummary(t, []byte(out.String()))
+		break
+	}
+	t.Logf("final run: %+v", final)
+
+	if n, c := e.queueDepth(e.queue); n != 0 || c != 0 {
+		t.Fatalf("legacy queue: %d messages, %d consumers after the backfill; want empty", n, c)
+	}
+	ids := e.streamIDs()
+	if len(ids) != 50_000 {
+		t.Errorf("stream has %d distinct ids, want 50000", len(ids))
+	}
+	dupes, derived := 0, 0
+	for id, n := range ids {
+		if n > 1 {
+			dupes++
+		}
+		if !withID[id] {
+			derived++
+		}
+	}
+	if dupes > 0 {
+		t.Errorf("%d ids are in the stream more than once", dupes)
+	}
+	for id := range withID {
+		if ids[id] != 1 {
+			t.Fatalf("legacy message %s is in the stream %d times, want 1", id, ids[id])
+		}
+	}
+	for _, id := range relayedIDs {
+		if ids[id] != 1 {
+			t.Fatalf("relayed message %s is in the stream %d times, want 1 (re-sent by the backfill?)", id, ids[id])
+		}
+	}
+	if derived != 2450+1000 { // 2,450 without an id (49,000/20) plus the relay's 1,000
+		t.Errorf("%d stream ids are not legacy message-ids, want 3450", derived)
+	}
+	if final.AlreadyDelivered == 0 && final.Moved == 0 {
+		t.Errorf("final run did nothing: %+v", final)
+	}
+}
+
+// A message JetStream will never take (over max_payload) goes to the
+// dead-letter queue with its reason; everything else moves.
+func TestBackfillDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dlq := e.queue + "_dlq"
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, err := amqp.Dial(e.amqpURL); err == nil {
+			if ch, err := c.Channel(); err == nil {
+				ch.QueueDelete(dlq, false, false, false)
+			}
+			c.Close()
+		}
+	})
+	var msgs []amqp.Publishing
+	for i := range 100 {
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("ok-%d", i), Body: []byte("small"), DeliveryMode: amqp.Persistent})
+	}
+	big := amqp.Publishing{MessageId: "too-big", Body: make([]byte, int(e.nc.MaxPayload())+1), DeliveryMode: amqp.Persistent}
+	msgs = append(msgs[:50], append([]amqp.Publishing{big}, msgs[50:]...)...)
+	e.legacyPublish(msgs, "orders.dlq")
+
+	out, err := e.backfillCmd("--dead-letter-queue", dlq).CombinedOutput()
+	if err != nil {
+		t.Fatalf("backfill: %v\n%s", err, out)
+	}
+	sum := decodeSummary(t, out)
+	if sum.Moved != 100 || sum.DeadLettered != 1 {
+		t.Fatalf("summary %+v: want 100 moved, 1 dead-lettered", sum)
+	}
+	if n, _ := e.queueDepth(e.queue); n != 0 {
+		t.Fatalf("queue holds %d messages after the run", n)
+	}
+	d, ok, err := ch.Get(dlq, true)
+	if err != nil || !ok {
+		t.Fatalf("dead-letter queue empty: %v", err)
+	}
+	reason, _ := d.Headers[backfill.ReasonHeader].(string)
+	if d.MessageId != "too-big" || len(d.Body) != len(big.Body) || !strings.Contains(reason, "max_payload") {
+		t.Fatalf("dead-lettered %q (%d bytes) reason %q; want too-big, whole, with the max_payload reason", d.MessageId, len(d.Body), reason)
+	}
+	ids := e.streamIDs()
+	for i := range 100 {
+		if ids[fmt.Sprintf("ok-%d", i)] != 1 {
+			t.Fatalf("ok-%d in the stream %d times", i, ids[fmt.Sprintf("ok-%d", i)])
+		}
+	}
+	if ids["too-big"] != 0 {
+		t.Fatal("the oversize message is in the stream")
+	}
+}
+
+// --dry-run reports and changes nothing: same queue, same stream.
+func TestBackfillDryRunChangesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var msgs []amqp.Publishing
+	for i := range 300 {
+		p := amqp.Publishing{Body: []byte(fmt.Sprintf("m%d", i)), DeliveryMode: amqp.Persistent}
+		if i%3 != 0 {
+			p.MessageId = fmt.Sprintf("dry-%d", i)
+		}
+		msgs = append(msgs, p)
+	}
+	e.legacyPublish(msgs, "orders.dry")
+	before := e.streamCount()
+
+	out, err := e.backfillCmd("--dry-run").CombinedOutput()
+	if err != nil {
+		t.Fatalf("dry run: %v\n%s", err, out)
+	}
+	sum := decodeSummary(t, out)
+	if !sum.DryRun || sum.Moved != 300 || sum.Derived != 100 {
+		t.Fatalf("dry-run summary %+v: want 300 would-move, 100 derived ids", sum)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { n, _ := e.queueDepth(e.queue); return n == 300 }, "queue not back to 300 after the dry run")
+	if after := e.streamCount(); after != before {
+		t.Fatalf("stream went from %d to %d messages in a dry run", before, after)
+	}
+	var recorded int
+	e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.table.Backfilled()).Scan(&recorded)
+	if recorded != 0 {
+		t.Fatalf("dry run recorded %d moved ids", recorded)
+	}
+}
+
+// Another consumer on the queue would take some of its messages: the
+// backfill refuses to start (exit 2) unless told to allow it.
+func TestBackfillRefusesOtherConsumers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.legacyPublish([]amqp.Publishing{{MessageId: "one", Body: []byte("x")}}, "orders.other")
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.Consume(e.queue, "legacy-consumer", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	cmd := e.backfillCmd()
+	out, _ := cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "allow-other-consumers") {
+		t.Fatalf("exit %d, output %q; want exit 2 mentioning --allow-other-consumers", cmd.ProcessState.ExitCode(), out)
+	}
+	ch.Close() // the other consumer goes; its unacked message returns to the queue
+	out, err = e.backfillCmd().CombinedOutput()
+	if err != nil {
+		t.Fatalf("backfill: %v\n%s", err, out)
+	}
+	if sum := decodeSummary(t, out); sum.Moved != 1 {
+		t.Fatalf("summary %+v, want 1 moved", sum)
+	}
+}
+
