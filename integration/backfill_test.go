@@ -349,4 +349,3 @@ func TestBackfillRefusesOtherConsumers(t *testing.T) {
 		t.Fatalf("summary %+v, want 1 moved", sum)
 	}
 }
-
