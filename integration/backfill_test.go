@@ -4,10 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -347,5 +352,99 @@ func TestBackfillRefusesOtherConsumers(t *testing.T) {
 	}
 	if sum := decodeSummary(t, out); sum.Moved != 1 {
 		t.Fatalf("summary %+v, want 1 moved", sum)
+	}
+}
+
+// The backfill rides out a RabbitMQ connection cut (through a proxy), a
+// NATS restart and a SIGINT mid-run; the rerun finishes: every message in
+// the stream once, the queue empty.
+func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
+	t.Parallel()
+	port, dir := freePort(t), t.TempDir()
+	ns := startNATS(t, port, dir)
+	t.Cleanup(func() { ns.Shutdown() })
+	e := newEnv(t, fmt.Sprintf("nats://127.0.0.1:%d", port))
+
+	u, err := url.Parse(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()), "amqp", "127.0.0.1:0", u.Host)
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Stop)
+	u.Host = proxy.Listen
+
+	const total = 30_000
+	var msgs []amqp.Publishing
+	for i := range total {
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("r-%05d", i), Body: []byte(fmt.Sprintf("%d", i)), DeliveryMode: amqp.Persistent})
+	}
+	e.legacyPublish(msgs, "orders.restart")
+
+	run := func(args ...string) (*exec.Cmd, *syncBuffer, chan error) {
+		cmd := e.backfillCmd(args...)
+		cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+u.String())
+		out := &syncBuffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		t.Cleanup(func() { cmd.Process.Kill() })
+		return cmd, out, done
+	}
+	cmd, out, done := run("--rate", "4000", "--prefetch", "200")
+	atLeast := func(n uint64, what string) {
+		t.Helper()
+		testenv.Eventually(t, 60*time.Second, func() bool { return e.streamCount() >= n }, "%s: stuck below %d:\n%s", what, n, out.String())
+	}
+
+	atLeast(4000, "before the RabbitMQ cut")
+	proxy.Stop()            // every RabbitMQ connection drops; unacked deliveries return to the queue
+	time.Sleep(time.Second) // outage length
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	atLeast(10_000, "after the RabbitMQ cut")
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	time.Sleep(2 * time.Second) // outage length
+	ns = startNATS(t, port, dir)
+	t.Cleanup(func() { ns.Shutdown() })
+	atLeast(16_000, "after the NATS restart")
+
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("backfill after SIGINT: %v\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("backfill did not stop within 30s of SIGINT:\n%s", out.String())
+	}
+	first := decodeSummary(t, []byte(out.String()))
+	if n, _ := e.queueDepth(e.queue); n == 0 || first.Moved == 0 {
+		t.Fatalf("SIGINT came too late to test a rerun: queue %d, summary %+v", n, first)
+	}
+
+	_, out2, done2 := run()
+	if err := <-done2; err != nil {
+		t.Fatalf("rerun: %v\n%s", err, out2.String())
+	}
+	if n, _ := e.queueDepth(e.queue); n != 0 {
+		t.Fatalf("queue holds %d after the rerun", n)
+	}
+	ids := e.streamIDs()
+	for i := range total {
+		if n := ids[fmt.Sprintf("r-%05d", i)]; n != 1 {
+			t.Fatalf("r-%05d in the stream %d times, want 1", i, n)
+		}
+	}
+	if len(ids) != total {
+		t.Fatalf("stream has %d ids, want %d", len(ids), total)
 	}
 }
