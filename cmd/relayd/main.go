@@ -40,6 +40,7 @@ Usage:
   relayd migrate    create or upgrade the outbox table (up, the default, or status)
   relayd status     how far behind each target is (--json for scripts)
   relayd backfill   move a legacy RabbitMQ queue into the JetStream stream, exactly once
+  relayd cutover check  may consumers switch to JetStream exclusively?
   relayd version    print the version
 
 Each command takes --help. Configuration comes from RELAY_* environment
@@ -66,6 +67,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdStatus(args[1:], stdout, stderr, env)
 	case "backfill":
 		return cmdBackfill(args[1:], stdout, stderr, env)
+	case "cutover":
+		return cmdCutover(args[1:], stdout, stderr, env)
 	case "version":
 		fmt.Fprintf(stdout, "relayd %s (%s)\n", version, runtime.Version())
 		return exitOK

@@ -1,0 +1,189 @@
+package cutover_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/testenv"
+)
+
+// Each condition, broken on its own, fails the check naming it; with all
+// clear the check passes.
+func TestCheckNamesEachFailingCondition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+
+	nc, err := nats.Connect(testenv.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := testenv.Name("co")
+	stream, subject := strings.ToUpper(id), id+".orders"
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{id + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { js.DeleteStream(context.Background(), stream) })
+	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "new-side", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	amqpURL := testenv.AMQPURL(t)
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := id + "_legacy"
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, err := amqp.Dial(amqpURL); err == nil {
+			if ch, err := c.Channel(); err == nil {
+				ch.QueueDelete(queue, false, false, false)
+			}
+			c.Close()
+		}
+	})
+
+	cfg := cutover.Config{DB: pool, Table: table, JS: js, Stream: stream, Consumer: "new-side", AMQPURL: amqpURL, Queue: queue, Poll: 100 * time.Millisecond}
+	check := func(wantOK bool, wantFail, wantDetail string) cutover.Result {
+		t.Helper()
+		res, err := cutover.Check(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.OK != wantOK {
+			t.Fatalf("check OK = %v, want %v: %+v", res.OK, wantOK, res.Conditions)
+		}
+		if wantFail != "" {
+			var failed []string
+			for _, c := range res.Conditions {
+				if !c.OK && !strings.HasPrefix(c.Detail, "not watched") {
+					failed = append(failed, c.Name)
+					if c.Name == wantFail && !strings.Contains(c.Detail, wantDetail) {
+						t.Fatalf("%s failed with %q, want it to say %q", c.Name, c.Detail, wantDetail)
+					}
+				}
+			}
+			if len(failed) != 1 || failed[0] != wantFail {
+				t.Fatalf("failed conditions %v, want exactly [%s]: %+v", failed, wantFail, res.Conditions)
+			}
+		}
+		return res
+	}
+
+	// All clear; the quiet interval defaults to the consumer's AckWait.
+	if res := check(true, "", ""); res.QuietPeriod != time.Second {
+		t.Fatalf("quiet period %v, want the consumer's AckWait (1s)", res.QuietPeriod)
+	}
+
+	// 1. A row pending for nats.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders.x', '\x00')`); err != nil {
+		t.Fatal(err)
+	}
+	check(false, cutover.CondOutbox, "pending for nats 1")
+	if _, err := pool.Exec(ctx, `UPDATE `+table.Ident()+` SET nats_delivered_at = now(), amqp_delivered_at = now(), done_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+
+	// 2. The legacy queue not empty.
+	if err := ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		q, _ := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		return q.Messages == 1
+	}, "message not in the queue")
+	check(false, cutover.CondQueue, "1 ready")
+	if _, err := ch.QueuePurge(queue, false); err != nil {
+		t.Fatal(err)
+	}
+
+	// 3. A legacy consumer still attached.
+	lc, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lc.Consume(queue, "legacy", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	check(false, cutover.CondQueue, "1 consumers")
+	lc.Close()
+
+	// 4. The durable consumer has a message pending.
+	if _, err := js.Publish(ctx, subject, []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	check(false, cutover.CondConsumer, "pending 1")
+
+	// 5. Delivered but not acked.
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held jetstream.Msg
+	for m := range batch.Messages() {
+		held = m
+	}
+	if held == nil {
+		t.Fatal("no message fetched")
+	}
+	check(false, cutover.CondConsumer, "ack pending 1")
+	if err := held.DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check(true, "", "")
+
+	// 6. A publish during the quiet interval (consumed and acked at once, so
+	// only the moving stream gives it away).
+	cfg.QuietPeriod = 3 * time.Second
+	cc, err := cons.Consume(func(m jetstream.Msg) { m.Ack() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	go func() {
+		time.Sleep(time.Second) // inside the 3 s quiet interval
+		js.Publish(context.Background(), subject, []byte("2"))
+	}()
+	check(false, cutover.CondQuiet, "stream last sequence moved")
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		ci, err := cons.Info(ctx)
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	}, "consumer did not catch up")
+
+	// All clear again: passes, with the conservative interval computed.
+	cfg.QuietPeriod = 0
+	check(true, "", "")
+	cfg.Conservative = true
+	cfg.QuietPeriod = 0
+	// AckWait 1s x (MaxAckPending 1000 + 1) is long; only check the figure.
+	cfg.Poll = time.Hour
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	res, _ := cutover.Check(cctx, cfg)
+	if res.QuietPeriod != 1001*time.Second {
+		t.Fatalf("conservative quiet period %v, want AckWait x (MaxAckPending+1) = 1001s", res.QuietPeriod)
+	}
+}
