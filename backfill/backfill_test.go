@@ -1,0 +1,94 @@
+package backfill
+
+import (
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func TestDeriveIDIsDeterministicAndContentBound(t *testing.T) {
+	base := amqp.Delivery{RoutingKey: "orders.created", Body: []byte(`{"a":1}`), ContentType: "application/json",
+		Timestamp: time.Unix(1700000000, 0), Headers: amqp.Table{"b": "2", "a": int32(1)}}
+	id := DeriveID(base)
+	if !isUUID(id) || id[14] != '8' {
+		t.Fatalf("derived id %q: want a version-8 UUID", id)
+	}
+	same := base
+	same.Headers = amqp.Table{"a": int32(1), "b": "2"} // same headers, other map order
+	same.DeliveryTag, same.Redelivered = 99, true      // delivery details do not count
+	if DeriveID(same) != id {
+		t.Fatal("the same message derived a different id")
+	}
+	for name, change := range map[string]func(*amqp.Delivery){
+		"body":        func(d *amqp.Delivery) { d.Body = []byte(`{"a":2}`) },
+		"routing key": func(d *amqp.Delivery) { d.RoutingKey = "orders.paid" },
+		"timestamp":   func(d *amqp.Delivery) { d.Timestamp = d.Timestamp.Add(time.Second) },
+		"header":      func(d *amqp.Delivery) { d.Headers = amqp.Table{"a": int32(2), "b": "2"} },
+		"type":        func(d *amqp.Delivery) { d.Type = "x" },
+		// field boundaries are length-prefixed: moving bytes between fields changes the id
+		"boundary": func(d *amqp.Delivery) { d.RoutingKey, d.ContentType = "orders.createdapplication/json", "" },
+	} {
+		d := base
+		change(&d)
+		if DeriveID(d) == id {
+			t.Errorf("changing the %s kept the id", name)
+		}
+	}
+}
+
+func TestMapKeyLongestPrefix(t *testing.T) {
+	b := &runner{cfg: Config{SubjectMap: map[string]string{"legacy.": "new.", "legacy.orders.": "orders."}}}
+	for in, want := range map[string]string{
+		"legacy.orders.created": "orders.created",
+		"legacy.users.created":  "new.users.created",
+		"other.x":               "other.x",
+	} {
+		if got := b.mapKey(in); got != want {
+			t.Errorf("mapKey(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestNATSHeadersCarryPropertiesAndHeaders(t *testing.T) {
+	ts := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	h := natsHeaders(amqp.Delivery{
+		RoutingKey: "orders.x", ContentType: "application/json", CorrelationId: "c-1", Type: "created", Timestamp: ts,
+		Headers: amqp.Table{"traceparent": "00-abc-01", "n": int32(7), "list": []any{"a", int64(1)}, "raw": []byte("b")},
+	})
+	for k, want := range map[string]string{
+		"traceparent": "00-abc-01", "n": "7", "list": `["a",1]`, "raw": "b",
+		"Content-Type": "application/json", "Correlation-Id": "c-1", "Amqp-Type": "created",
+		"Amqp-Timestamp": "2026-01-02T03:04:05Z", "Amqp-Routing-Key": "orders.x",
+	} {
+		if got := h.Get(k); got != want {
+			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+}
+
+func TestIsUUID(t *testing.T) {
+	for s, want := range map[string]bool{
+		"6f1c7a4e-0b55-4a8e-9d0e-3f3f8c2a9b10": true,
+		"6F1C7A4E-0B55-4A8E-9D0E-3F3F8C2A9B10": true,
+		"legacy-000001":                        false,
+		"6f1c7a4e0b554a8e9d0e3f3f8c2a9b10":     false,
+		"6f1c7a4e-0b55-4a8e-9d0e-3f3f8c2a9b1g": false,
+	} {
+		if isUUID(s) != want {
+			t.Errorf("isUUID(%q) = %v", s, !want)
+		}
+	}
+}
+
+func FuzzDeriveID(f *testing.F) {
+	f.Add("orders.created", []byte("{}"), "application/json")
+	f.Add("", []byte(nil), "")
+	f.Fuzz(func(t *testing.T, key string, body []byte, ct string) {
+		d := amqp.Delivery{RoutingKey: key, Body: body, ContentType: ct}
+		a, b := DeriveID(d), DeriveID(d)
+		if a != b || !isUUID(a) {
+			t.Fatalf("DeriveID not a stable UUID: %q %q", a, b)
+		}
+	})
+}
