@@ -46,6 +46,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -142,11 +143,12 @@ type Config struct {
 	// requeued at once (bound redeliveries with a dead-letter exchange and
 	// a delivery limit). Defaults: 1s and 1m.
 	RetryMin, RetryMax time.Duration
-	// DeriveAMQPID, when set, gives the id of an AMQP delivery that has
-	// neither a message-id nor [DerivedIDHeader] (a legacy producer's
-	// message). Set it to the backfill's derivation (backfill.DeriveID) so
+	// DeriveAMQPID gives the id of an AMQP delivery that has neither a
+	// message-id nor [DerivedIDHeader] (a legacy producer's message).
+	// Default: backfill.DeriveID, the derivation `relayd backfill` uses, so
 	// such a message read from the legacy queue and its backfilled JetStream
-	// copy share one id. Default: nil, such deliveries are rejected.
+	// copy share one id. A function returning "" makes such deliveries
+	// poison (rejected with [ErrNoMessageID]).
 	DeriveAMQPID func(amqp.Delivery) string
 	// Logger receives RunCleanup's errors. Default: nil, logs are
 	// discarded.
@@ -178,22 +180,25 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if c.DeriveAMQPID == nil {
+		c.DeriveAMQPID = backfill.DeriveID
+	}
 }
 
 func (c *Config) validate() (schema.Table, error) {
 	t, err := schema.ParseTable(c.Table)
 	if err != nil {
-		return schema.Table{}, fmt.Errorf("Table: %w", err)
+		return schema.Table{}, fmt.Errorf("inbox: Table: %w", err)
 	}
 	switch {
 	case len(c.Consumer) > maxConsumerLength || !utf8.ValidString(c.Consumer) || strings.ContainsRune(c.Consumer, 0):
-		return t, fmt.Errorf("Consumer %q: want at most %d bytes of UTF-8 without NUL", c.Consumer, maxConsumerLength)
+		return t, fmt.Errorf("inbox: Consumer %q: want at most %d bytes of UTF-8 without NUL", c.Consumer, maxConsumerLength)
 	case c.Retention < 0:
-		return t, fmt.Errorf("Retention %v: must not be negative", c.Retention)
+		return t, fmt.Errorf("inbox: Retention %v: must not be negative", c.Retention)
 	case c.RetryMin < 0:
-		return t, fmt.Errorf("RetryMin %v: must not be negative", c.RetryMin)
+		return t, fmt.Errorf("inbox: RetryMin %v: must not be negative", c.RetryMin)
 	case c.RetryMax < c.RetryMin:
-		return t, fmt.Errorf("RetryMax %v: must be at least RetryMin (%v)", c.RetryMax, c.RetryMin)
+		return t, fmt.Errorf("inbox: RetryMax %v: must be at least RetryMin (%v)", c.RetryMax, c.RetryMin)
 	}
 	return t, nil
 }
@@ -225,7 +230,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Inbox, error) {
 	cfg.setDefaults()
 	table, err := cfg.validate()
 	if err != nil {
-		return nil, fmt.Errorf("inbox config: %w", err)
+		return nil, err
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {

@@ -19,8 +19,10 @@ import (
 	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/sethvargo/go-envconfig"
 
+	"github.com/relayd/relayd/inbox"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -131,18 +133,21 @@ func signalContext(log *slog.Logger) (context.Context, context.CancelFunc) {
 	return ctx, func() { signal.Stop(sigs); cancel() }
 }
 
-const migrateHelp = `Usage: relayd migrate [up|status]
+const migrateHelp = `Usage: relayd migrate [--inbox TABLE] [up|status]
 
 Creates or upgrades the outbox table named by RELAY_OUTBOX_TABLE (default
-"outbox") in RELAY_DATABASE_URL. Safe to run from several instances at once:
-a Postgres advisory lock serialises them.
+"outbox") in RELAY_DATABASE_URL — or, with --inbox, a consumer's inbox table
+(package inbox). Safe to run from several instances at once: a Postgres
+advisory lock serialises them.
 
   up       apply pending migrations (default)
   status   list migrations and whether each is applied
+  --inbox TABLE   migrate the inbox table TABLE (name or schema.name) instead
 `
 
 func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	inboxTable := fs.String("inbox", "", "migrate this inbox table instead of the outbox")
 	if code, done := parseFlags(fs, args, stdout, stderr, migrateHelp); done {
 		return code
 	}
@@ -172,22 +177,16 @@ func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 	}
 	defer closeDB()
 
+	if *inboxTable != "" {
+		return migrateInbox(ctx, db, *inboxTable, action, stdout, log)
+	}
 	if action == "status" {
 		st, err := schema.Status(ctx, db, cfg.table)
 		if err != nil {
 			log.Error("migration status", "error", err.Error())
 			return exitFailure
 		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "VERSION\tSTATE\tAPPLIED AT\n")
-		for _, s := range st {
-			at := "-"
-			if !s.AppliedAt.IsZero() {
-				at = s.AppliedAt.Format("2006-01-02 15:04:05Z07:00")
-			}
-			fmt.Fprintf(tw, "%05d\t%s\t%s\n", s.Source.Version, s.State, at)
-		}
-		tw.Flush()
+		printMigrationStatus(stdout, st)
 		return exitOK
 	}
 	res, err := schema.Up(ctx, db, cfg.table, log)
@@ -196,6 +195,41 @@ func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 		return exitFailure
 	}
 	fmt.Fprintf(stdout, "%s: %d migration(s) applied\n", cfg.table, len(res))
+	return exitOK
+}
+
+func printMigrationStatus(w io.Writer, st []*goose.MigrationStatus) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "VERSION\tSTATE\tAPPLIED AT\n")
+	for _, s := range st {
+		at := "-"
+		if !s.AppliedAt.IsZero() {
+			at = s.AppliedAt.Format("2006-01-02 15:04:05Z07:00")
+		}
+		fmt.Fprintf(tw, "%05d\t%s\t%s\n", s.Source.Version, s.State, at)
+	}
+	tw.Flush()
+}
+
+// migrateInbox applies (or reports) a consumer inbox table's migrations.
+func migrateInbox(ctx context.Context, db *sql.DB, table, action string, stdout io.Writer, log *slog.Logger) int {
+	if action == "status" {
+		p, err := inbox.NewProvider(db, table, log)
+		if err == nil {
+			var st []*goose.MigrationStatus
+			if st, err = p.Status(ctx); err == nil {
+				printMigrationStatus(stdout, st)
+				return exitOK
+			}
+		}
+		log.Error("inbox migration status", "table", table, "error", err.Error())
+		return exitFailure
+	}
+	if err := inbox.Migrate(ctx, db, table); err != nil {
+		log.Error("migrate inbox", "table", table, "error", err.Error())
+		return exitFailure
+	}
+	fmt.Fprintf(stdout, "inbox %s: migrated\n", table)
 	return exitOK
 }
 
