@@ -79,7 +79,6 @@ func (b *runner) session(ctx context.Context) error {
 		sem      = make(chan struct{}, parallel)
 		inFlight atomic.Int64 // deliveries received and not yet settled
 		reserved int64        // deliveries taken toward Limit
-		lastRecv = time.Now()
 		batch    []amqp.Delivery
 		flushT   = time.NewTimer(time.Hour)
 		checkT   = time.NewTicker(250 * time.Millisecond)
@@ -128,8 +127,7 @@ func (b *runner) session(ctx context.Context) error {
 				}
 				return fmt.Errorf("%w: consumer closed", errLost)
 			}
-			lastRecv = time.Now()
-			if b.cfg.Limit > 0 && reserved >= b.cfg.Limit {
+				if b.cfg.Limit > 0 && reserved >= b.cfg.Limit {
 				d.Nack(false, true) //nolint:errcheck // beyond the limit: back to the queue
 				stop(nil)
 				continue
@@ -151,7 +149,10 @@ func (b *runner) session(ctx context.Context) error {
 				stop(nil)
 				continue
 			}
-			if b.cfg.Follow || inFlight.Load() > 0 || time.Since(lastRecv) < 500*time.Millisecond {
+			// Drained: nothing ready on the broker and nothing of ours in
+			// flight. On a queue that keeps receiving (dual write on), that
+			// moment comes as soon as the backfill has caught up.
+			if b.cfg.Follow || inFlight.Load() > 0 {
 				continue
 			}
 			if drained, err := b.drained(conn); err == nil && drained {
