@@ -127,7 +127,7 @@ func (b *runner) session(ctx context.Context) error {
 				}
 				return fmt.Errorf("%w: consumer closed", errLost)
 			}
-				if b.cfg.Limit > 0 && reserved >= b.cfg.Limit {
+			if b.cfg.Limit > 0 && reserved >= b.cfg.Limit {
 				d.Nack(false, true) //nolint:errcheck // beyond the limit: back to the queue
 				stop(nil)
 				continue

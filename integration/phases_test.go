@@ -126,7 +126,7 @@ func TestMigrationPhases(t *testing.T) {
 	go func() {
 		defer close(legacyDone)
 		for d := range deliveries {
-			in.HandleAMQP(ctx, d, work) //nolint:errcheck // acks, requeues or rejects; counted below
+			in.HandleAMQP(ctx, d, work)       //nolint:errcheck // acks, requeues or rejects; counted below
 			time.Sleep(15 * time.Millisecond) // a legacy consumer slower than the producers: it leaves a backlog
 		}
 	}()
