@@ -50,6 +50,11 @@ type Config struct {
 	// RetryMin and RetryMax bound the per-row backoff after a failed
 	// publish (exponential with jitter). Defaults 1s and 5m.
 	RetryMin, RetryMax time.Duration
+	// MaxAttempts parks a row for a target after this many failed
+	// attempts (failures of the broker itself — disconnects, timeouts — do
+	// not count). Negative means never. Default (0) 20: about an hour of
+	// retries with the default backoff.
+	MaxAttempts int
 	// Retention is how long delivered rows (and with them the record of
 	// which message ids reached each broker) are kept. Default 24h.
 	Retention time.Duration
@@ -102,6 +107,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Retention == 0 {
 		c.Retention = 24 * time.Hour
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 20
 	}
 	if c.CleanupInterval == 0 {
 		c.CleanupInterval = time.Minute
@@ -401,6 +409,17 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 				outcome[ti], errText[ti] = outcomeParked, err.Error()
 				r.cfg.Metrics.Parked(t)
 				r.log.Warn("row parked", "target", string(t), "id", c.msg.ID, "message_id", c.msg.MessageID, "reason", err.Error())
+			case errors.Is(err, ErrUnavailable):
+				// The broker, not the row: retry, without using up attempts.
+				outcome[ti], errText[ti] = outcomeOutage, err.Error()
+				backoff[ti] = r.retryBackoff(c.attempts[ti] + 1)
+				r.cfg.Metrics.PublishFailed(t, err)
+			case r.cfg.MaxAttempts > 0 && c.attempts[ti]+1 >= int32(r.cfg.MaxAttempts):
+				outcome[ti] = outcomeParked
+				errText[ti] = fmt.Sprintf("gave up after %d attempts: %v", c.attempts[ti]+1, err)
+				r.cfg.Metrics.PublishFailed(t, err)
+				r.cfg.Metrics.Parked(t)
+				r.log.Warn("row parked", "target", string(t), "id", c.msg.ID, "message_id", c.msg.MessageID, "reason", errText[ti])
 			default:
 				outcome[ti], errText[ti] = outcomeRetry, err.Error()
 				backoff[ti] = r.retryBackoff(c.attempts[ti] + 1)

@@ -492,3 +492,41 @@ func TestBreaker(t *testing.T) {
 		t.Fatal("success did not close the breaker")
 	}
 }
+
+// A row that keeps failing for one target is parked after MaxAttempts, with
+// the last error; failures of the broker itself never count toward it.
+func TestMaxAttemptsParksButOutagesDoNotCount(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	a.setFail(func(m *Message) error { return errors.New("amqp: returned unroutable: 312 NO_ROUTE") })
+	var outages sync.Map
+	n.setFail(func(m *Message) error {
+		// Each row meets 5 outages before NATS takes it.
+		c, _ := outages.LoadOrStore(m.MessageID, new(int))
+		if p := c.(*int); *p < 5 {
+			*p++
+			return Unavailable(errors.New("nats: disconnected"))
+		}
+		return nil
+	})
+	ids := f.insert(3, "orders.created")
+	f.start(Config{Sinks: []Sink{a, n}, MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond})
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		for _, id := range ids {
+			if s := f.state(id); !s.amqpParked || !s.natsDelivered {
+				return false
+			}
+		}
+		return true
+	}, "rows not parked for amqp / delivered to nats")
+	for _, id := range ids {
+		s := f.state(id)
+		if s.amqpAttempts != 3 || !strings.Contains(s.amqpErr, "gave up after 3 attempts") || !strings.Contains(s.amqpErr, "NO_ROUTE") {
+			t.Fatalf("amqp: %+v, want parked after 3 attempts with the last error", s)
+		}
+		if s.natsParked || s.natsAttempts != 1 {
+			t.Fatalf("nats: %+v, want delivered with 1 counted attempt (5 outages not counted)", s)
+		}
+	}
+}

@@ -51,20 +51,21 @@ SELECT * FROM a UNION ALL SELECT * FROM n ORDER BY id`, tbl, cols, claimable(Tar
 
 		// One statement records a whole batch. Per target and row, the
 		// outcome is 0 not attempted, 1 delivered, 2 failed (retry after
-		// the backoff), 3 parked. done_at is set once every enabled target
-		// has the row.
+		// the backoff), 3 parked, 4 broker unavailable (retry after the
+		// backoff, not counted as an attempt: an outage must not use up
+		// MaxAttempts). done_at is set once every enabled target has the row.
 		recordSQL: fmt.Sprintf(`
 UPDATE %[1]s o SET
 	amqp_delivered_at = CASE WHEN u.a = 1 THEN clock_timestamp() ELSE o.amqp_delivered_at END,
-	amqp_attempts     = o.amqp_attempts + (u.a > 0)::int,
-	amqp_retry_at     = CASE WHEN u.a = 2 THEN clock_timestamp() + u.ab * interval '1 millisecond' WHEN u.a = 1 THEN NULL ELSE o.amqp_retry_at END,
+	amqp_attempts     = o.amqp_attempts + (u.a IN (1, 2, 3))::int,
+	amqp_retry_at     = CASE WHEN u.a IN (2, 4) THEN clock_timestamp() + u.ab * interval '1 millisecond' WHEN u.a = 1 THEN NULL ELSE o.amqp_retry_at END,
 	amqp_parked_at    = CASE WHEN u.a = 3 THEN clock_timestamp() ELSE o.amqp_parked_at END,
-	amqp_last_error   = CASE WHEN u.a IN (2, 3) THEN u.ae ELSE o.amqp_last_error END,
+	amqp_last_error   = CASE WHEN u.a IN (2, 3, 4) THEN u.ae ELSE o.amqp_last_error END,
 	nats_delivered_at = CASE WHEN u.n = 1 THEN clock_timestamp() ELSE o.nats_delivered_at END,
-	nats_attempts     = o.nats_attempts + (u.n > 0)::int,
-	nats_retry_at     = CASE WHEN u.n = 2 THEN clock_timestamp() + u.nb * interval '1 millisecond' WHEN u.n = 1 THEN NULL ELSE o.nats_retry_at END,
+	nats_attempts     = o.nats_attempts + (u.n IN (1, 2, 3))::int,
+	nats_retry_at     = CASE WHEN u.n IN (2, 4) THEN clock_timestamp() + u.nb * interval '1 millisecond' WHEN u.n = 1 THEN NULL ELSE o.nats_retry_at END,
 	nats_parked_at    = CASE WHEN u.n = 3 THEN clock_timestamp() ELSE o.nats_parked_at END,
-	nats_last_error   = CASE WHEN u.n IN (2, 3) THEN u.ne ELSE o.nats_last_error END,
+	nats_last_error   = CASE WHEN u.n IN (2, 3, 4) THEN u.ne ELSE o.nats_last_error END,
 	done_at = CASE WHEN (NOT $8::boolean OR u.a = 1 OR o.amqp_delivered_at IS NOT NULL)
 	               AND (NOT $9::boolean OR u.n = 1 OR o.nats_delivered_at IS NOT NULL)
 	          THEN clock_timestamp() END
@@ -144,6 +145,7 @@ const (
 	outcomeDelivered = 1
 	outcomeRetry     = 2
 	outcomeParked    = 3
+	outcomeOutage    = 4
 )
 
 // batchRecord collects a batch's outcomes column-wise for recordSQL.

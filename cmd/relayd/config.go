@@ -40,6 +40,7 @@ type config struct {
 	PublishTimeout time.Duration `env:"RELAY_PUBLISH_TIMEOUT, default=10s"`
 	PollInterval   time.Duration `env:"RELAY_POLL_INTERVAL, default=1s"`
 	Retention      time.Duration `env:"RELAY_RETENTION, default=24h"`
+	MaxAttempts    int           `env:"RELAY_MAX_ATTEMPTS, default=20"`
 	StatsInterval  time.Duration `env:"RELAY_STATS_INTERVAL, default=5s"`
 	StartupTimeout time.Duration `env:"RELAY_STARTUP_TIMEOUT, default=30s"`
 	ShutdownGrace  time.Duration `env:"RELAY_SHUTDOWN_TIMEOUT, default=30s"`
@@ -141,6 +142,7 @@ func (c *config) validate() error {
 	}{
 		{"RELAY_BATCH_SIZE", c.BatchSize, 1, 10000},
 		{"RELAY_WORKERS", c.Workers, 1, 256},
+		{"RELAY_MAX_ATTEMPTS", c.MaxAttempts, 0, 1000000},
 	} {
 		if v.val < v.min || v.val > v.max {
 			return badVar(v.name, "%d is out of range %d..%d", v.val, v.min, v.max)

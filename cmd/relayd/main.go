@@ -44,6 +44,7 @@ Usage:
   relayd backfill   move a legacy RabbitMQ queue into the JetStream stream, exactly once
   relayd cutover check  may consumers switch to JetStream exclusively?
   relayd verify     check the stream against the outbox's record (exit 1 if anything is missing or duplicated)
+  relayd outbox parked|retry   list parked rows; put them back in line
   relayd version    print the version
 
 Each command takes --help. Configuration comes from RELAY_* environment
@@ -74,6 +75,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdCutover(args[1:], stdout, stderr, env)
 	case "verify":
 		return cmdVerify(args[1:], stdout, stderr, env)
+	case "outbox":
+		return cmdOutbox(args[1:], stdout, stderr, env)
 	case "version":
 		fmt.Fprintf(stdout, "relayd %s (%s)\n", version, runtime.Version())
 		return exitOK

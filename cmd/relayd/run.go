@@ -152,6 +152,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		PublishTimeout: cfg.PublishTimeout,
 		PollInterval:   cfg.PollInterval,
 		Retention:      cfg.Retention,
+		MaxAttempts:    maxAttempts(cfg.MaxAttempts),
 		Logger:         log,
 		Metrics:        m,
 	})
@@ -190,6 +191,15 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	case <-time.After(cfg.ShutdownGrace):
 		return fmt.Errorf("in-flight batches did not finish within RELAY_SHUTDOWN_TIMEOUT=%s; their rows will be published again", cfg.ShutdownGrace)
 	}
+}
+
+// maxAttempts maps RELAY_MAX_ATTEMPTS (0: never park) to relay.Config's
+// convention (negative: never).
+func maxAttempts(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // checkSchema makes sure the table is migrated: with RELAY_PROVISION it

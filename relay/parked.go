@@ -1,0 +1,95 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/schema"
+)
+
+// ParkedRow is a row parked for at least one target.
+type ParkedRow struct {
+	ID        int64              `json:"id"`
+	MessageID string             `json:"message_id"`
+	Topic     string             `json:"topic"`
+	CreatedAt time.Time          `json:"created_at"`
+	Targets   []ParkedTargetInfo `json:"targets"`
+}
+
+// ParkedTargetInfo says why a row is parked for one target.
+type ParkedTargetInfo struct {
+	Target   Target    `json:"target"`
+	ParkedAt time.Time `json:"parked_at"`
+	Attempts int       `json:"attempts"`
+	Reason   string    `json:"reason"`
+}
+
+// ListParked returns up to limit rows parked for any of targets, oldest
+// first. It reads through the parked index only.
+func ListParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, limit int) ([]ParkedRow, error) {
+	want := map[Target]bool{}
+	for _, t := range targets {
+		want[t] = true
+	}
+	rows, err := db.Query(ctx, fmt.Sprintf(`
+SELECT id, message_id::text, topic, created_at,
+	amqp_parked_at, amqp_attempts, coalesce(amqp_last_error, ''),
+	nats_parked_at, nats_attempts, coalesce(nats_last_error, '')
+FROM %s
+WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL)
+  AND (($1 AND amqp_parked_at IS NOT NULL) OR ($2 AND nats_parked_at IS NOT NULL))
+ORDER BY id LIMIT $3`, table.Ident()), want[TargetAMQP], want[TargetNATS], limit)
+	if err != nil {
+		return nil, fmt.Errorf("list parked: %w", err)
+	}
+	defer rows.Close()
+	var out []ParkedRow
+	for rows.Next() {
+		var r ParkedRow
+		var at [2]*time.Time
+		var attempts [2]int
+		var reason [2]string
+		if err := rows.Scan(&r.ID, &r.MessageID, &r.Topic, &r.CreatedAt,
+			&at[0], &attempts[0], &reason[0], &at[1], &attempts[1], &reason[1]); err != nil {
+			return nil, fmt.Errorf("list parked: %w", err)
+		}
+		for i, t := range Targets {
+			if at[i] != nil && want[t] {
+				r.Targets = append(r.Targets, ParkedTargetInfo{Target: t, ParkedAt: *at[i], Attempts: attempts[i], Reason: reason[i]})
+			}
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// RetryParked puts parked rows back in line for the given targets: the
+// rows with ids, or every parked row when all. Attempts start again from 0.
+// Safe while relays run (a relay holding one of the rows makes the update
+// wait for its batch); it wakes idle relays. It returns how many (row,
+// target) pairs were put back.
+func RetryParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, ids []int64, all bool) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		for _, t := range targets {
+			p := string(t)
+			tag, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %[1]s
+SET %[2]s_parked_at = NULL, %[2]s_attempts = 0, %[2]s_retry_at = NULL
+WHERE %[2]s_parked_at IS NOT NULL AND ($1 OR id = ANY($2))`, table.Ident(), p), all, ids)
+			if err != nil {
+				return err
+			}
+			n += tag.RowsAffected()
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, table.Channel())
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("retry parked: %w", err)
+	}
+	return n, nil
+}
