@@ -17,6 +17,7 @@ package backfill
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -50,6 +51,8 @@ type Config struct {
 	// AMQPURL and Queue name the legacy queue to drain. Required.
 	AMQPURL string
 	Queue   string
+	// TLS is used for amqps:// URLs. Default: system roots.
+	TLS *tls.Config
 	// Prefetch is how many deliveries are unacked at once. Default 1000.
 	Prefetch int
 	// NATS is the connection to JetStream; the caller owns it. Required.
@@ -202,7 +205,7 @@ func (b *runner) progress() {
 
 // preflight checks the queue, its other consumers, and the stream.
 func (b *runner) preflight(ctx context.Context) error {
-	conn, err := amqp.Dial(b.cfg.AMQPURL)
+	conn, err := amqp.DialTLS(b.cfg.AMQPURL, b.cfg.TLS)
 	if err != nil {
 		return fmt.Errorf("amqp: connect: %w", err)
 	}

@@ -46,7 +46,7 @@ func (b *runner) loop(ctx context.Context) error {
 // session consumes on one connection. It returns nil when the run is over
 // (drained, limit), ctx's error on cancel, or errLost.
 func (b *runner) session(ctx context.Context) error {
-	conn, err := amqp.Dial(b.cfg.AMQPURL)
+	conn, err := amqp.DialTLS(b.cfg.AMQPURL, b.cfg.TLS)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errLost, err)
 	}

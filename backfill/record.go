@@ -67,7 +67,7 @@ ON CONFLICT (message_id) DO NOTHING`, b.cfg.Table.Backfilled()), ids, derived, b
 // counts what a real run would do, then returns them all to the queue by
 // closing the channel. Nothing is published and nothing recorded.
 func (b *runner) dryRun(ctx context.Context) (Summary, error) {
-	conn, err := amqp.Dial(b.cfg.AMQPURL)
+	conn, err := amqp.DialTLS(b.cfg.AMQPURL, b.cfg.TLS)
 	if err != nil {
 		return Summary{}, fmt.Errorf("amqp: connect: %w", err)
 	}

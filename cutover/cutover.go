@@ -8,6 +8,7 @@ package cutover
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,8 @@ type Config struct {
 	// AMQPURL and Queue: the legacy queue; skipped when Queue is empty.
 	AMQPURL string
 	Queue   string
+	// AMQPTLS is used for amqps:// URLs. Default: system roots.
+	AMQPTLS *tls.Config
 	// QuietPeriod overrides the quiet interval. Default: the consumer's
 	// AckWait, or its last BackOff step if longer; with Conservative,
 	// AckWait × (MaxAckPending + 1).
@@ -186,7 +189,7 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 
 	if cfg.Queue != "" {
 		c := Condition{Name: CondQueue}
-		msgs, consumers, err := queueState(cfg.AMQPURL, cfg.Queue)
+		msgs, consumers, err := queueState(cfg.AMQPURL, cfg.AMQPTLS, cfg.Queue)
 		if err != nil {
 			c.Detail = "cannot read queue " + cfg.Queue + ": " + err.Error()
 		} else {
@@ -223,8 +226,8 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 	return s, nil
 }
 
-func queueState(url, queue string) (messages, consumers int, err error) {
-	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+func queueState(url string, tlsCfg *tls.Config, queue string) (messages, consumers int, err error) {
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), TLSClientConfig: tlsCfg})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -76,10 +76,19 @@ type env struct {
 // replaces the shared NATS (for tests that stop their own server).
 func newEnv(t *testing.T, natsURL ...string) *env {
 	t.Helper()
-	e := &env{t: t, dbURL: testenv.DatabaseURL(t), amqpURL: testenv.AMQPURL(t)}
+	u := ""
 	if len(natsURL) > 0 {
-		e.natsURL = natsURL[0]
-	} else {
+		u = natsURL[0]
+	}
+	return newEnvNATS(t, u)
+}
+
+// newEnvNATS is newEnv with a NATS URL ("" for the shared one) and options
+// for the test's own NATS client.
+func newEnvNATS(t *testing.T, natsURL string, natsOpts ...nats.Option) *env {
+	t.Helper()
+	e := &env{t: t, dbURL: testenv.DatabaseURL(t), amqpURL: testenv.AMQPURL(t), natsURL: natsURL}
+	if e.natsURL == "" {
 		e.natsURL = testenv.NATSURL(t)
 	}
 	e.pool = testenv.Pool(t)
@@ -93,14 +102,14 @@ func newEnv(t *testing.T, natsURL ...string) *env {
 	e.prefix = id + "."
 	e.exchange = id
 	e.queue = id + "_q"
-	e.connectNATS(e.natsURL)
+	e.connectNATS(e.natsURL, natsOpts...)
 	e.setupAMQP()
 	return e
 }
 
-func (e *env) connectNATS(url string) {
+func (e *env) connectNATS(url string, opts ...nats.Option) {
 	t := e.t
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(url, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		t.Fatalf("nats connect: %v", err)
 	}

@@ -116,6 +116,11 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	}
 	defer nc.Close()
 
+	tlsCfg, err := cfg.amqpTLS()
+	if err != nil {
+		log.Error("backfill", "error", err.Error())
+		return exitFailure
+	}
 	rep := newReporter(stderr, log)
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()
@@ -128,7 +133,7 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		defer srv.Close()
 	}
 	sum, err := backfill.Run(ctx, backfill.Config{
-		AMQPURL: cfg.AMQPURL, Queue: *queue, Prefetch: *prefetch,
+		AMQPURL: cfg.AMQPURL, TLS: tlsCfg, Queue: *queue, Prefetch: *prefetch,
 		NATS: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix, SubjectMap: smap,
 		DB: pool, Table: cfg.table, DeadLetterQueue: *dlq,
 		Follow: *follow, DryRun: *dryRun, Limit: *limit, Rate: *rateFlag, AllowOtherConsumers: *allowOthers,

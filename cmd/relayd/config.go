@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"reflect"
 	"strings"
 	"time"
@@ -24,7 +27,14 @@ type config struct {
 	DatabaseURL string `env:"RELAY_DATABASE_URL, required"`
 	NATSURL     string `env:"RELAY_NATS_URL, default=nats://127.0.0.1:4222"`
 	NATSCreds   string `env:"RELAY_NATS_CREDS"`
+	NATSNKey    string `env:"RELAY_NATS_NKEY"`
+	NATSCA      string `env:"RELAY_NATS_CA"`
+	NATSCert    string `env:"RELAY_NATS_CERT"`
+	NATSKey     string `env:"RELAY_NATS_KEY"`
 	AMQPURL     string `env:"RELAY_AMQP_URL, default=amqp://guest:guest@127.0.0.1:5672/"`
+	AMQPCA      string `env:"RELAY_AMQP_CA"`
+	AMQPCert    string `env:"RELAY_AMQP_CERT"`
+	AMQPKey     string `env:"RELAY_AMQP_KEY"`
 
 	Targets           string        `env:"RELAY_TARGETS, default=amqp,nats"`
 	NATSStream        string        `env:"RELAY_NATS_STREAM, default=OUTBOX"`
@@ -130,6 +140,24 @@ func (c *config) validate() error {
 			return badVar("RELAY_AMQP_EXCHANGE", "must not be empty")
 		}
 	}
+	for _, f := range []struct{ name, path string }{
+		{"RELAY_NATS_CREDS", c.NATSCreds}, {"RELAY_NATS_NKEY", c.NATSNKey}, {"RELAY_NATS_CA", c.NATSCA},
+		{"RELAY_NATS_CERT", c.NATSCert}, {"RELAY_NATS_KEY", c.NATSKey},
+		{"RELAY_AMQP_CA", c.AMQPCA}, {"RELAY_AMQP_CERT", c.AMQPCert}, {"RELAY_AMQP_KEY", c.AMQPKey},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return badVar(f.name, "cannot read %s", f.path)
+		}
+	}
+	if (c.NATSCert == "") != (c.NATSKey == "") {
+		return badVar("RELAY_NATS_CERT", "RELAY_NATS_CERT and RELAY_NATS_KEY go together")
+	}
+	if (c.AMQPCert == "") != (c.AMQPKey == "") {
+		return badVar("RELAY_AMQP_CERT", "RELAY_AMQP_CERT and RELAY_AMQP_KEY go together")
+	}
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
 			return badVar("RELAY_METRICS_ADDR", "%q is not host:port", c.MetricsAddr)
@@ -200,6 +228,33 @@ func checkURL(s string, schemes ...string) error {
 		}
 	}
 	return fmt.Errorf("scheme %q: want %s://", u.Scheme, strings.Join(schemes, ":// or "))
+}
+
+// amqpTLS builds the TLS configuration for amqps:// from RELAY_AMQP_CA,
+// RELAY_AMQP_CERT and RELAY_AMQP_KEY; nil means the system defaults.
+func (c *config) amqpTLS() (*tls.Config, error) {
+	if c.AMQPCA == "" && c.AMQPCert == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.AMQPCA != "" {
+		pem, err := os.ReadFile(c.AMQPCA)
+		if err != nil {
+			return nil, fmt.Errorf("RELAY_AMQP_CA: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("RELAY_AMQP_CA: no PEM certificate in %s", c.AMQPCA)
+		}
+	}
+	if c.AMQPCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.AMQPCert, c.AMQPKey)
+		if err != nil {
+			return nil, fmt.Errorf("RELAY_AMQP_CERT/KEY: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
 }
 
 // redact returns a URL fit for logs: the password is replaced.

@@ -92,6 +92,11 @@ func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 		log.Error("cutover check", "error", err.Error())
 		return exitFailure
 	}
+	tlsCfg, err := cfg.amqpTLS()
+	if err != nil {
+		log.Error("cutover check", "error", err.Error())
+		return exitFailure
+	}
 	var addrs []string
 	if *instances != "" {
 		addrs = strings.Split(*instances, ",")
@@ -102,7 +107,7 @@ func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 	}
 	ccfg := cutover.Config{
 		DB: pool, Table: cfg.table, JS: js, Stream: cfg.NATSStream, Consumer: *consumer,
-		AMQPURL: cfg.AMQPURL, Queue: *queue, QuietPeriod: *quiet, Conservative: *conservative, Instances: addrs,
+		AMQPURL: cfg.AMQPURL, AMQPTLS: tlsCfg, Queue: *queue, QuietPeriod: *quiet, Conservative: *conservative, Instances: addrs,
 	}
 	if tty {
 		ccfg.OnSample = func(elapsed, total time.Duration) {

@@ -128,13 +128,17 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			}
 			sinks = append(sinks, s)
 		case relay.TargetAMQP:
+			tlsCfg, err := cfg.amqpTLS()
+			if err != nil {
+				return err
+			}
 			sctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
-			err := amqpsink.EnsureExchange(sctx, cfg.AMQPURL, nil, cfg.AMQPExchange, cfg.Provision)
+			err = amqpsink.EnsureExchange(sctx, cfg.AMQPURL, tlsCfg, cfg.AMQPExchange, cfg.Provision)
 			if err != nil {
 				cancel()
 				return err
 			}
-			s, err := amqpsink.New(sctx, amqpsink.Config{URL: cfg.AMQPURL, Exchange: cfg.AMQPExchange, Logger: log})
+			s, err := amqpsink.New(sctx, amqpsink.Config{URL: cfg.AMQPURL, Exchange: cfg.AMQPExchange, TLS: tlsCfg, Logger: log})
 			cancel()
 			if err != nil {
 				return err
@@ -237,6 +241,19 @@ func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn
 	}
 	if cfg.NATSCreds != "" {
 		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
+	}
+	if cfg.NATSNKey != "" {
+		o, err := nats.NkeyOptionFromSeed(cfg.NATSNKey)
+		if err != nil {
+			return nil, fmt.Errorf("RELAY_NATS_NKEY: %w", err)
+		}
+		opts = append(opts, o)
+	}
+	if cfg.NATSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.NATSCA))
+	}
+	if cfg.NATSCert != "" {
+		opts = append(opts, nats.ClientCert(cfg.NATSCert, cfg.NATSKey))
 	}
 	deadline := time.Now().Add(cfg.StartupTimeout)
 	for {
