@@ -78,3 +78,106 @@ func TestParkedRowsListedAndRetried(t *testing.T) {
 		t.Fatalf("retry without --id or --all: exit %d %q, want 2", cmd.ProcessState.ExitCode(), out)
 	}
 }
+
+// Poison rows — an oversize payload, a topic that is not a subject, headers
+// that are not strings, a topic RabbitMQ cannot route — mixed into 10,000
+// good rows: every good row arrives, each bad one is parked for the target
+// that refuses it, with the reason; once the causes are fixed, `relayd
+// outbox retry --all` delivers them.
+func TestPoisonRowsAmongGoodOnes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.startRelay("relay", "RELAY_MAX_ATTEMPTS=3", "RELAY_RETRY_MIN=50ms", "RELAY_RETRY_MAX=200ms")
+	ctx := context.Background()
+	ins := func(topic string, payload []byte, headers string) int64 {
+		t.Helper()
+		var id int64
+		var h any
+		if headers != "" {
+			h = headers
+		}
+		if err := e.pool.QueryRow(ctx, `INSERT INTO `+e.table.Ident()+` (topic, payload, headers) VALUES ($1, $2, $3::jsonb) RETURNING id`, topic, payload, h).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	var committed map[string]bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		committed, _ = e.producers(ctx, 4, 12_500, time.Millisecond) // ~10,000 committed
+	}()
+	oversize := ins("orders.big", make([]byte, int(e.nc.MaxPayload())+1), "")
+	badSubject := ins("orders.*", []byte("x"), "")
+	badHeaders := ins("orders.h", []byte("x"), `{"retries": 3}`)
+	unroutable := ins("nobody.listens", []byte("x"), "")
+	<-done
+
+	parked := func(id int64) (amqpReason, natsReason string) {
+		var a, n *string
+		e.pool.QueryRow(ctx, `SELECT CASE WHEN amqp_parked_at IS NOT NULL THEN amqp_last_error END,
+			CASE WHEN nats_parked_at IS NOT NULL THEN nats_last_error END FROM `+e.table.Ident()+` WHERE id = $1`, id).Scan(&a, &n)
+		if a != nil {
+			amqpReason = *a
+		}
+		if n != nil {
+			natsReason = *n
+		}
+		return
+	}
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		var good int
+		e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Ident()+` WHERE done_at IS NOT NULL`).Scan(&good)
+		_, n1 := parked(oversize)
+		_, n2 := parked(badSubject)
+		a3, n3 := parked(badHeaders)
+		a4, _ := parked(unroutable)
+		return good == len(committed) && n1 != "" && n2 != "" && a3 != "" && n3 != "" && a4 != ""
+	}, "good rows not all delivered, or poison rows not parked")
+	for _, c := range []struct {
+		id         int64
+		amqp, nats string // expected reason fragments; "" = delivered there
+	}{
+		{oversize, "", "max_payload"},
+		{badSubject, "", "not a valid subject"},
+		{badHeaders, `"retries" is not a string`, `"retries" is not a string`},
+		{unroutable, "gave up after 3 attempts", ""},
+	} {
+		a, n := parked(c.id)
+		if (c.amqp == "") != (a == "") || !strings.Contains(a, c.amqp) || (c.nats == "") != (n == "") || !strings.Contains(n, c.nats) {
+			t.Errorf("row %d: parked amqp %q nats %q; want amqp %q nats %q", c.id, a, n, c.amqp, c.nats)
+		}
+	}
+
+	// Fix the causes, then put everything back.
+	for _, q := range []string{
+		`UPDATE ` + e.table.Ident() + ` SET payload = '\x00' WHERE id = ` + fmt.Sprint(oversize),
+		`UPDATE ` + e.table.Ident() + ` SET topic = 'orders.star' WHERE id = ` + fmt.Sprint(badSubject),
+		`UPDATE ` + e.table.Ident() + ` SET headers = '{"retries": "3"}' WHERE id = ` + fmt.Sprint(badHeaders),
+	} {
+		if _, err := e.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.QueueBind(e.queue, "nobody.#", e.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(relaydBin, "outbox", "retry", "--all")
+	cmd.Env = e.relayEnv()
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "5 parked") {
+		t.Fatalf("retry --all: %v %q; want 5 deliveries put back", err, out)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var left int
+		e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Ident()+` WHERE done_at IS NULL`).Scan(&left)
+		return left == 0
+	}, "fixed rows not delivered after retry")
+	if !r.running() {
+		t.Fatal("relayd exited")
+	}
+}

@@ -530,3 +530,20 @@ func TestMaxAttemptsParksButOutagesDoNotCount(t *testing.T) {
 		}
 	}
 }
+
+// The headers column, whatever a producer put in it, decodes to a string
+// map or a reason — never a panic, never a silent drop of a value.
+func FuzzDecodeHeaders(f *testing.F) {
+	for _, s := range []string{`{}`, `{"a":"b"}`, `{"n":1}`, `[1]`, `null`, `{"a":{"b":"c"}}`, `{"a":null}`, `"x"`, `{"a":"\u0000"}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		m, reason := decodeHeaders(raw)
+		if reason == "" && m == nil {
+			t.Fatalf("%q: neither headers nor a reason", raw)
+		}
+		if reason != "" && m != nil {
+			t.Fatalf("%q: both headers and a reason", raw)
+		}
+	})
+}

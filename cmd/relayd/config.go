@@ -51,6 +51,8 @@ type config struct {
 	PollInterval   time.Duration `env:"RELAY_POLL_INTERVAL, default=1s"`
 	Retention      time.Duration `env:"RELAY_RETENTION, default=24h"`
 	MaxAttempts    int           `env:"RELAY_MAX_ATTEMPTS, default=20"`
+	RetryMin       time.Duration `env:"RELAY_RETRY_MIN, default=1s"`
+	RetryMax       time.Duration `env:"RELAY_RETRY_MAX, default=5m"`
 	StatsInterval  time.Duration `env:"RELAY_STATS_INTERVAL, default=5s"`
 	StartupTimeout time.Duration `env:"RELAY_STARTUP_TIMEOUT, default=30s"`
 	ShutdownGrace  time.Duration `env:"RELAY_SHUTDOWN_TIMEOUT, default=30s"`
@@ -184,12 +186,17 @@ func (c *config) validate() error {
 		{"RELAY_POLL_INTERVAL", c.PollInterval},
 		{"RELAY_RETENTION", c.Retention},
 		{"RELAY_STATS_INTERVAL", c.StatsInterval},
+		{"RELAY_RETRY_MIN", c.RetryMin},
+		{"RELAY_RETRY_MAX", c.RetryMax},
 		{"RELAY_STARTUP_TIMEOUT", c.StartupTimeout},
 		{"RELAY_SHUTDOWN_TIMEOUT", c.ShutdownGrace},
 	} {
 		if v.d <= 0 {
 			return badVar(v.name, "must be a positive duration, like 10s")
 		}
+	}
+	if c.RetryMax < c.RetryMin {
+		return badVar("RELAY_RETRY_MAX", "%s is below RELAY_RETRY_MIN %s", c.RetryMax, c.RetryMin)
 	}
 	if err := c.logLevel.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return badVar("RELAY_LOG_LEVEL", "%q: want debug, info, warn or error", c.LogLevel)

@@ -157,6 +157,8 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		PollInterval:   cfg.PollInterval,
 		Retention:      cfg.Retention,
 		MaxAttempts:    maxAttempts(cfg.MaxAttempts),
+		RetryMin:       cfg.RetryMin,
+		RetryMax:       cfg.RetryMax,
 		Logger:         log,
 		Metrics:        m,
 	})
