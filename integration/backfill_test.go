@@ -89,6 +89,7 @@ func (e *env) streamCount() uint64 {
 func (e *env) backfillCmd(args ...string) *exec.Cmd {
 	cmd := exec.Command(relaydBin, append([]string{"backfill", "--queue", e.queue, "--json"}, args...)...)
 	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=")
+	dieWithTest(cmd)
 	return cmd
 }
 

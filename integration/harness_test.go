@@ -217,6 +217,7 @@ func (e *env) startRelay(name string, extra ...string) *proc {
 	p.cmd = exec.Command(relaydBin, "run")
 	p.cmd.Env = e.relayEnv(extra...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	dieWithTest(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		e.t.Fatalf("start %s: %v", name, err)
 	}
