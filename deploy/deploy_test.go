@@ -54,7 +54,7 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 		exported[f.GetName()] = true
 	}
 	// Collectors that export nothing until their first read.
-	for _, name := range []string{"relayd_outbox_lag_seconds", "relayd_outbox_pending_messages", "relayd_parked_messages",
+	for _, name := range []string{"relayd_outbox_lag_seconds", "relayd_outbox_pending_messages", "relayd_parked_messages", "relayd_outbox_held_keys",
 		"relayd_outbox_retrying_messages", "relayd_outbox_stats_timestamp_seconds"} {
 		exported[name] = true
 	}

@@ -27,7 +27,7 @@ func TestMigrateCommand(t *testing.T) {
 		}
 		return string(out)
 	}
-	if out := run(); !strings.Contains(out, "2 migration(s) applied") {
+	if out := run(); !strings.Contains(out, "3 migration(s) applied") {
 		t.Fatalf("first migrate: %q", out)
 	}
 	if out := run("up"); !strings.Contains(out, "0 migration(s) applied") {

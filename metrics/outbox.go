@@ -21,7 +21,7 @@ type Outbox struct {
 	stats  []relay.TargetStats
 	readAt time.Time // local clock, when stats were read
 
-	lag, pending, parked, retrying, statsTime *prometheus.Desc
+	lag, pending, parked, held, retrying, statsTime *prometheus.Desc
 }
 
 // NewOutbox registers the backlog gauges on reg.
@@ -33,6 +33,8 @@ func NewOutbox(reg prometheus.Registerer) *Outbox {
 			"Rows not yet delivered to the target (exact up to 10000, then an upper-bound estimate from the id range).", []string{"target"}, nil),
 		parked: prometheus.NewDesc("relayd_parked_messages",
 			"Rows parked for the target: not retried without an operator.", []string{"target"}, nil),
+		held: prometheus.NewDesc("relayd_outbox_held_keys",
+			"Keys with a parked row for the target: their later rows wait for it (unless RELAY_SKIP_PARKED_KEYS).", []string{"target"}, nil),
 		retrying: prometheus.NewDesc("relayd_outbox_retrying_messages",
 			"Pending rows waiting out a retry backoff after a failed publish (among the oldest 10000).", []string{"target"}, nil),
 		statsTime: prometheus.NewDesc("relayd_outbox_stats_timestamp_seconds",
@@ -44,7 +46,7 @@ func NewOutbox(reg prometheus.Registerer) *Outbox {
 
 // Describe implements prometheus.Collector.
 func (o *Outbox) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{o.lag, o.pending, o.parked, o.retrying, o.statsTime} {
+	for _, d := range []*prometheus.Desc{o.lag, o.pending, o.parked, o.held, o.retrying, o.statsTime} {
 		ch <- d
 	}
 }
@@ -66,6 +68,7 @@ func (o *Outbox) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(o.lag, prometheus.GaugeValue, lag, t)
 		ch <- prometheus.MustNewConstMetric(o.pending, prometheus.GaugeValue, float64(s.Pending), t)
 		ch <- prometheus.MustNewConstMetric(o.parked, prometheus.GaugeValue, float64(s.Parked), t)
+		ch <- prometheus.MustNewConstMetric(o.held, prometheus.GaugeValue, float64(s.HeldKeys), t)
 		ch <- prometheus.MustNewConstMetric(o.retrying, prometheus.GaugeValue, float64(s.Retrying), t)
 	}
 	ch <- prometheus.MustNewConstMetric(o.statsTime, prometheus.GaugeValue, float64(o.readAt.UnixNano())/1e9)

@@ -31,6 +31,7 @@ type fakeSink struct {
 	mu     sync.Mutex
 	got    map[string]int // message id -> publishes confirmed
 	tries  map[string]int // message id -> publish calls
+	order  []int64        // row ids in the order they were confirmed
 	down   error          // Ready's answer
 	fail   func(*Message) error
 }
@@ -75,7 +76,14 @@ func (f *fakeSink) Publish(_ context.Context, msgs []*Message, results []error) 
 			}
 		}
 		f.got[m.MessageID]++
+		f.order = append(f.order, m.ID)
 	}
+}
+
+func (f *fakeSink) confirmedOrder() []int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int64(nil), f.order...)
 }
 
 func (f *fakeSink) count(id string) (got, tries int) {
@@ -546,4 +554,130 @@ func FuzzDecodeHeaders(f *testing.F) {
 			t.Fatalf("%q: both headers and a reason", raw)
 		}
 	})
+}
+
+// insertKeyed writes n rows for each key, interleaved (k0 r0, k1 r0, ...,
+// k0 r1, ...), and returns row id -> key.
+func (f *fixture) insertKeyed(keys, n int) map[int64]string {
+	f.t.Helper()
+	rows, err := f.pool.Query(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, key, payload)
+		SELECT 'orders.k', 'k' || (g % $1::int), '\x00' FROM generate_series(0, $1::int * $2::int - 1) g ORDER BY g RETURNING id, key`, keys, n)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var k string
+		rows.Scan(&id, &k)
+		out[id] = k
+	}
+	return out
+}
+
+// checkKeyOrder fails unless, per key, the confirmed row ids increase.
+func checkKeyOrder(t *testing.T, name string, order []int64, keyOf map[int64]string) {
+	t.Helper()
+	last := map[string]int64{}
+	for _, id := range order {
+		k, ok := keyOf[id]
+		if !ok {
+			continue
+		}
+		if id <= last[k] {
+			t.Fatalf("%s: key %s: row %d confirmed after row %d", name, k, id, last[k])
+		}
+		last[k] = id
+	}
+}
+
+// Rows of one key reach each broker in id order across 4 workers, even when
+// some fail and are retried; a key's failing row holds only that key.
+func TestKeyOrderThroughRetries(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	var mu sync.Mutex
+	failed := map[string]int{}
+	flaky := func(m *Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		// Every 7th row fails twice before it goes through.
+		if m.ID%7 == 0 && failed[m.MessageID] < 2 {
+			failed[m.MessageID]++
+			return errors.New("nats: temporary refusal")
+		}
+		return nil
+	}
+	n.setFail(flaky)
+	keyOf := f.insertKeyed(20, 30)
+	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 50, Workers: 4, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond})
+	testenv.Eventually(t, 60*time.Second, func() bool { return f.countDone() == len(keyOf) }, "keyed rows not all done")
+	checkKeyOrder(t, "amqp", a.confirmedOrder(), keyOf)
+	checkKeyOrder(t, "nats", n.confirmedOrder(), keyOf)
+}
+
+// A parked row holds the later rows of its key (strict, the default) and no
+// other key's; with SkipParkedKeys the later rows go past it.
+func TestParkedRowHoldsItsKeyOnly(t *testing.T) {
+	t.Parallel()
+	for _, skip := range []bool{false, true} {
+		t.Run(fmt.Sprintf("skip=%v", skip), func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			a := newFake(TargetAMQP)
+			keyOf := f.insertKeyed(3, 5) // k0, k1, k2 x 5 rows
+			var poison int64
+			for id, k := range keyOf {
+				if k == "k1" && (poison == 0 || id < poison) {
+					poison = id
+				}
+			}
+			a.setFail(func(m *Message) error {
+				if m.ID == poison {
+					return Permanent("amqp: refused")
+				}
+				return nil
+			})
+			f.start(Config{Sinks: []Sink{a}, SkipParkedKeys: skip})
+			want := 10 // k0 and k2
+			if skip {
+				want = 14 // all but the poison row
+			}
+			testenv.Eventually(t, 20*time.Second, func() bool { return f.countDone() == want }, "want %d rows done", want)
+			time.Sleep(300 * time.Millisecond) // several poll intervals: held rows must stay held
+			if got := f.countDone(); got != want {
+				t.Fatalf("%d rows done, want %d", got, want)
+			}
+			for id, k := range keyOf {
+				delivered, _ := a.count(idToMsg(t, f, id))
+				switch {
+				case id == poison && delivered != 0:
+					t.Fatalf("poison row delivered")
+				case k == "k1" && id != poison && !skip && delivered != 0:
+					t.Fatalf("row %d of the held key delivered past its parked row", id)
+				case k != "k1" && delivered != 1:
+					t.Fatalf("row %d of an unrelated key delivered %d times", id, delivered)
+				}
+			}
+			checkKeyOrder(t, "amqp", a.confirmedOrder(), keyOf)
+			stats, err := ReadStats(context.Background(), f.pool, f.table, []Target{TargetAMQP})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stats[0].HeldKeys != 1 || stats[0].Parked != 1 {
+				t.Fatalf("stats %+v: want 1 parked row holding 1 key", stats[0])
+			}
+		})
+	}
+}
+
+func idToMsg(t *testing.T, f *fixture, id int64) string {
+	t.Helper()
+	var m string
+	if err := f.pool.QueryRow(context.Background(), `SELECT message_id::text FROM `+f.table.Ident()+` WHERE id = $1`, id).Scan(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -33,6 +33,9 @@ type TargetStats struct {
 	Retrying int64 `json:"retrying"`
 	// Parked rows will not be retried without an operator.
 	Parked int64 `json:"parked"`
+	// HeldKeys is how many keys have a parked row for the target: their
+	// later rows wait for it (unless SkipParkedKeys).
+	HeldKeys int64 `json:"held_keys"`
 	// LastError is the last_error of the newest unfinished row that has one.
 	LastError string `json:"last_error,omitempty"`
 	// At is when the figures were read (database clock).
@@ -102,8 +105,8 @@ FROM (SELECT 1) one LEFT JOIN first ON true`, tbl, pending, p, ExactLimit)).
 		s.Lag = max(0, time.Duration(*lagSec*float64(time.Second)))
 		s.LagSeconds = s.Lag.Seconds()
 	}
-	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %[1]s
-		WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL`, tbl, p)).Scan(&s.Parked)
+	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), count(DISTINCT key) FROM %[1]s
+		WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL`, tbl, p)).Scan(&s.Parked, &s.HeldKeys)
 	if err != nil {
 		return s, err
 	}

@@ -29,6 +29,18 @@ func newStore(t schema.Table) *store {
 		return fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL
 		  AND (%[1]s_retry_at IS NULL OR %[1]s_retry_at <= now())`, p)
 	}
+	// keyFree: a keyed row may go to a target only when no earlier row of
+	// its key is still owed to that target (in retry, in flight in another
+	// relay's batch, or — unless $4, skip parked — parked). Evaluated in the
+	// locking SELECT, so a later row of a key is claimed only by a statement
+	// that saw the earlier one delivered: its confirm came first.
+	keyFree := func(target Target) string {
+		p := string(target)
+		return fmt.Sprintf(`(key IS NULL OR NOT EXISTS (
+			SELECT 1 FROM %[1]s e WHERE e.key = %[1]s.key AND e.id < %[1]s.id
+			  AND e.%[2]s_delivered_at IS NULL AND e.done_at IS NULL
+			  AND (NOT $4::boolean OR e.%[2]s_parked_at IS NULL)))`, tbl, p)
+	}
 	const cols = `id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts`
 	return &store{
 		// Two branches, one per target, each walking its own partial index in
@@ -39,15 +51,15 @@ func newStore(t schema.Table) *store {
 		// never published again.
 		claimSQL: fmt.Sprintf(`
 WITH a AS (
-	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s) AS want_nats
-	FROM %[1]s WHERE $1::boolean AND %[3]s
+	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s AND %[6]s) AS want_nats
+	FROM %[1]s WHERE $1::boolean AND %[3]s AND %[5]s
 	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
 ), n AS (
 	SELECT %[2]s, false AS want_amqp, true AS want_nats
-	FROM %[1]s WHERE $2::boolean AND %[4]s AND id NOT IN (SELECT id FROM a)
+	FROM %[1]s WHERE $2::boolean AND %[4]s AND %[6]s AND id NOT IN (SELECT id FROM a)
 	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
 )
-SELECT * FROM a UNION ALL SELECT * FROM n ORDER BY id`, tbl, cols, claimable(TargetAMQP), claimable(TargetNATS)),
+SELECT * FROM a UNION ALL SELECT * FROM n ORDER BY id`, tbl, cols, claimable(TargetAMQP), claimable(TargetNATS), keyFree(TargetAMQP), keyFree(TargetNATS)),
 
 		// One statement records a whole batch. Per target and row, the
 		// outcome is 0 not attempted, 1 delivered, 2 failed (retry after
@@ -93,8 +105,8 @@ type claimed struct {
 	badRow   string // why the row can never be published (bad headers), or ""
 }
 
-func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int) ([]*claimed, error) {
-	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit)
+func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int, skipParked bool) ([]*claimed, error) {
+	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit, skipParked)
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}

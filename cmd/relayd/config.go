@@ -51,6 +51,7 @@ type config struct {
 	PollInterval   time.Duration `env:"RELAY_POLL_INTERVAL, default=1s"`
 	Retention      time.Duration `env:"RELAY_RETENTION, default=24h"`
 	MaxAttempts    int           `env:"RELAY_MAX_ATTEMPTS, default=20"`
+	SkipParked     bool          `env:"RELAY_SKIP_PARKED_KEYS, default=false"`
 	RetryMin       time.Duration `env:"RELAY_RETRY_MIN, default=1s"`
 	RetryMax       time.Duration `env:"RELAY_RETRY_MAX, default=5m"`
 	StatsInterval  time.Duration `env:"RELAY_STATS_INTERVAL, default=5s"`

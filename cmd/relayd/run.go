@@ -157,6 +157,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		PollInterval:   cfg.PollInterval,
 		Retention:      cfg.Retention,
 		MaxAttempts:    maxAttempts(cfg.MaxAttempts),
+		SkipParkedKeys: cfg.SkipParked,
 		RetryMin:       cfg.RetryMin,
 		RetryMax:       cfg.RetryMax,
 		Logger:         log,

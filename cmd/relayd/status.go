@@ -17,7 +17,8 @@ const statusHelp = `Usage: relayd status [--json]
 
 Prints, for each target in RELAY_TARGETS, how far the relay is behind: rows
 pending, the lag (age of the oldest pending row by the database clock), the
-oldest pending row, rows waiting for a retry, parked rows and the last error.
+oldest pending row, rows waiting for a retry, parked rows, keys held by a
+parked row (their later rows wait) and the last error.
 Needs only RELAY_DATABASE_URL (and RELAY_OUTBOX_TABLE). Exit status 0 when
 the figures were read, whatever they say.
 
@@ -58,7 +59,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 	}
 	fmt.Fprintf(stdout, "outbox %s\n\n", cfg.table)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TARGET\tPENDING\tLAG\tOLDEST PENDING (ID, TOPIC, AGE)\tRETRYING\tPARKED\tLAST ERROR")
+	fmt.Fprintln(tw, "TARGET\tPENDING\tLAG\tOLDEST PENDING (ID, TOPIC, AGE)\tRETRYING\tPARKED\tHELD KEYS\tLAST ERROR")
 	for _, s := range stats {
 		pending := fmt.Sprint(s.Pending)
 		if !s.PendingExact {
@@ -72,7 +73,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		if lastErr == "" {
 			lastErr = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.Target, pending, s.Lag.Round(time.Millisecond), oldest, s.Retrying, s.Parked, lastErr)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", s.Target, pending, s.Lag.Round(time.Millisecond), oldest, s.Retrying, s.Parked, s.HeldKeys, lastErr)
 	}
 	tw.Flush()
 	return exitOK
