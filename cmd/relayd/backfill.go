@@ -81,40 +81,23 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		fmt.Fprintf(stderr, "relayd backfill: --subject-map: %v\n", err)
 		return exitUsage
 	}
-	cfg, code := configOrExit(stderr, env)
-	if cfg == nil {
-		return code
-	}
-	for _, v := range []struct{ name, val string }{{"RELAY_NATS_URL", cfg.NATSURL}, {"RELAY_AMQP_URL", cfg.AMQPURL}} {
-		schemes := []string{"nats", "tls"}
-		if v.name == "RELAY_AMQP_URL" {
-			schemes = []string{"amqp", "amqps"}
-		}
-		if err := checkURL(v.val, schemes...); err != nil {
-			fmt.Fprintf(stderr, "relayd: config: %s: %v\n", v.name, err)
+	// The AMQP URL is checked here: the amqp target may be off for the relay.
+	if u, ok := env.Lookup("RELAY_AMQP_URL"); ok {
+		if err := checkURL(u, "amqp", "amqps"); err != nil {
+			fmt.Fprintf(stderr, "relayd: config: RELAY_AMQP_URL: %v\n", err)
 			return exitUsage
 		}
 	}
-	log := newLogger(cfg, stderr)
-	ctx, stop := signalContext(log)
-	defer stop()
-
-	pool, err := newPool(ctx, cfg, 4)
-	if err != nil {
-		log.Error("connect to postgres", "error", err.Error())
-		return exitFailure
+	ss, code := openSession(stderr, env, 4, true)
+	if ss == nil {
+		return code
 	}
-	defer pool.Close()
+	defer ss.close()
+	cfg, log, ctx, pool, nc := ss.cfg, ss.log, ss.ctx, ss.pool, ss.nc
 	if err := checkSchema(ctx, cfg, pool, log); err != nil {
 		log.Error("backfill", "error", err.Error())
 		return exitFailure
 	}
-	nc, err := connectNATS(ctx, cfg, log)
-	if err != nil {
-		log.Error("backfill", "error", err.Error())
-		return exitFailure
-	}
-	defer nc.Close()
 
 	tlsCfg, err := cfg.amqpTLS()
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sethvargo/go-envconfig"
 	"golang.org/x/term"
 
@@ -68,30 +67,12 @@ func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 		fmt.Fprintln(stderr, "relayd cutover check: --quiet-period and --timeout must be positive")
 		return exitUsage
 	}
-	cfg, code := configOrExit(stderr, env)
-	if cfg == nil {
+	ss, code := openSession(stderr, env, 2, true)
+	if ss == nil {
 		return code
 	}
-	log := newLogger(cfg, stderr)
-	ctx, stop := signalContext(log)
-	defer stop()
-	pool, err := newPool(ctx, cfg, 2)
-	if err != nil {
-		log.Error("connect to postgres", "error", err.Error())
-		return exitFailure
-	}
-	defer pool.Close()
-	nc, err := connectNATS(ctx, cfg, log)
-	if err != nil {
-		log.Error("cutover check", "error", err.Error())
-		return exitFailure
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		log.Error("cutover check", "error", err.Error())
-		return exitFailure
-	}
+	defer ss.close()
+	cfg, log, ctx, pool, js := ss.cfg, ss.log, ss.ctx, ss.pool, ss.js
 	tlsCfg, err := cfg.amqpTLS()
 	if err != nil {
 		log.Error("cutover check", "error", err.Error())

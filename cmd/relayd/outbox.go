@@ -63,10 +63,12 @@ func cmdOutbox(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		fmt.Fprintln(stderr, "relayd outbox parked: --limit must be positive")
 		return exitUsage
 	}
-	cfg, code := configOrExit(stderr, env)
-	if cfg == nil {
+	ss, code := openSession(stderr, env, 2, false)
+	if ss == nil {
 		return code
 	}
+	defer ss.close()
+	cfg, log, ctx, pool := ss.cfg, ss.log, ss.ctx, ss.pool
 	targets := cfg.targets
 	if *target != "" {
 		t, err := relay.ParseTargets(*target)
@@ -76,16 +78,6 @@ func cmdOutbox(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		}
 		targets = t
 	}
-	log := newLogger(cfg, stderr)
-	ctx, stop := signalContext(log)
-	defer stop()
-	pool, err := newPool(ctx, cfg, 2)
-	if err != nil {
-		log.Error("connect to postgres", "error", err.Error())
-		return exitFailure
-	}
-	defer pool.Close()
-
 	if sub == "retry" {
 		n, err := relay.RetryParked(ctx, pool, cfg.table, targets, ids, *all)
 		if err != nil {

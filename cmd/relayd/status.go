@@ -31,19 +31,12 @@ func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 	if code, done := parseFlags(fs, args, stdout, stderr, statusHelp); done {
 		return code
 	}
-	cfg, code := configOrExit(stderr, env)
-	if cfg == nil {
+	ss, code := openSession(stderr, env, 2, false)
+	if ss == nil {
 		return code
 	}
-	log := newLogger(cfg, stderr)
-	ctx, stop := signalContext(log)
-	defer stop()
-	pool, err := newPool(ctx, cfg, 2)
-	if err != nil {
-		log.Error("connect to postgres", "error", err.Error())
-		return exitFailure
-	}
-	defer pool.Close()
+	defer ss.close()
+	cfg, log, ctx, pool := ss.cfg, ss.log, ss.ctx, ss.pool
 	stats, err := relay.ReadStats(ctx, pool, cfg.table, cfg.targets)
 	if err != nil {
 		log.Error("read status", "error", err.Error())

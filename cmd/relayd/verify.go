@@ -89,35 +89,12 @@ func cmdVerify(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		fmt.Fprintln(stderr, "relayd verify: --slack must be a positive duration, like 1m")
 		return exitUsage
 	}
-	cfg, code := configOrExit(stderr, env)
-	if cfg == nil {
+	ss, code := openSession(stderr, env, 2, true)
+	if ss == nil {
 		return code
 	}
-	if err := checkURL(cfg.NATSURL, "nats", "tls", "ws", "wss"); err != nil {
-		fmt.Fprintf(stderr, "relayd: config: RELAY_NATS_URL: %v\n", err)
-		return exitUsage
-	}
-	log := newLogger(cfg, stderr)
-	ctx, stop := signalContext(log)
-	defer stop()
-
-	pool, err := newPool(ctx, cfg, 2)
-	if err != nil {
-		log.Error("connect to postgres", "error", err.Error())
-		return exitFailure
-	}
-	defer pool.Close()
-	nc, err := connectNATS(ctx, cfg, log)
-	if err != nil {
-		log.Error("verify", "error", err.Error())
-		return exitFailure
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		log.Error("verify", "error", err.Error())
-		return exitFailure
-	}
+	defer ss.close()
+	cfg, log, ctx, pool, js := ss.cfg, ss.log, ss.ctx, ss.pool, ss.js
 	n := *examples
 	if n == 0 {
 		n = -1 // verify.Config: negative means none

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sethvargo/go-envconfig"
+)
+
+// session is what the one-shot commands (status, outbox, backfill, cutover,
+// verify) share: the configuration, a logger, a context cancelled by the
+// first signal, a small Postgres pool and, when asked for, NATS.
+type session struct {
+	cfg    *config
+	log    *slog.Logger
+	ctx    context.Context
+	pool   *pgxpool.Pool
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	cancel context.CancelFunc
+}
+
+// openSession loads the configuration and connects. On failure it has
+// printed why and returns the exit code; the caller returns it.
+func openSession(stderr io.Writer, env envconfig.Lookuper, poolSize int32, withNATS bool) (*session, int) {
+	cfg, code := configOrExit(stderr, env)
+	if cfg == nil {
+		return nil, code
+	}
+	if withNATS {
+		// The target may be off for the relay; these commands need it anyway.
+		if err := checkURL(cfg.NATSURL, "nats", "tls", "ws", "wss"); err != nil {
+			fmt.Fprintf(stderr, "relayd: config: RELAY_NATS_URL: %v\n", err)
+			return nil, exitUsage
+		}
+	}
+	s := &session{cfg: cfg, log: newLogger(cfg, stderr)}
+	s.ctx, s.cancel = signalContext(s.log)
+	var err error
+	if s.pool, err = newPool(s.ctx, cfg, poolSize); err != nil {
+		s.log.Error("connect to postgres", "error", err.Error())
+		s.close()
+		return nil, exitFailure
+	}
+	if withNATS {
+		if s.nc, err = connectNATS(s.ctx, cfg, s.log); err == nil {
+			s.js, err = jetstream.New(s.nc)
+		}
+		if err != nil {
+			s.log.Error("connect to nats", "error", err.Error())
+			s.close()
+			return nil, exitFailure
+		}
+	}
+	return s, exitOK
+}
+
+func (s *session) close() {
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	s.cancel()
+}
