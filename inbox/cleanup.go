@@ -2,10 +2,9 @@ package inbox
 
 import (
 	"context"
-	"errors"
-	"log/slog"
-	"sync"
 	"time"
+
+	"github.com/relayd/relayd/internal/errlog"
 )
 
 // cleanupBatch is how many rows one DELETE removes; small batches keep each
@@ -51,7 +50,7 @@ func (in *Inbox) RunCleanup(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = time.Minute
 	}
-	errs := newErrLimiter(in.log, "inbox cleanup")
+	errs := errlog.New(in.log, "inbox cleanup")
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -60,9 +59,9 @@ func (in *Inbox) RunCleanup(ctx context.Context, interval time.Duration) {
 			return
 		}
 		if err != nil {
-			errs.error(err)
+			errs.Error(err)
 		} else {
-			errs.ok()
+			errs.OK()
 			if n > 0 {
 				in.log.Debug("inbox cleanup", "deleted", n, "table", in.table.String(), "consumer", in.cfg.Consumer)
 			}
@@ -76,47 +75,4 @@ func (in *Inbox) RunCleanup(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 	}
-}
-
-// errLimiter logs a loop's errors without flooding: the first of a run at
-// once, then at most one every 30s with a count of those suppressed, and
-// one line when the loop recovers. context.Canceled is never logged.
-type errLimiter struct {
-	log     *slog.Logger
-	what    string
-	now     func() time.Time
-	mu      sync.Mutex
-	failing bool
-	last    time.Time
-	dropped int
-}
-
-const errLogEvery = 30 * time.Second
-
-func newErrLimiter(log *slog.Logger, what string) *errLimiter {
-	return &errLimiter{log: log, what: what, now: time.Now}
-}
-
-func (l *errLimiter) error(err error) {
-	if err == nil || errors.Is(err, context.Canceled) {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.now()
-	if l.failing && now.Sub(l.last) < errLogEvery {
-		l.dropped++
-		return
-	}
-	l.log.Error(l.what+" failed", "error", err.Error(), "suppressed", l.dropped)
-	l.failing, l.last, l.dropped = true, now, 0
-}
-
-func (l *errLimiter) ok() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.failing {
-		l.log.Info(l.what+" recovered", "suppressed", l.dropped)
-	}
-	l.failing, l.dropped = false, 0
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -84,39 +83,6 @@ func TestConfigDefaults(t *testing.T) {
 	c.setDefaults()
 	if c.RetryMax != 2*time.Minute {
 		t.Fatalf("RetryMax with RetryMin 2m defaults to %v, want 2m", c.RetryMax)
-	}
-}
-
-// The first error of a run is logged, then at most one per 30s with the
-// count suppressed, and one line on recovery; context.Canceled never.
-func TestErrLimiter(t *testing.T) {
-	var buf bytes.Buffer
-	l := newErrLimiter(slog.New(slog.NewTextHandler(&buf, nil)), "cleanup")
-	now := time.Unix(0, 0)
-	l.now = func() time.Time { return now }
-	lines := func() int { return strings.Count(buf.String(), "\n") }
-
-	l.error(context.Canceled)
-	l.error(fmt.Errorf("wrapped: %w", context.Canceled))
-	if lines() != 0 {
-		t.Fatalf("context.Canceled logged: %s", buf.String())
-	}
-	for range 100 {
-		l.error(errors.New("db down"))
-		now = now.Add(100 * time.Millisecond)
-	}
-	if lines() != 1 {
-		t.Fatalf("100 errors in 10s: %d lines, want 1:\n%s", lines(), buf.String())
-	}
-	now = now.Add(30 * time.Second)
-	l.error(errors.New("db down"))
-	if lines() != 2 || !strings.Contains(buf.String(), "suppressed=99") {
-		t.Fatalf("after 30s: want a second line with suppressed=99:\n%s", buf.String())
-	}
-	l.ok()
-	l.ok()
-	if lines() != 3 || !strings.Contains(buf.String(), "cleanup recovered") {
-		t.Fatalf("recovery: want one 'recovered' line:\n%s", buf.String())
 	}
 }
 

@@ -1,9 +1,6 @@
 package relay
 
 import (
-	"context"
-	"errors"
-	"log/slog"
 	"sync"
 	"time"
 )
@@ -78,44 +75,4 @@ func (b *breaker) success() bool {
 	b.failures = 0
 	b.openUntil = time.Time{}
 	return had
-}
-
-// errLimiter logs a loop's errors without flooding: the first of a run at
-// once, then at most one every 30s with a count, and one line when the loop
-// recovers. context.Canceled is never logged.
-type errLimiter struct {
-	log     *slog.Logger
-	what    string
-	mu      sync.Mutex
-	failing bool
-	last    time.Time
-	dropped int
-}
-
-func newErrLimiter(log *slog.Logger, what string) *errLimiter {
-	return &errLimiter{log: log, what: what}
-}
-
-func (l *errLimiter) error(err error) {
-	if err == nil || errors.Is(err, context.Canceled) {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := time.Now()
-	if l.failing && now.Sub(l.last) < 30*time.Second {
-		l.dropped++
-		return
-	}
-	l.log.Error(l.what+" failed", "error", err.Error(), "suppressed", l.dropped)
-	l.failing, l.last, l.dropped = true, now, 0
-}
-
-func (l *errLimiter) ok() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.failing {
-		l.log.Info(l.what+" recovered", "suppressed", l.dropped)
-	}
-	l.failing, l.dropped = false, 0
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayd/relayd/internal/errlog"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -232,7 +233,7 @@ func (r *Relay) targetNames() []string {
 // they come back full, otherwise wait for a NOTIFY or the poll interval.
 func (r *Relay) work(ctx context.Context, id int) {
 	log := r.log.With("worker", id)
-	errs := newErrLimiter(log, "relay batch")
+	errs := errlog.New(log, "relay batch")
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		wake := r.wake.wait() // before the batch, so a NOTIFY during it is not lost
@@ -241,14 +242,14 @@ func (r *Relay) work(ctx context.Context, id int) {
 		took := time.Since(start)
 		switch {
 		case err == nil:
-			errs.ok()
+			errs.OK()
 			backoff = 0
 		case errors.Is(err, errNoTarget):
 			// Every enabled broker is down: wait for the first to come back.
 			sleep(ctx, r.nextTargetCheck())
 			continue
 		default:
-			errs.error(err)
+			errs.Error(err)
 			backoff = min(max(2*backoff, 100*time.Millisecond), 30*time.Second)
 			sleep(ctx, jitter(backoff))
 			continue
@@ -485,21 +486,21 @@ func jitter(d time.Duration) time.Duration {
 // backoff and wakes the workers once, since notifications sent meanwhile are
 // lost (the poll interval covers that gap too).
 func (r *Relay) listen(ctx context.Context) {
-	errs := newErrLimiter(r.log, "listen")
+	errs := errlog.New(r.log, "listen")
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx, errs)
 		if ctx.Err() != nil {
 			return
 		}
-		errs.error(err)
+		errs.Error(err)
 		r.wake.signal()
 		backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
 		sleep(ctx, jitter(backoff))
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context, errs *errLimiter) error {
+func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, r.pool.Config().ConnConfig.Copy())
 	cancel()
@@ -510,7 +511,7 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errLimiter) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Table.Channel()}.Sanitize()); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	errs.ok()
+	errs.OK()
 	r.wake.signal() // rows may have arrived while not listening
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
@@ -522,7 +523,7 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errLimiter) error {
 
 // cleanup deletes rows delivered more than Retention ago, in small batches.
 func (r *Relay) cleanup(ctx context.Context) {
-	errs := newErrLimiter(r.log, "cleanup")
+	errs := errlog.New(r.log, "cleanup")
 	t := time.NewTicker(r.cfg.CleanupInterval)
 	defer t.Stop()
 	for {
@@ -532,9 +533,9 @@ func (r *Relay) cleanup(ctx context.Context) {
 		case <-t.C:
 		}
 		if err := r.CleanupOnce(ctx); err != nil && ctx.Err() == nil {
-			errs.error(err)
+			errs.Error(err)
 		} else {
-			errs.ok()
+			errs.OK()
 		}
 	}
 }
