@@ -6,6 +6,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/relayd/relayd/internal/uuidtext"
 )
 
 // known returns the ids JetStream already has or will get without the
@@ -15,7 +16,7 @@ func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, err
 	var uuids, all []string
 	for _, it := range items {
 		all = append(all, it.id)
-		if isUUID(it.id) {
+		if uuidtext.Is(it.id) {
 			uuids = append(uuids, it.id)
 		}
 	}
@@ -43,7 +44,7 @@ SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.
 	}
 	// Match ids as the items spell them (the database returns lower case).
 	for _, it := range items {
-		if !known[it.id] && isUUID(it.id) && known[lowerASCII(it.id)] {
+		if !known[it.id] && uuidtext.Is(it.id) && known[uuidtext.Lower(it.id)] {
 			known[it.id] = true
 		}
 	}
@@ -136,33 +137,4 @@ func (b *runner) dryRun(ctx context.Context) (Summary, error) {
 	}
 	// Closing the channel returns every unacked delivery to the queue.
 	return b.summary(), ch.Close()
-}
-
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i, c := range s {
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-func lowerASCII(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
 }

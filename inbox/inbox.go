@@ -47,6 +47,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/backfill"
+	"github.com/relayd/relayd/internal/uuidtext"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -338,28 +339,8 @@ func normalizeID(id string) (string, error) {
 	case !utf8.ValidString(id) || strings.ContainsRune(id, 0):
 		return "", fmt.Errorf("%w: %q is not UTF-8 text without NUL", ErrInvalidMessageID, id)
 	}
-	if isUUID(id) {
+	if uuidtext.Is(id) {
 		return strings.ToLower(id), nil
 	}
 	return id, nil
-}
-
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-				return false
-			}
-		}
-	}
-	return true
 }

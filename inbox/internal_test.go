@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/internal/uuidtext"
 )
 
 func TestNormalizeID(t *testing.T) {
@@ -54,7 +55,7 @@ func FuzzNormalizeID(f *testing.F) {
 		if again, _ := normalizeID(got); again != got {
 			t.Fatalf("normalizeID not idempotent: %q -> %q -> %q", s, got, again)
 		}
-		if !strings.EqualFold(got, s) || (got != s && !isUUID(s)) {
+		if !strings.EqualFold(got, s) || (got != s && !uuidtext.Is(s)) {
 			t.Fatalf("normalizeID(%q) = %q", s, got)
 		}
 	})
