@@ -1,20 +1,12 @@
 package inbox
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"embed"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
-	"strings"
-	"text/template"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/relayd/relayd/schema"
 )
@@ -31,73 +23,8 @@ var migrationFiles embed.FS
 // waits for, or is mistaken for, a relayd migrating the outbox.
 const lockID = 0x72656c6179642d69 // "relayd-i"
 
-// templateData is what the migration templates see.
-type templateData struct{ t schema.Table }
-
-func (d templateData) Table() string { return d.t.Ident() }
-func (d templateData) Name() string  { return d.t.Name }
-
-func render(file string, t schema.Table) (string, error) {
-	src, err := migrationFiles.ReadFile("migrations/" + file)
-	if err != nil {
-		return "", err
-	}
-	tmpl, err := template.New(file).Option("missingkey=error").Parse(string(src))
-	if err != nil {
-		return "", fmt.Errorf("parse %s: %w", file, err)
-	}
-	var b bytes.Buffer
-	if err := tmpl.Execute(&b, templateData{t}); err != nil {
-		return "", fmt.Errorf("render %s: %w", file, err)
-	}
-	return b.String(), nil
-}
-
-// migrations lists the migrations in version order: files are named
-// NNNNN_name.up.sql and NNNNN_name.down.sql.
-func migrations(t schema.Table) ([]*goose.Migration, error) {
-	entries, err := migrationFiles.ReadDir("migrations")
-	if err != nil {
-		return nil, err
-	}
-	var out []*goose.Migration
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasSuffix(name, ".up.sql") {
-			continue
-		}
-		var version int64
-		if _, err := fmt.Sscanf(name, "%05d_", &version); err != nil {
-			return nil, fmt.Errorf("migration %s: no version prefix", name)
-		}
-		up, err := render(name, t)
-		if err != nil {
-			return nil, err
-		}
-		down, err := render(strings.TrimSuffix(name, ".up.sql")+".down.sql", t)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, goose.NewGoMigration(version, execTx(up), execTx(down)))
-	}
-	return out, nil
-}
-
-func execTx(q string) *goose.GoFunc {
-	return &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, q)
-		return err
-	}}
-}
-
-// versionTable is goose's record of applied migrations for t:
-// <table>_schema_version, in t's schema.
-func versionTable(t schema.Table) string {
-	if t.Schema == "" {
-		return t.Name + "_schema_version"
-	}
-	return t.Schema + "." + t.Name + "_schema_version"
-}
+// migrations are the inbox table's, applied like the outbox's.
+var migrations = schema.Migrations{FS: migrationFiles, LockID: lockID}
 
 func parseTable(table string) (schema.Table, error) {
 	if table == "" {
@@ -117,24 +44,7 @@ func NewProvider(db *sql.DB, table string, logger *slog.Logger) (*goose.Provider
 	if err != nil {
 		return nil, err
 	}
-	migs, err := migrations(t)
-	if err != nil {
-		return nil, err
-	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID))
-	if err != nil {
-		return nil, err
-	}
-	if logger == nil {
-		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	return goose.NewProvider(goose.DialectPostgres, db, nil,
-		goose.WithTableName(versionTable(t)),
-		goose.WithSessionLocker(locker),
-		goose.WithGoMigrations(migs...),
-		goose.WithDisableGlobalRegistry(true),
-		goose.WithSlog(logger),
-	)
+	return migrations.Provider(db, t, logger)
 }
 
 // Migrate creates or upgrades the inbox table named table ("" means
@@ -146,30 +56,6 @@ func Migrate(ctx context.Context, db *sql.DB, table string) error {
 	if err != nil {
 		return err
 	}
-	if t.Schema != "" {
-		if err := createSchema(ctx, db, t.Schema); err != nil {
-			return fmt.Errorf("create schema %s: %w", t.Schema, err)
-		}
-	}
-	p, err := NewProvider(db, table, nil)
-	if err != nil {
-		return err
-	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("migrate %s: %w", t, err)
-	}
-	return nil
-}
-
-// createSchema creates a schema if it is missing. CREATE SCHEMA IF NOT
-// EXISTS fails with a unique violation when another session creates the
-// same schema at the same moment (an inbox or an outbox migration): that
-// failure means the schema exists.
-func createSchema(ctx context.Context, db *sql.DB, name string) error {
-	_, err := db.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS "`+name+`"`)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P06") {
-		return nil
-	}
+	_, err = migrations.Up(ctx, db, t, nil)
 	return err
 }

@@ -15,12 +15,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
+	"io/fs"
 	"log/slog"
 	"regexp"
 	"strings"
 	"text/template"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 )
@@ -135,9 +136,22 @@ func (d templateData) Qualified(suffix string) string {
 	return d.t.qualify(d.t.Name + "_" + suffix)
 }
 
-// render returns the SQL of one embedded migration file for t.
-func render(file string, t Table) (string, error) {
-	src, err := migrationFiles.ReadFile("migrations/" + file)
+// Migrations is a set of SQL template migrations for one kind of table:
+// files migrations/NNNNN_name.up.sql and NNNNN_name.down.sql in FS, rendered
+// for a [Table] (the templates see .Table, .Name, .Channel and
+// .Qualified "suffix") and run as goose Go migrations under a Postgres
+// session advisory lock, so instances starting together do not race. The
+// outbox's are this package's; package inbox has its own.
+type Migrations struct {
+	FS     fs.FS
+	LockID int64 // the advisory lock held while migrating
+}
+
+// outbox is the outbox table's migrations.
+var outbox = Migrations{FS: migrationFiles, LockID: lockID}
+
+func (m Migrations) render(file string, t Table) (string, error) {
+	src, err := fs.ReadFile(m.FS, "migrations/"+file)
 	if err != nil {
 		return "", err
 	}
@@ -152,10 +166,9 @@ func render(file string, t Table) (string, error) {
 	return b.String(), nil
 }
 
-// migrations lists the migrations in version order: files are named
-// NNNNN_name.up.sql and NNNNN_name.down.sql.
-func migrations(t Table) ([]*goose.Migration, error) {
-	entries, err := migrationFiles.ReadDir("migrations")
+// list returns the migrations rendered for t, in version order.
+func (m Migrations) list(t Table) ([]*goose.Migration, error) {
+	entries, err := fs.ReadDir(m.FS, "migrations")
 	if err != nil {
 		return nil, err
 	}
@@ -169,11 +182,11 @@ func migrations(t Table) ([]*goose.Migration, error) {
 		if _, err := fmt.Sscanf(name, "%05d_", &version); err != nil {
 			return nil, fmt.Errorf("migration %s: no version prefix", name)
 		}
-		up, err := render(name, t)
+		up, err := m.render(name, t)
 		if err != nil {
 			return nil, err
 		}
-		down, err := render(strings.TrimSuffix(name, ".up.sql")+".down.sql", t)
+		down, err := m.render(strings.TrimSuffix(name, ".up.sql")+".down.sql", t)
 		if err != nil {
 			return nil, err
 		}
@@ -189,24 +202,21 @@ func execTx(q string) *goose.GoFunc {
 	}}
 }
 
-// lockID is the advisory lock goose holds while migrating. One ID for all
-// relayd tables: migrations are rare and serialising them costs nothing.
-const lockID = 0x72656c61796400 // "relayd"
-
-// NewProvider returns a goose provider for t's migrations. db must be a
-// direct connection (session advisory locks do not survive transaction
-// pooling). logger may be nil.
-func NewProvider(db *sql.DB, t Table, logger *slog.Logger) (*goose.Provider, error) {
-	migs, err := migrations(t)
+// Provider returns a goose provider for t's migrations; applied versions
+// are recorded in <table>_schema_version beside t. db must be a direct
+// connection (session advisory locks do not survive transaction pooling).
+// logger may be nil.
+func (m Migrations) Provider(db *sql.DB, t Table, logger *slog.Logger) (*goose.Provider, error) {
+	migs, err := m.list(t)
 	if err != nil {
 		return nil, err
 	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(m.LockID))
 	if err != nil {
 		return nil, err
 	}
 	if logger == nil {
-		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		logger = slog.New(slog.DiscardHandler)
 	}
 	return goose.NewProvider(goose.DialectPostgres, db, nil,
 		goose.WithTableName(t.versionTable()),
@@ -219,13 +229,13 @@ func NewProvider(db *sql.DB, t Table, logger *slog.Logger) (*goose.Provider, err
 
 // Up applies every pending migration for t, creating t's schema first if it
 // is named and missing. It is safe to call from several processes at once.
-func Up(ctx context.Context, db *sql.DB, t Table, logger *slog.Logger) ([]*goose.MigrationResult, error) {
+func (m Migrations) Up(ctx context.Context, db *sql.DB, t Table, logger *slog.Logger) ([]*goose.MigrationResult, error) {
 	if t.Schema != "" {
 		if err := createSchema(ctx, db, t.Schema); err != nil {
 			return nil, fmt.Errorf("create schema %s: %w", t.Schema, err)
 		}
 	}
-	p, err := NewProvider(db, t, logger)
+	p, err := m.Provider(db, t, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -236,21 +246,32 @@ func Up(ctx context.Context, db *sql.DB, t Table, logger *slog.Logger) ([]*goose
 	return res, nil
 }
 
-// createSchema creates a schema under the migration lock: CREATE SCHEMA IF
-// NOT EXISTS alone fails with a unique violation when two sessions race.
+// lockID is the advisory lock goose holds while migrating outbox tables.
+// One ID for all of them: migrations are rare and serialising them costs
+// nothing.
+const lockID = 0x72656c61796400 // "relayd"
+
+// NewProvider returns a goose provider for the outbox table t.
+func NewProvider(db *sql.DB, t Table, logger *slog.Logger) (*goose.Provider, error) {
+	return outbox.Provider(db, t, logger)
+}
+
+// Up applies every pending outbox migration for t; see [Migrations.Up].
+func Up(ctx context.Context, db *sql.DB, t Table, logger *slog.Logger) ([]*goose.MigrationResult, error) {
+	return outbox.Up(ctx, db, t, logger)
+}
+
+// createSchema creates a schema if it is missing. CREATE SCHEMA IF NOT
+// EXISTS fails with a unique violation when another session (an outbox or
+// an inbox migration) creates the same schema at the same moment: that
+// failure means the schema exists.
 func createSchema(ctx context.Context, db *sql.DB, name string) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
+	_, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+quote(name))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P06") {
+		return nil
 	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(lockID)); err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+quote(name)); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return err
 }
 
 // Status reports which migrations are applied to t.
