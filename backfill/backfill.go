@@ -218,6 +218,18 @@ func (b *runner) preflight(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("amqp: queue %q: %w", b.cfg.Queue, err)
 	}
+	// A consumer whose process just died (a crashed earlier run) is still
+	// counted until RabbitMQ has closed its connection: give it a moment.
+	for wait := 0; q.Consumers > 0 && !b.cfg.AllowOtherConsumers && wait < 10; wait++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+		if q, err = ch.QueueDeclarePassive(b.cfg.Queue, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("amqp: queue %q: %w", b.cfg.Queue, err)
+		}
+	}
 	b.depth0 = int64(q.Messages)
 	if q.Consumers > 0 {
 		if !b.cfg.AllowOtherConsumers {

@@ -75,15 +75,16 @@ func (b *runner) session(ctx context.Context) error {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
 	var (
-		wg       sync.WaitGroup
-		sem      = make(chan struct{}, parallel)
-		inFlight atomic.Int64 // deliveries received and not yet settled
-		reserved int64        // deliveries taken toward Limit
-		batch    []amqp.Delivery
-		flushT   = time.NewTimer(time.Hour)
-		checkT   = time.NewTicker(250 * time.Millisecond)
-		stopping = false
-		endErr   error
+		wg          sync.WaitGroup
+		sem         = make(chan struct{}, parallel)
+		inFlight    atomic.Int64 // deliveries received and not yet settled
+		reserved    int64        // deliveries taken toward Limit
+		batch       []amqp.Delivery
+		flushT      = time.NewTimer(time.Hour)
+		checkT      = time.NewTicker(250 * time.Millisecond)
+		stopping    = false
+		drainedStop = false
+		endErr      error
 	)
 	defer checkT.Stop()
 	defer flushT.Stop()
@@ -156,25 +157,42 @@ func (b *runner) session(ctx context.Context) error {
 				continue
 			}
 			if drained, err := b.drained(conn); err == nil && drained {
+				drainedStop = true
 				stop(nil)
 			}
 		}
 	}
 	flush()
 	wg.Wait()
-	// Deliveries that arrived after the cancel go back to the queue.
-	for {
+	// Deliveries already on their way when the consumer was cancelled: the
+	// broker counts them as unacked, not ready, so "0 ready" did not see
+	// them. After a drain they are ours to finish; after a signal or the
+	// limit they go back to the queue.
+	var late []amqp.Delivery
+	for collecting := true; collecting; {
 		select {
 		case d, ok := <-deliveries:
 			if !ok {
-				goto done
+				collecting = false
+				continue
 			}
-			d.Nack(false, true) //nolint:errcheck // returned to the queue
-		case <-time.After(200 * time.Millisecond):
-			goto done
+			late = append(late, d)
+		case <-time.After(500 * time.Millisecond):
+			collecting = false
 		}
 	}
-done:
+	if drainedStop {
+		for len(late) > 0 {
+			n := min(len(late), batchMax)
+			b.process(ctx, late[:n], dlq)
+			late = late[n:]
+		}
+		b.progress()
+	}
+	for _, d := range late {
+		d.Nack(false, true) //nolint:errcheck // returned to the queue
+	}
+
 	if n := b.heldCount(); n > 0 {
 		b.log.Warn("messages JetStream refused for good were returned to the queue; pass --dead-letter-queue to park them", "count", n)
 	}

@@ -34,6 +34,15 @@ type breaker struct {
 	mu        sync.Mutex
 	failures  int
 	openUntil time.Time
+	lastErr   string
+}
+
+// failing reports how many batches in a row failed for want of the broker,
+// and the last error; 0 when the last batch delivered.
+func (b *breaker) failing() (int, string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.failures, b.lastErr
 }
 
 const breakerMax = 30 * time.Second
@@ -52,9 +61,10 @@ func (b *breaker) wait(now time.Time) time.Duration {
 
 // failure opens the breaker and returns for how long, or 0 if it was already
 // open (another worker's batch failed at the same time).
-func (b *breaker) failure(now time.Time) time.Duration {
+func (b *breaker) failure(now time.Time, err string) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.lastErr = err
 	if now.Before(b.openUntil) {
 		return 0
 	}

@@ -285,6 +285,28 @@ func (r *Relay) active(now time.Time) (act [2]bool, any bool) {
 	return act, any
 }
 
+// Unready says, for each enabled target that is not ready, why: its
+// broker connection is down, or the relay paused it because every publish
+// of its last batches failed for want of the broker (a blackholed or stalled
+// broker whose connection still looks up). Empty means every target is
+// ready. Safe for concurrent use; /readyz uses it.
+func (r *Relay) Unready() []string {
+	var out []string
+	for i, t := range Targets {
+		if !r.enabled[i] {
+			continue
+		}
+		if err := r.sinks[i].Ready(); err != nil {
+			out = append(out, fmt.Sprintf("%s: %v", t, err))
+			continue
+		}
+		if n, last := r.breaker[i].failing(); n > 0 {
+			out = append(out, fmt.Sprintf("%s: paused after %d failed batch(es) in a row: %s", t, n, last))
+		}
+	}
+	return out
+}
+
 // nextTargetCheck is how long to wait before looking at the targets again
 // when none is active.
 func (r *Relay) nextTargetCheck() time.Duration {
@@ -395,7 +417,7 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 		// broker is left out of claims for a while (capped backoff), so the
 		// other target is not held up by its timeouts batch after batch.
 		if attempted > 0 && unavailable == attempted {
-			if d := r.breaker[ti].failure(now); d > 0 {
+			if d := r.breaker[ti].failure(now, firstErr(results[ti])); d > 0 {
 				r.log.Warn("target unavailable, pausing it", "target", string(t), "for", d.String(), "error", firstErr(results[ti]))
 			}
 		} else if delivered > 0 && r.breaker[ti].success() {

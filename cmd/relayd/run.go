@@ -173,7 +173,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}, log)
 
 	if cfg.MetricsAddr != "" {
-		srv, err := startHTTP(cfg.MetricsAddr, reg, readiness(pool, sinks), log)
+		srv, err := startHTTP(cfg.MetricsAddr, reg, readiness(pool, r), log)
 		if err != nil {
 			return err
 		}
@@ -234,6 +234,9 @@ func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		// Notice a silent server within ~15 s (default: minutes).
+		nats.PingInterval(5 * time.Second),
+		nats.MaxPingsOutstanding(3),
 		nats.Timeout(5 * time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -271,9 +274,10 @@ func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn
 	}
 }
 
-// readiness reports what relayd depends on and cannot reach: Postgres and
-// each enabled broker. Empty means ready.
-func readiness(pool *pgxpool.Pool, sinks []relay.Sink) func(context.Context) []string {
+// readiness reports what relayd depends on and cannot use: Postgres, and
+// each enabled broker that is disconnected or that the relay paused after
+// failed publishes. Empty means ready.
+func readiness(pool *pgxpool.Pool, r *relay.Relay) func(context.Context) []string {
 	return func(ctx context.Context) []string {
 		var down []string
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -281,12 +285,7 @@ func readiness(pool *pgxpool.Pool, sinks []relay.Sink) func(context.Context) []s
 		if err := pool.Ping(pctx); err != nil {
 			down = append(down, "postgres: "+err.Error())
 		}
-		for _, s := range sinks {
-			if err := s.Ready(); err != nil {
-				down = append(down, string(s.Target())+": "+err.Error())
-			}
-		}
-		return down
+		return append(down, r.Unready()...)
 	}
 }
 

@@ -50,6 +50,13 @@ type Sink struct {
 	cur     *session // nil while disconnected
 	lastErr error
 
+	// late holds message ids RabbitMQ confirmed after the publish that sent
+	// them had given up waiting (a confirm slower than the publish
+	// timeout). When the relay retries such a row, it is already delivered:
+	// publishing it again would queue a second copy.
+	lateMu sync.Mutex
+	late   map[string]time.Time
+
 	stop    chan struct{}
 	stopped chan struct{}
 }
@@ -69,7 +76,8 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), stop: make(chan struct{}), stopped: make(chan struct{})}
+	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), stop: make(chan struct{}), stopped: make(chan struct{}),
+		late: map[string]time.Time{}}
 	var first *session
 	var err error
 	for {
@@ -138,7 +146,34 @@ func (s *Sink) connect() (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	return newSession(conn, ch), nil
+	return newSession(conn, ch, s.confirmedLate), nil
+}
+
+// lateTTL bounds how long a late confirm is remembered: far longer than the
+// relay's retry backoff reaches before the row is retried.
+const lateTTL = 15 * time.Minute
+
+func (s *Sink) confirmedLate(msgID string) {
+	s.lateMu.Lock()
+	defer s.lateMu.Unlock()
+	now := time.Now()
+	if len(s.late)%1024 == 1023 {
+		for id, at := range s.late {
+			if now.Sub(at) > lateTTL {
+				delete(s.late, id)
+			}
+		}
+	}
+	s.late[msgID] = now
+}
+
+// takeLate reports, once, whether msgID was confirmed late.
+func (s *Sink) takeLate(msgID string) bool {
+	s.lateMu.Lock()
+	defer s.lateMu.Unlock()
+	at, ok := s.late[msgID]
+	delete(s.late, msgID)
+	return ok && time.Since(at) <= lateTTL
 }
 
 // supervise keeps a session up until Close.
@@ -221,6 +256,18 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			results[i] = relay.Permanent("amqp: headers: %v", err)
 			continue
 		}
+		if s.takeLate(m.MessageID) {
+			results[i] = nil // confirmed after its publish gave up waiting
+			continue
+		}
+		if p := sess.inFlight(m.MessageID); p != nil {
+			// An earlier publish of this message is still unanswered on
+			// this live connection (it outlived a publish timeout).
+			// Publishing again would queue a second copy: wait for that
+			// one's verdict instead.
+			waits[i] = p
+			continue
+		}
 		p, err := sess.publish(ctx, s.cfg.Exchange, m.Topic, m.MessageID, pub)
 		if err != nil {
 			results[i] = relay.Unavailable(fmt.Errorf("amqp publish: %w", err))
@@ -236,6 +283,10 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		case <-p.done:
 			results[i] = p.err
 		case <-ctx.Done():
+			if resolved, err := sess.abandon(p); resolved {
+				results[i] = err
+				continue
+			}
 			results[i] = relay.Unavailable(fmt.Errorf("amqp: no confirm: %w", ctx.Err()))
 		}
 	}
@@ -272,10 +323,11 @@ var ErrNacked = errors.New("amqp: nacked by broker")
 
 // pending is one published message awaiting its confirm.
 type pending struct {
-	msgID    string
-	returned string // reply text of a basic.return, if one came
-	done     chan struct{}
-	err      error
+	msgID     string
+	returned  string // reply text of a basic.return, if one came
+	abandoned bool   // its publisher stopped waiting (guarded by session.mu)
+	done      chan struct{}
+	err       error
 }
 
 // session is one connection and its confirm-mode channel, with the
@@ -291,13 +343,14 @@ type session struct {
 	earlyRet map[string]string // returns that beat their registration
 	dead     bool
 	err      error
+	lateOK   func(msgID string) // told of confirms that came after their publisher gave up
 
 	done chan struct{} // closed when the channel or connection is gone
 }
 
-func newSession(conn *amqp.Connection, ch *amqp.Channel) *session {
+func newSession(conn *amqp.Connection, ch *amqp.Channel, lateOK func(string)) *session {
 	s := &session{
-		conn: conn, ch: ch,
+		conn: conn, ch: ch, lateOK: lateOK,
 		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
 		early: map[uint64]bool{}, earlyRet: map[string]string{},
 		done: make(chan struct{}),
@@ -394,6 +447,13 @@ func (s *session) publish(ctx context.Context, exchange, key, msgID string, pub 
 	return p, nil
 }
 
+// inFlight returns the unanswered publish of msgID on this session, if any.
+func (s *session) inFlight(msgID string) *pending {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byMsgID[msgID]
+}
+
 func (s *session) onReturn(r amqp.Return) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -418,6 +478,23 @@ func (s *session) onConfirm(c amqp.Confirmation) {
 		delete(s.byMsgID, p.msgID)
 	}
 	p.confirm(c.Ack)
+	if p.abandoned && p.err == nil && s.lateOK != nil {
+		s.lateOK(p.msgID)
+	}
+}
+
+// abandon marks p as no longer waited for, unless it was resolved in the
+// meantime: then it returns its verdict.
+func (s *session) abandon(p *pending) (resolved bool, verdict error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		p.abandoned = true
+		return false, nil
+	}
 }
 
 func (p *pending) confirm(ack bool) {
