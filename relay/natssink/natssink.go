@@ -138,11 +138,26 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			}
 			results[i] = nil
 		case err := <-f.Err():
-			results[i] = classify(err)
+			results[i] = s.noStream(ctx, msgs[i], classify(err))
 		case <-ctx.Done():
 			results[i] = relay.Unavailable(fmt.Errorf("nats: no PubAck: %w", ctx.Err()))
 		}
 	}
+}
+
+// noStream turns "no responders" into a permanent error when no stream
+// captures the message's subject at all. The same answer also comes while
+// JetStream restarts; then the stream lookup fails too and err stands.
+func (s *Sink) noStream(ctx context.Context, m *relay.Message, err error) error {
+	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		return err
+	}
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, lerr := s.js.StreamNameBySubject(lctx, s.Subject(m.Topic)); errors.Is(lerr, jetstream.ErrStreamNotFound) {
+		return relay.Permanent("nats: no stream captures subject %q", s.Subject(m.Topic))
+	}
+	return err
 }
 
 // headerSize is a generous estimate of the header block's wire size.

@@ -135,6 +135,23 @@ func TestExpectStream(t *testing.T) {
 	}
 }
 
+// A subject no stream captures is refused for good (parked), not retried
+// for ever as if JetStream were down.
+func TestSubjectWithoutStreamIsPermanent(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	orphan, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: "nostream." + e.prefix, AckTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := sinktest.Messages("orphan", 1)
+	results := sinktest.Publish(t, orphan, 10*time.Second, msgs)
+	var pe *relay.PermanentError
+	if !errors.As(results[0], &pe) || !strings.Contains(pe.Reason, "no stream captures") {
+		t.Fatalf("result %v (%T), want a *relay.PermanentError saying no stream captures the subject", results[0], results[0])
+	}
+}
+
 // env is one test's stream, the sink's connection and a reader of the
 // stream; for an embedded server, the server too. It is the
 // sinktest.Broker.
