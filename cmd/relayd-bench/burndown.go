@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+func (b *bench) burndowns(ctx context.Context, res *Results) error {
+	for _, targets := range b.o.BurnTargets {
+		for _, instances := range b.o.BurnInstances {
+			b.logf("burn-down: %s rows, RELAY_TARGETS=%s, %d instance(s)", thousands(float64(b.o.BurnRows)), targets, instances)
+			bd, note, err := b.burndown(ctx, targets, instances)
+			if err != nil {
+				return fmt.Errorf("%s ×%d: %w", targets, instances, err)
+			}
+			b.logf("  %s rows/s, %.2f CPU s/10k rows, peak RSS %.0f MiB", thousands(bd.RowsPerSecond), bd.CPUSecondsPer10k, bd.PeakRSSMiB)
+			res.Burndown = append(res.Burndown, bd)
+			if note != "" {
+				res.Notes = append(res.Notes, note)
+			}
+			b.settle(ctx)
+		}
+	}
+	return nil
+}
+
+// burndown fills an outbox with BurnRows rows, starts instances relayd
+// processes at their default settings and times them from start until every
+// row is done.
+func (b *bench) burndown(ctx context.Context, targets string, instances int) (bd Burndown, note string, err error) {
+	n := b.o.BurnRows
+	bd = Burndown{Targets: targets, Instances: instances, Rows: n}
+	ts := strings.Split(targets, ",")
+	has := func(t string) bool {
+		for _, x := range ts {
+			if x == t {
+				return true
+			}
+		}
+		return false
+	}
+	cr, err := b.newCorner(ctx, cornerSpec{table: true, stream: has("nats"), amqp: has("amqp")})
+	if err != nil {
+		return bd, "", err
+	}
+	defer cr.close()
+	if err := cr.fill(ctx, n); err != nil {
+		return bd, "", err
+	}
+
+	// "Is anything left?" through the relay's own partial indexes of rows
+	// owed to each target: cheap enough to ask every 100 ms without
+	// slowing the relay down. A row is done (done_at set) exactly when no
+	// enabled target owes it — none is parked here — so this is
+	// count(done_at) = n without scanning 200 MB ten times a second; the
+	// exact count is checked once at the end.
+	tbl := cr.table.Ident()
+	var owed []string
+	for _, t := range ts {
+		owed = append(owed, fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE %[2]s_delivered_at IS NULL AND %[2]s_parked_at IS NULL AND done_at IS NULL)`, tbl, t))
+	}
+	pendingSQL := `SELECT ` + strings.Join(owed, " OR ")
+
+	env := cr.relaydEnv(targets)
+	var procs []*proc
+	defer func() {
+		for _, p := range procs {
+			p.kill()
+		}
+	}()
+	snap := takeCPUSnap()
+	start := time.Now()
+	for range instances {
+		p, err := b.start(env, "run")
+		if err != nil {
+			return bd, "", err
+		}
+		procs = append(procs, p)
+	}
+	deadline := start.Add(10 * time.Minute)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var end time.Time
+	for end.IsZero() {
+		select {
+		case <-ctx.Done():
+			return bd, "", ctx.Err()
+		case <-tick.C:
+		}
+		for _, p := range procs {
+			if p.exited() {
+				return bd, "", fmt.Errorf("relayd exited: %v\n%s", p.err, tail(p.out.String(), 2000))
+			}
+			p.sampleHWM()
+		}
+		var pending bool
+		if err := b.pool.QueryRow(ctx, pendingSQL).Scan(&pending); err != nil {
+			return bd, "", err
+		}
+		if !pending {
+			end = time.Now()
+			bd.CPU = cpuSplit(snap, takeCPUSnap(), n, procs...)
+		} else if time.Now().After(deadline) {
+			return bd, "", fmt.Errorf("rows still pending after %v", time.Since(start).Round(time.Second))
+		}
+	}
+	elapsed := end.Sub(start)
+
+	var cpu time.Duration
+	var peak int64
+	for _, p := range procs {
+		u, err := p.stop()
+		if err != nil {
+			return bd, "", err
+		}
+		cpu += u.CPU
+		peak = max(peak, u.PeakRSS)
+	}
+	procs = nil
+
+	var done int
+	if err := b.pool.QueryRow(ctx, `SELECT count(done_at) FROM `+tbl).Scan(&done); err != nil {
+		return bd, "", err
+	}
+	if done != n {
+		return bd, "", fmt.Errorf("count(done_at) = %d, want %d", done, n)
+	}
+	bd.Seconds = round(elapsed.Seconds(), 3)
+	bd.RowsPerSecond = round(float64(n)/elapsed.Seconds(), 0)
+	bd.CPUSecondsPer10k = per10k(cpu, n)
+	bd.PeakRSSMiB = mib(peak)
+
+	// The brokers hold what the outbox says they got. A relay may publish a
+	// row to RabbitMQ twice only after a failure (README: "Never re-sent
+	// …"), which a benchmark run should not have: say so if it did.
+	var problems []string
+	if has("nats") {
+		if got, err := cr.streamMsgs(ctx); err != nil || got != uint64(n) {
+			problems = append(problems, fmt.Sprintf("stream holds %d messages (%v)", got, err))
+		}
+	}
+	if has("amqp") {
+		if got, err := cr.queueDepth(); err != nil || got != n {
+			problems = append(problems, fmt.Sprintf("queue holds %d messages (%v)", got, err))
+		}
+	}
+	if len(problems) > 0 {
+		note = fmt.Sprintf("burn-down %s ×%d: %d rows, but %s", targets, instances, n, strings.Join(problems, "; "))
+	}
+	return bd, note, nil
+}

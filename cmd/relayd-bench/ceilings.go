@@ -1,0 +1,471 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// In-flight windows of the ceilings: what relayd keeps in flight at its
+// defaults (4 workers × 500 rows; natssink's MaxPending 4096).
+const (
+	jsInFlight        = 4096
+	amqpInFlight      = 2000
+	consumePrefetch   = 1000
+	pgClaimBatch      = 500
+	pgClaimWorkers    = 4
+	consumeIdleBudget = 30 * time.Second
+)
+
+// ceilings measures each service alone, one after the other.
+func (b *bench) ceilings(ctx context.Context, res *Results) error {
+	n := b.o.CeilingMsgs
+
+	b.logf("ceiling: JetStream async publish, %d messages", n)
+	c, err := b.jetstreamCeiling(ctx, n)
+	if err != nil {
+		return fmt.Errorf("jetstream ceiling: %w", err)
+	}
+	res.addCeiling(c)
+	b.settle(ctx)
+
+	b.logf("ceiling: RabbitMQ publish, plain properties, %d messages", n)
+	if err := b.withCorner(ctx, cornerSpec{amqp: true}, func(cr *corner) error {
+		c, err := b.amqpPublish(ctx, cr, n, false)
+		res.addCeiling(c)
+		return err
+	}); err != nil {
+		return fmt.Errorf("rabbitmq publish ceiling (plain): %w", err)
+	}
+	b.settle(ctx)
+
+	// The publish with relayd's properties fills the queue that the consume
+	// ceiling then drains: the same messages relayd (and a legacy producer)
+	// leave in a queue.
+	b.logf("ceiling: RabbitMQ publish, relayd's properties, %d messages; then consume them", n)
+	if err := b.withCorner(ctx, cornerSpec{amqp: true}, func(cr *corner) error {
+		c, err := b.amqpPublish(ctx, cr, n, true)
+		if err != nil {
+			return fmt.Errorf("rabbitmq publish ceiling: %w", err)
+		}
+		res.addCeiling(c)
+		b.settle(ctx)
+		c, err = b.amqpConsume(ctx, cr, n)
+		if err != nil {
+			return fmt.Errorf("rabbitmq consume ceiling: %w", err)
+		}
+		res.addCeiling(c)
+		return nil
+	}); err != nil {
+		return err
+	}
+	b.settle(ctx)
+
+	b.logf("ceiling: Postgres claim + delete, %d rows", n)
+	if err := b.withCorner(ctx, cornerSpec{table: true}, func(cr *corner) error {
+		c, err := b.postgresCeiling(ctx, cr, n)
+		res.addCeiling(c)
+		return err
+	}); err != nil {
+		return fmt.Errorf("postgres ceiling: %w", err)
+	}
+	b.settle(ctx)
+
+	b.logf("ceiling: Postgres single-row commits into the outbox, NOTIFY trigger on and off")
+	if err := b.withCorner(ctx, cornerSpec{table: true}, func(cr *corner) error {
+		for _, notify := range []bool{true, false} {
+			c, err := b.commitCeiling(ctx, cr, notify)
+			if err != nil {
+				return err
+			}
+			res.addCeiling(c)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("postgres commit ceiling: %w", err)
+	}
+	b.settle(ctx)
+	return nil
+}
+
+// commitWorkers is how many producers commit at once in the commit ceiling.
+const commitWorkers = 16
+
+// commitCeiling has commitWorkers producers commit one-row INSERTs into the
+// outbox, as fast as they can for a few seconds: with the table's NOTIFY
+// trigger (as migrated), or with it disabled.
+func (b *bench) commitCeiling(ctx context.Context, cr *corner, notify bool) (Ceiling, error) {
+	c := Ceiling{Key: ceilCommitNotify,
+		Name: fmt.Sprintf("Postgres single-row INSERT commits into the outbox (the producers' side), %d connections, NOTIFY trigger on (as migrated)", commitWorkers)}
+	tbl := cr.table.Ident()
+	if !notify {
+		c.Key, c.Name = ceilCommitPlain, "Postgres single-row INSERT commits, the same with the NOTIFY trigger disabled"
+		if _, err := b.pool.Exec(ctx, `ALTER TABLE `+tbl+` DISABLE TRIGGER USER`); err != nil {
+			return c, err
+		}
+	}
+	d := 4 * time.Second
+	if b.o.Smoke {
+		d = time.Second
+	}
+	insert := `INSERT INTO ` + tbl + ` (topic, payload) VALUES ($1, $2)`
+	var count atomic.Int64
+	var firstErr atomic.Pointer[error]
+	var wg sync.WaitGroup
+	snap := takeCPUSnap()
+	start := time.Now()
+	deadline := start.Add(d)
+	for range commitWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				if _, err := b.pool.Exec(ctx, insert, topic, b.payload); err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+					return
+				}
+				count.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if e := firstErr.Load(); e != nil {
+		return c, *e
+	}
+	c.Messages = int(count.Load())
+	c.CPU = cpuSplit(snap, takeCPUSnap(), c.Messages)
+	c.measured(c.Messages, elapsed)
+	return c, nil
+}
+
+func (b *bench) withCorner(ctx context.Context, spec cornerSpec, fn func(*corner) error) error {
+	c, err := b.newCorner(ctx, spec)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	return fn(c)
+}
+
+// settle gives the services a moment to finish background work of the
+// previous measurement (queue and stream deletion, flushes) before the next.
+func (b *bench) settle(ctx context.Context) {
+	d := time.Second
+	if b.o.Smoke {
+		d = 100 * time.Millisecond
+	}
+	sleepCtx(ctx, d) //nolint:errcheck // cancellation is seen by the next step
+}
+
+// jetstreamCeiling publishes n messages asynchronously with Nats-Msg-Id to a
+// file-storage stream, jsInFlight at most in flight, on a connection of its
+// own, and waits for every PubAck.
+func (b *bench) jetstreamCeiling(ctx context.Context, n int) (Ceiling, error) {
+	c := Ceiling{Key: ceilJetStream, Messages: n,
+		Name: fmt.Sprintf("JetStream async publish, Nats-Msg-Id, file storage, %s in flight", thousands(jsInFlight))}
+	cr, err := b.newCorner(ctx, cornerSpec{stream: true})
+	if err != nil {
+		return c, err
+	}
+	defer cr.close()
+	nc, err := nats.Connect(b.o.NATSURL, nats.Name("relayd-bench-ceiling"))
+	if err != nil {
+		return c, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(jsInFlight), jetstream.WithPublishAsyncTimeout(30*time.Second))
+	if err != nil {
+		return c, err
+	}
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = newUUID()
+	}
+	subject := cr.prefix + topic
+
+	futures := make(chan jetstream.PubAckFuture, jsInFlight)
+	var failed int
+	var firstErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				if failed++; firstErr == nil {
+					firstErr = err
+				}
+			}
+		}
+	}()
+	snap := takeCPUSnap()
+	start := time.Now()
+	var pubErr error
+	for i := range n {
+		f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: b.payload},
+			jetstream.WithMsgID(ids[i]), jetstream.WithExpectStream(cr.stream), jetstream.WithStallWait(30*time.Second))
+		if err != nil {
+			pubErr = err
+			break
+		}
+		futures <- f
+	}
+	close(futures)
+	<-done
+	elapsed := time.Since(start)
+	c.CPU = cpuSplit(snap, takeCPUSnap(), n)
+	if pubErr != nil {
+		return c, pubErr
+	}
+	if failed > 0 {
+		return c, fmt.Errorf("%d publishes failed, first: %w", failed, firstErr)
+	}
+	c.measured(n, elapsed)
+	if got, err := cr.streamMsgs(ctx); err != nil || got != uint64(n) {
+		return c, fmt.Errorf("stream holds %d messages, want %d (%v)", got, n, err)
+	}
+	return c, nil
+}
+
+// amqpPublishing is a message as relayd publishes it (persistent, a 36-char
+// message-id, a timestamp, content type application/octet-stream) or,
+// plain, persistent with a short message-id only.
+func (b *bench) amqpPublishing(i int, relaydProps bool, ts time.Time) amqp.Publishing {
+	if relaydProps {
+		return amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: newUUID(), Timestamp: ts,
+			ContentType: "application/octet-stream", Body: b.payload}
+	}
+	return amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint(i), Body: b.payload}
+}
+
+// amqpPublish publishes n persistent, mandatory messages to the corner's
+// topic exchange (bound to its durable queue) in confirm mode, amqpInFlight
+// unconfirmed at most, on a connection of its own, and waits for every
+// confirm. The messages stay in the queue.
+func (b *bench) amqpPublish(ctx context.Context, cr *corner, n int, relaydProps bool) (Ceiling, error) {
+	c := Ceiling{Key: ceilAMQPPlain, Messages: n,
+		Name: fmt.Sprintf("RabbitMQ publish, confirms, %s in flight, persistent, mandatory, topic exchange → durable queue; plain (short message-id only)", thousands(amqpInFlight))}
+	if relaydProps {
+		c.Key = ceilAMQPRelayd
+		c.Name = "RabbitMQ publish, the same with relayd's properties (36-char message-id, timestamp, content type)"
+	}
+	conn, err := amqp.Dial(b.o.AMQPURL)
+	if err != nil {
+		return c, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return c, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return c, err
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, amqpInFlight+1))
+	returns := ch.NotifyReturn(make(chan amqp.Return, amqpInFlight+1))
+	msgs := make([]amqp.Publishing, n)
+	ts := time.Now()
+	for i := range msgs {
+		msgs[i] = b.amqpPublishing(i, relaydProps, ts)
+	}
+
+	window := make(chan struct{}, amqpInFlight)
+	var nacked, returned int
+	done := make(chan error, 1)
+	go func() {
+		// Every publish gets one confirm; a return (none expected: the
+		// queue is bound) comes before its confirm.
+		for got := 0; got < n; {
+			select {
+			case cf, ok := <-confirms:
+				if !ok {
+					done <- fmt.Errorf("channel closed after %d of %d confirms", got, n)
+					return
+				}
+				if !cf.Ack {
+					nacked++
+				}
+				got++
+				<-window
+			case <-returns:
+				returned++
+			}
+		}
+		done <- nil
+	}()
+	snap := takeCPUSnap()
+	start := time.Now()
+	for i := range n {
+		select {
+		case window <- struct{}{}:
+		case err := <-done:
+			return c, err
+		}
+		if err := ch.PublishWithContext(ctx, cr.exchange, topic, true, false, msgs[i]); err != nil {
+			return c, err
+		}
+	}
+	if err := <-done; err != nil {
+		return c, err
+	}
+	elapsed := time.Since(start)
+	c.CPU = cpuSplit(snap, takeCPUSnap(), n)
+	if nacked > 0 || returned > 0 {
+		return c, fmt.Errorf("%d nacked, %d returned", nacked, returned)
+	}
+	c.measured(n, elapsed)
+	return c, nil
+}
+
+// amqpConsume drains n messages from the corner's queue with manual acks,
+// one ack per message as the backfill does, prefetch consumePrefetch.
+func (b *bench) amqpConsume(ctx context.Context, cr *corner, n int) (Ceiling, error) {
+	c := Ceiling{Key: ceilAMQPConsume, Messages: n,
+		Name: fmt.Sprintf("RabbitMQ consume, prefetch %s, manual ack of each message (as the backfill acks), the messages above", thousands(consumePrefetch))}
+	conn, err := amqp.Dial(b.o.AMQPURL)
+	if err != nil {
+		return c, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return c, err
+	}
+	if err := ch.Qos(consumePrefetch, 0, false); err != nil {
+		return c, err
+	}
+	snap := takeCPUSnap()
+	start := time.Now()
+	deliveries, err := ch.ConsumeWithContext(ctx, cr.queue, "relayd-bench", false, false, false, false, nil)
+	if err != nil {
+		return c, err
+	}
+	idle := time.NewTimer(consumeIdleBudget)
+	defer idle.Stop()
+	for got := 0; got < n; {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return c, fmt.Errorf("consumer closed after %d of %d", got, n)
+			}
+			if err := d.Ack(false); err != nil {
+				return c, err
+			}
+			got++
+			if got%1000 == 0 {
+				idle.Reset(consumeIdleBudget)
+			}
+		case <-idle.C:
+			return c, fmt.Errorf("no delivery for %v after %d of %d", consumeIdleBudget, got, n)
+		case <-ctx.Done():
+			return c, ctx.Err()
+		}
+	}
+	elapsed := time.Since(start)
+	c.CPU = cpuSplit(snap, takeCPUSnap(), n)
+	c.measured(n, elapsed)
+	return c, nil
+}
+
+// postgresCeiling fills the corner's outbox with n rows and has
+// pgClaimWorkers workers claim them pgClaimBatch at a time, the way relayd
+// claims (FOR UPDATE SKIP LOCKED on the pending index, the same columns),
+// and delete them, one transaction per batch.
+func (b *bench) postgresCeiling(ctx context.Context, cr *corner, n int) (Ceiling, error) {
+	c := Ceiling{Key: ceilPostgres, Messages: n,
+		Name: fmt.Sprintf("Postgres claim (FOR UPDATE SKIP LOCKED, %d rows a batch, relayd's columns and index) + delete, %d workers", pgClaimBatch, pgClaimWorkers)}
+	if err := cr.fill(ctx, n); err != nil {
+		return c, err
+	}
+	tbl := cr.table.Ident()
+	claim := `SELECT id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts FROM ` + tbl + `
+	WHERE nats_delivered_at IS NULL AND nats_parked_at IS NULL AND done_at IS NULL
+	  AND (nats_retry_at IS NULL OR nats_retry_at <= now())
+	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+	del := `DELETE FROM ` + tbl + ` WHERE id = ANY($1::bigint[])`
+
+	var mu sync.Mutex
+	total := 0
+	var firstErr error
+	var wg sync.WaitGroup
+	snap := takeCPUSnap()
+	start := time.Now()
+	for range pgClaimWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				got, err := b.claimDelete(ctx, claim, del)
+				mu.Lock()
+				total += got
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+				if err != nil || got == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	c.CPU = cpuSplit(snap, takeCPUSnap(), n)
+	if firstErr != nil {
+		return c, firstErr
+	}
+	if total != n {
+		return c, fmt.Errorf("claimed %d rows, want %d", total, n)
+	}
+	c.measured(n, elapsed)
+	return c, nil
+}
+
+func (b *bench) claimDelete(ctx context.Context, claim, del string) (int, error) {
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	rows, err := tx.Query(ctx, claim, pgClaimBatch)
+	if err != nil {
+		return 0, err
+	}
+	var ids []int64
+	for rows.Next() {
+		var (
+			id                 int64
+			msgID, topic       string
+			key, headers       *string
+			payload            []byte
+			createdAt          time.Time
+			attemptA, attemptN int32
+		)
+		if err := rows.Scan(&id, &msgID, &topic, &key, &headers, &payload, &createdAt, &attemptA, &attemptN); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, tx.Commit(ctx)
+	}
+	if _, err := tx.Exec(ctx, del, ids); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return len(ids), nil
+}

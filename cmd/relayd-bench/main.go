@@ -1,0 +1,245 @@
+// Command relayd-bench measures how fast relayd is on this machine, against
+// the ceilings of the same machine's services: `make bench`.
+//
+// It measures, in one run and each alone:
+//
+//   - the ceilings: JetStream async publish with Nats-Msg-Id; RabbitMQ
+//     confirmed persistent publish through a topic exchange, with relayd's
+//     message properties and plain; Postgres claim (FOR UPDATE SKIP LOCKED)
+//     and delete; RabbitMQ consume with manual acks;
+//   - relay burn-down: a pre-filled outbox drained by 1 and 2 relayd
+//     processes at default settings, per migration phase (nats, amqp,
+//     amqp,nats): rows/s, CPU seconds per 10k rows, peak RSS;
+//   - relay latency, open loop: producers committing on a fixed timetable,
+//     commit → received from both brokers, p50/p90/p99/max;
+//   - backfill: a legacy queue moved into the stream by `relayd backfill`;
+//
+// then sets each relay figure against its ceiling and the targets, prints a
+// markdown table and writes the same as JSON. relayd runs as a subprocess
+// (built here unless -relayd names a binary), each measurement with its own
+// outbox table (in its own schema), stream, exchange and queue, removed
+// afterwards. -smoke runs every measurement small, in well under a minute:
+// the package's test runs it so the benchmark cannot rot.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// options is one benchmark run's configuration.
+type options struct {
+	DatabaseURL string
+	AMQPURL     string
+	NATSURL     string
+
+	// Relayd is a relayd binary to use; empty builds one into a temp dir.
+	Relayd string
+	// Version is stamped into the binary built (-X main.version).
+	Version string
+	// RelaydEnv is added to every relayd's environment: RELAY_* settings
+	// other than the defaults, for experiments. Empty for `make bench`.
+	RelaydEnv []string
+
+	Smoke bool
+	// Only, when set, runs only these sections (ceilings, burndown,
+	// latency, backfill); ratios to ceilings not measured are left out.
+	Only map[string]bool
+
+	Payload         int           // message size in bytes
+	CeilingMsgs     int           // messages (rows) per ceiling measurement
+	BurnRows        int           // rows per burn-down run
+	BurnTargets     []string      // RELAY_TARGETS of the burn-down runs
+	BurnInstances   []int         // relayd processes of the burn-down runs
+	BackfillMsgs    int           // messages in the legacy queue
+	LatencyRates    []int         // rows per second, one run each
+	LatencyCommits  int           // commits per second at most; rows per commit follow
+	LatencyWarmup   time.Duration // not measured
+	LatencyDuration time.Duration // measured, after the warm-up
+
+	Log io.Writer // progress lines
+}
+
+func defaultOptions(smoke bool) options {
+	o := options{
+		DatabaseURL:    envOr("RELAY_TEST_DATABASE_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
+		AMQPURL:        envOr("RELAY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		NATSURL:        envOr("RELAY_TEST_NATS_URL", "nats://127.0.0.1:4222"),
+		Version:        "bench",
+		Smoke:          smoke,
+		Payload:        1024,
+		LatencyRates:   []int{1000, 5000},
+		LatencyCommits: 200,
+		BurnTargets:    []string{"nats", "amqp", "amqp,nats"},
+		BurnInstances:  []int{1, 2},
+		Log:            os.Stderr,
+	}
+	if smoke {
+		o.CeilingMsgs, o.BurnRows, o.BackfillMsgs = 5000, 5000, 5000
+		o.LatencyWarmup, o.LatencyDuration = time.Second, 5*time.Second
+	} else {
+		o.CeilingMsgs, o.BurnRows, o.BackfillMsgs = 200_000, 200_000, 200_000
+		o.LatencyWarmup, o.LatencyDuration = 5*time.Second, 60*time.Second
+	}
+	return o
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	smoke := flag.Bool("smoke", false, "a short run of every measurement (seconds, not minutes): checks the benchmark works, its figures mean little")
+	out := flag.String("out", "bench-results.json", "write the results as JSON here (empty: don't)")
+	relayd := flag.String("relayd", "", "relayd binary to benchmark (default: go build ./cmd/relayd into a temp dir)")
+	version := flag.String("version", "", "version stamped into the relayd built (default: git describe)")
+	relaydEnv := flag.String("relayd-env", "", `extra settings for every relayd, space-separated, e.g. "RELAY_WORKERS=8" (default: relayd's defaults)`)
+	burnTargets := flag.String("burndown-targets", "", `burn-down phases, space-separated (default "nats amqp amqp,nats")`)
+	latencyRates := flag.String("latency-rates", "", `rows per second of the latency runs, space-separated (default "1000 5000")`)
+	latencyCommits := flag.Int("latency-commits", 0, "commits per second at most in the latency runs; rows per commit = rate / this (default 200)")
+	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,latency,backfill")
+	dbURL := flag.String("database-url", "", "Postgres (default: RELAY_TEST_DATABASE_URL or postgres://root@127.0.0.1:5432/test)")
+	amqpURL := flag.String("amqp-url", "", "RabbitMQ (default: RELAY_TEST_AMQP_URL or amqp://guest:guest@127.0.0.1:5672/)")
+	natsURL := flag.String("nats-url", "", "NATS with JetStream (default: RELAY_TEST_NATS_URL or nats://127.0.0.1:4222)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage: relayd-bench [flags]\n\nMeasures relayd against the ceilings of the local Postgres, RabbitMQ and NATS; prints a markdown table and writes JSON.\n\nFlags:\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+
+	o := defaultOptions(*smoke)
+	o.Relayd = *relayd
+	for _, v := range []struct {
+		dst *string
+		val string
+	}{{&o.DatabaseURL, *dbURL}, {&o.AMQPURL, *amqpURL}, {&o.NATSURL, *natsURL}} {
+		if v.val != "" {
+			*v.dst = v.val
+		}
+	}
+	o.Version = *version
+	if o.Version == "" {
+		o.Version = gitDescribe()
+	}
+	for _, kv := range strings.Fields(*relaydEnv) {
+		if !strings.HasPrefix(kv, "RELAY_") || !strings.Contains(kv, "=") {
+			fmt.Fprintf(os.Stderr, "relayd-bench: -relayd-env: %q is not RELAY_NAME=value\n", kv)
+			os.Exit(2)
+		}
+		o.RelaydEnv = append(o.RelaydEnv, kv)
+	}
+	if *latencyRates != "" {
+		o.LatencyRates = nil
+		for _, f := range strings.Fields(*latencyRates) {
+			r, err := strconv.Atoi(f)
+			if err != nil || r <= 0 {
+				fmt.Fprintf(os.Stderr, "relayd-bench: -latency-rates: %q is not a positive integer\n", f)
+				os.Exit(2)
+			}
+			o.LatencyRates = append(o.LatencyRates, r)
+		}
+	}
+	if *latencyCommits > 0 {
+		o.LatencyCommits = *latencyCommits
+	}
+	if *burnTargets != "" {
+		o.BurnTargets = strings.Fields(*burnTargets)
+	}
+	if *only != "" {
+		o.Only = map[string]bool{}
+		for _, s := range strings.Split(*only, ",") {
+			switch s = strings.TrimSpace(s); s {
+			case "ceilings", "burndown", "latency", "backfill":
+				o.Only[s] = true
+			default:
+				fmt.Fprintf(os.Stderr, "relayd-bench: -only: unknown section %q\n", s)
+				os.Exit(2)
+			}
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := run(ctx, o)
+	if res != nil {
+		writeTable(os.Stdout, res)
+		if *out != "" {
+			if werr := writeJSON(*out, res); werr != nil {
+				fmt.Fprintf(os.Stderr, "relayd-bench: %v\n", werr)
+				os.Exit(1)
+			}
+			fmt.Fprintf(os.Stderr, "results written to %s\n", *out)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "relayd-bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func (r *Results) finish(start time.Time) {
+	r.WallSeconds = round(time.Since(start).Seconds(), 1)
+	r.Machine.LoadEnd = loadAvg()
+	r.evaluate()
+}
+
+func writeJSON(path string, res *Results) error {
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// run measures everything o asks for. It returns what it measured even when
+// a later measurement failed.
+func run(ctx context.Context, o options) (*Results, error) {
+	start := time.Now()
+	b, err := newBench(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	res := &Results{
+		Schema:       1,
+		StartedAt:    start.UTC().Truncate(time.Second),
+		Smoke:        o.Smoke,
+		PayloadBytes: o.Payload,
+		Relayd:       b.relaydVersion,
+		RelaydEnv:    o.RelaydEnv,
+		Machine:      b.machine(ctx),
+	}
+	want := func(s string) bool { return o.Only == nil || o.Only[s] }
+	steps := []struct {
+		name string
+		fn   func(context.Context, *Results) error
+	}{
+		{"ceilings", b.ceilings},
+		{"burndown", b.burndowns},
+		{"latency", b.latencies},
+		{"backfill", b.backfillRun},
+	}
+	for _, s := range steps {
+		if !want(s.name) {
+			continue
+		}
+		if err := s.fn(ctx, res); err != nil {
+			res.finish(start)
+			return res, fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	res.finish(start)
+	return res, nil
+}

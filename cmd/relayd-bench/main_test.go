@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relayd/relayd/internal/testenv"
+)
+
+// TestSmoke runs the whole benchmark small (-smoke) against the real
+// services and checks that the JSON has every section with figures in it,
+// so that `make bench` cannot rot between the times someone runs it. The
+// figures themselves mean nothing at this size, least of all under -race.
+func TestSmoke(t *testing.T) {
+	o := defaultOptions(true)
+	o.DatabaseURL = testenv.DatabaseURL(t)
+	o.AMQPURL = testenv.AMQPURL(t)
+	o.NATSURL = testenv.NATSURL(t)
+	o.Version = "smoke-test"
+	o.Log = testLog{t}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	res, err := run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "bench-results.json")
+	if err := writeJSON(path, res); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+
+	positive := func(where string, obj any, keys ...string) {
+		t.Helper()
+		m, ok := obj.(map[string]any)
+		if !ok {
+			t.Errorf("%s: not an object: %v", where, obj)
+			return
+		}
+		for _, k := range keys {
+			if v, ok := m[k].(float64); !ok || v <= 0 {
+				t.Errorf("%s: %s = %v, want a positive number", where, k, m[k])
+			}
+		}
+	}
+	list := func(key string, want int) []any {
+		t.Helper()
+		l, _ := doc[key].([]any)
+		if len(l) != want {
+			t.Errorf("%s: %d entries, want %d:\n%s", key, len(l), want, data)
+		}
+		return l
+	}
+
+	positive("machine", doc["machine"], "cpus", "memory_gib")
+	positive("results", doc, "wall_seconds", "payload_bytes", "relayd_peak_rss_mib")
+	if doc["smoke"] != true {
+		t.Errorf("smoke = %v, want true", doc["smoke"])
+	}
+	keys := map[string]bool{}
+	for _, c := range list("ceilings", 7) {
+		positive("ceiling", c, "messages", "seconds", "per_second")
+		keys[c.(map[string]any)["key"].(string)] = true
+	}
+	for _, k := range []string{ceilJetStream, ceilAMQPRelayd, ceilAMQPPlain, ceilPostgres, ceilAMQPConsume, ceilCommitNotify, ceilCommitPlain} {
+		if !keys[k] {
+			t.Errorf("ceiling %s missing", k)
+		}
+	}
+	for _, bd := range list("burndown", len(o.BurnTargets)*len(o.BurnInstances)) {
+		positive("burndown "+bd.(map[string]any)["targets"].(string), bd,
+			"instances", "rows", "seconds", "rows_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib", "ceiling_per_second", "ratio")
+	}
+	for _, l := range list("latency", 2) {
+		positive("latency", l, "rate_per_second", "rows_per_commit", "committed", "received",
+			"p50_ms", "p90_ms", "p99_ms", "max_ms", "achieved_rate_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib")
+	}
+	positive("backfill", doc["backfill"], "messages", "moved", "seconds", "per_second", "cpu_seconds_per_10k_messages", "peak_rss_mib", "ceiling_per_second", "ratio")
+	// dual ×2, nats ×2, latency ×2, backfill, RSS.
+	for _, v := range list("targets", 8) {
+		positive("target "+v.(map[string]any)["target"].(string), v, "value", "limit")
+	}
+
+	var table bytes.Buffer
+	writeTable(&table, res)
+	for _, want := range []string{"| ceiling", "| relayd |", "| latency", "| target |", "targets met"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+	t.Logf("\n%s", table.String())
+}
+
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
