@@ -77,6 +77,11 @@ func newPool(ctx context.Context, cfg *config, maxConns int32) (*pgxpool.Pool, e
 	}
 	idle := 2*cfg.PublishTimeout + 30*time.Second
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(idle.Milliseconds(), 10)
+	// relayd's statements are short and repeated: were the claim ever run
+	// on a generic plan, JIT would compile it on every execution (~300 ms).
+	if rp["jit"] == "" {
+		rp["jit"] = "off"
+	}
 	cctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(cctx, pc)
