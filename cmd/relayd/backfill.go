@@ -66,10 +66,7 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	follow := fs.Bool("follow", false, "keep going after the queue is drained")
 	dryRun := fs.Bool("dry-run", false, "report what would happen; change nothing")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
-	var flagHelp strings.Builder
-	fs.SetOutput(&flagHelp)
-	fs.PrintDefaults()
-	if code, done := parseFlags(fs, args, stdout, stderr, backfillHelp+flagHelp.String()); done {
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, backfillHelp)); done {
 		return code
 	}
 	if *queue == "" {

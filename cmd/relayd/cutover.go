@@ -53,10 +53,7 @@ func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 	wait := fs.Bool("wait", false, "poll until every condition passes or --timeout")
 	timeout := fs.Duration("timeout", 30*time.Minute, "with --wait, give up after this long")
 	asJSON := fs.Bool("json", false, "print the verdict as JSON")
-	var flagHelp strings.Builder
-	fs.SetOutput(&flagHelp)
-	fs.PrintDefaults()
-	if code, done := parseFlags(fs, args, stdout, stderr, cutoverHelp+flagHelp.String()); done {
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, cutoverHelp)); done {
 		return code
 	}
 	if *consumer == "" {

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 
@@ -102,6 +103,14 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help 
 		return exitUsage, true
 	}
 	return 0, false
+}
+
+// withFlagDefaults appends fs's flags, with their defaults, to help.
+func withFlagDefaults(fs *flag.FlagSet, help string) string {
+	var b strings.Builder
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	return help + b.String()
 }
 
 // configOrExit loads the configuration, printing one line on failure.
