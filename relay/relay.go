@@ -254,8 +254,10 @@ func (r *Relay) work(ctx context.Context, id int) {
 			sleep(ctx, jitter(backoff))
 			continue
 		}
-		if n >= r.cfg.BatchSize {
-			continue // drain: there is probably more
+		if n >= max(1, r.cfg.BatchSize/2) {
+			// Drain: there is probably more. (Half: keyed rows come at
+			// most BatchSize/2 a batch, see store.claim.)
+			continue
 		}
 		if n == 0 && took > 5*time.Millisecond {
 			// A claim that found nothing yet took long walked past rows it

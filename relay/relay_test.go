@@ -681,3 +681,86 @@ func idToMsg(t *testing.T, f *fixture, id int64) string {
 	}
 	return m
 }
+
+// A key held by a waiting row (parked, or its retry not due) may have far
+// more later rows than a claim's keyed window: they must not crowd out the
+// other keys behind them.
+func TestHeldKeyLongerThanTheWindow(t *testing.T) {
+	t.Parallel()
+	for _, held := range []string{"parked", "retry"} {
+		t.Run(held, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			a := newFake(TargetAMQP)
+			const batch = 10 // window: keyWindow × 10 keyed rows
+			hot := f.insertKeyed(1, 3*keyWindow*batch)
+			var first int64
+			for id := range hot {
+				if first == 0 || id < first {
+					first = id
+				}
+			}
+			others := f.insertKeyed(5, 10) // keys k0..k4 again: k0 is the hot key
+			for id, k := range others {
+				if k == "k0" {
+					hot[id] = k
+					delete(others, id)
+				}
+			}
+			a.setFail(func(m *Message) error {
+				if m.ID != first {
+					return nil
+				}
+				if held == "parked" {
+					return Permanent("amqp: refused")
+				}
+				return errors.New("amqp: try later")
+			})
+			f.start(Config{Sinks: []Sink{a}, BatchSize: batch, Workers: 2, RetryMin: time.Hour, RetryMax: time.Hour})
+			testenv.Eventually(t, 20*time.Second, func() bool { return f.countDone() == len(others) },
+				"the %d rows of other keys not all done (%d)", len(others), f.countDone())
+			time.Sleep(300 * time.Millisecond)
+			if got := f.countDone(); got != len(others) {
+				t.Fatalf("%d rows done, want %d: the held key's rows went past its first", got, len(others))
+			}
+			for id := range others {
+				if n, _ := a.count(idToMsg(t, f, id)); n != 1 {
+					t.Fatalf("row %d of another key delivered %d times", id, n)
+				}
+			}
+		})
+	}
+}
+
+// In dual write with both brokers healthy, each row goes to both in one
+// batch and is written once: JetStream's claims do not run ahead of
+// RabbitMQ's (which would claim and rewrite every row twice).
+func TestDualWriteRecordsEachRowOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	const rows = 2000
+	f.insertKeyed(50, rows/2/50)
+	if _, err := f.pool.Exec(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, payload)
+		SELECT 'orders.u', '\x00' FROM generate_series(1, $1)`, rows/2); err != nil {
+		t.Fatal(err)
+	}
+	// Log every update of a row.
+	sch := `"` + f.table.Schema + `"`
+	if _, err := f.pool.Exec(context.Background(), `
+		CREATE TABLE `+sch+`.updates (id bigint NOT NULL);
+		CREATE FUNCTION `+sch+`.log_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO `+sch+`.updates VALUES (NEW.id); RETURN NULL; END $$;
+		CREATE TRIGGER log_update AFTER UPDATE ON `+f.table.Ident()+` FOR EACH ROW EXECUTE FUNCTION `+sch+`.log_update();`); err != nil {
+		t.Fatal(err)
+	}
+	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 100, Workers: 4})
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == rows }, "rows not all done")
+	var updates, twice int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*), count(*) - count(DISTINCT id) FROM `+sch+`.updates`).Scan(&updates, &twice); err != nil {
+		t.Fatal(err)
+	}
+	if updates != rows || twice != 0 {
+		t.Fatalf("%d row updates for %d rows (%d rows written more than once): want each row written once", updates, rows, twice)
+	}
+}

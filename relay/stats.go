@@ -67,9 +67,28 @@ func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, target
 	return out, nil
 }
 
+// pendingFirst is SQL for the first n rows owed to target p, in id order,
+// with the given columns: a merge of the target's two pending indexes
+// (unkeyed rows and keyed rows are indexed apart, for the claims).
+func pendingFirst(tbl, p, cols string, n int) string {
+	pending := fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
+	return fmt.Sprintf(`(SELECT * FROM (
+		(SELECT %[2]s FROM %[1]s WHERE key IS NULL AND %[3]s ORDER BY id LIMIT %[4]d)
+		UNION ALL
+		(SELECT %[2]s FROM %[1]s WHERE key IS NOT NULL AND %[3]s ORDER BY id LIMIT %[4]d)
+	) u ORDER BY id LIMIT %[4]d)`, tbl, cols, pending, n)
+}
+
+// pendingLast is SQL for the highest id owed to target p (NULL if none).
+func pendingLast(tbl, p string) string {
+	pending := fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
+	return fmt.Sprintf(`greatest(
+		(SELECT id FROM %[1]s WHERE key IS NULL AND %[2]s ORDER BY id DESC LIMIT 1),
+		(SELECT id FROM %[1]s WHERE key IS NOT NULL AND %[2]s ORDER BY id DESC LIMIT 1))`, tbl, pending)
+}
+
 func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Target) (TargetStats, error) {
 	tbl, p := table.Ident(), string(t)
-	pending := fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
 	s := TargetStats{Target: t}
 	var oldestID *int64
 	var oldestTopic *string
@@ -77,21 +96,20 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 	var lagSec *float64
 	var minID, maxID *int64
 	err := tx.QueryRow(ctx, fmt.Sprintf(`
-WITH head AS (
-	SELECT id, topic, created_at, %[3]s_retry_at FROM %[1]s WHERE %[2]s ORDER BY id LIMIT 100
-), first AS (
+WITH head AS %[1]s, first AS (
 	SELECT id, topic, created_at FROM head ORDER BY created_at, id LIMIT 1
-), win AS (
-	SELECT id, %[3]s_retry_at AS retry_at FROM %[1]s WHERE %[2]s ORDER BY id LIMIT %[4]d
-)
+), win AS %[2]s
 SELECT clock_timestamp(),
 	(SELECT count(*) FROM win),
 	(SELECT count(*) FROM win WHERE retry_at > now()),
 	(SELECT min(id) FROM win),
-	(SELECT id FROM %[1]s WHERE %[2]s ORDER BY id DESC LIMIT 1),
+	%[3]s,
 	first.id, first.topic, first.created_at,
 	extract(epoch FROM clock_timestamp() - first.created_at)::float8
-FROM (SELECT 1) one LEFT JOIN first ON true`, tbl, pending, p, ExactLimit)).
+FROM (SELECT 1) one LEFT JOIN first ON true`,
+		pendingFirst(tbl, p, "id, topic, created_at", 100),
+		pendingFirst(tbl, p, "id, "+p+"_retry_at AS retry_at", ExactLimit),
+		pendingLast(tbl, p))).
 		Scan(&s.At, &s.Pending, &s.Retrying, &minID, &maxID, &oldestID, &oldestTopic, &oldestAt, &lagSec)
 	if err != nil {
 		return s, err
@@ -112,10 +130,10 @@ FROM (SELECT 1) one LEFT JOIN first ON true`, tbl, pending, p, ExactLimit)).
 	}
 	var lastErr *string
 	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT last_error FROM (
-		(SELECT id, %[2]s_last_error AS last_error FROM %[1]s WHERE %[3]s ORDER BY id LIMIT %[4]d)
+		(SELECT id, last_error FROM %[3]s f)
 		UNION ALL
 		(SELECT id, %[2]s_last_error FROM %[1]s WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL)
-	) r WHERE last_error IS NOT NULL ORDER BY id DESC LIMIT 1`, tbl, p, pending, ExactLimit)).Scan(&lastErr)
+	) r WHERE last_error IS NOT NULL ORDER BY id DESC LIMIT 1`, tbl, p, pendingFirst(tbl, p, "id, "+p+"_last_error AS last_error", ExactLimit))).Scan(&lastErr)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return s, err
 	}

@@ -24,43 +24,8 @@ type store struct {
 
 func newStore(t schema.Table) *store {
 	tbl := t.Ident()
-	claimable := func(target Target) string {
-		p := string(target)
-		return fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL
-		  AND (%[1]s_retry_at IS NULL OR %[1]s_retry_at <= now())`, p)
-	}
-	// keyFree: a keyed row may go to a target only when no earlier row of
-	// its key is still owed to that target (in retry, in flight in another
-	// relay's batch, or — unless $4, skip parked — parked). Evaluated in the
-	// locking SELECT, so a later row of a key is claimed only by a statement
-	// that saw the earlier one delivered: its confirm came first.
-	keyFree := func(target Target) string {
-		p := string(target)
-		return fmt.Sprintf(`(key IS NULL OR NOT EXISTS (
-			SELECT 1 FROM %[1]s e WHERE e.key = %[1]s.key AND e.id < %[1]s.id
-			  AND e.%[2]s_delivered_at IS NULL AND e.done_at IS NULL
-			  AND (NOT $4::boolean OR e.%[2]s_parked_at IS NULL)))`, tbl, p)
-	}
-	const cols = `id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts`
 	return &store{
-		// Two branches, one per target, each walking its own partial index in
-		// id order and locking what it returns (SKIP LOCKED: rows another
-		// relay holds are left to it). The want_* flags are computed in the
-		// locking SELECT, so they describe the row version that was locked
-		// and not an older snapshot: a target another relay just recorded is
-		// never published again.
-		claimSQL: fmt.Sprintf(`
-WITH a AS (
-	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s AND %[6]s) AS want_nats
-	FROM %[1]s WHERE $1::boolean AND %[3]s AND %[5]s
-	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
-), n AS (
-	SELECT %[2]s, false AS want_amqp, true AS want_nats
-	FROM %[1]s WHERE $2::boolean AND %[4]s AND %[6]s AND id NOT IN (SELECT id FROM a)
-	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
-)
-SELECT * FROM a UNION ALL SELECT * FROM n ORDER BY id`, tbl, cols, claimable(TargetAMQP), claimable(TargetNATS), keyFree(TargetAMQP), keyFree(TargetNATS)),
-
+		claimSQL: claimSQL(tbl),
 		// One statement records a whole batch. Per target and row, the
 		// outcome is 0 not attempted, 1 delivered, 2 failed (retry after
 		// the backoff), 3 parked, 4 broker unavailable (retry after the
@@ -97,6 +62,97 @@ DELETE FROM %[1]s WHERE message_id IN (
 	}
 }
 
+// claimSQL claims a batch. Parameters: $1 and $2 whether amqp and nats are
+// active, $3 the batch size for unkeyed rows, $4 skip parked keys, $5 the
+// keyed window (see below), $6 the batch size for keyed rows.
+//
+// Per target, two walks, each over its own partial index in id order and
+// locking what it returns (SKIP LOCKED: rows another relay holds are left to
+// it); neither walks past the other's rows:
+//
+//   - unkeyed rows: every pending row is claimable;
+//   - keyed rows: a row may go to a target only when no earlier row of its
+//     key is still owed to that target (in retry, in flight in another
+//     relay's batch, or — unless $4, skip parked — parked). Such a row is the
+//     first row of its key owed to the target, of a key not held by a row
+//     whose retry is not due yet or (unless $4) that is parked. The claim
+//     looks for these among the oldest $5 keyed rows owed to the target,
+//     leaving out held keys: a prefix of them in id order, so the first row
+//     of a key in it is the first of its key. The heads and the locks come
+//     from one statement, one snapshot: a later row of a key is a candidate
+//     only when the earlier one is delivered in that snapshot — its confirm
+//     came first — and a head another relay holds is skipped (and its key
+//     with it), one it recorded meanwhile fails claimable on the locked
+//     version. The window bounds the cost of a claim that finds every key
+//     busy (first rows in flight elsewhere) to $5 index entries instead of
+//     the whole backlog; rows past it wait only while the rows before them
+//     are in flight.
+//
+// The want_* flags are computed in the locking SELECT, so they describe the
+// row version that was locked and not an older snapshot: a target another
+// relay just recorded is never published again.
+//
+// With both targets active, a row goes to both in the same batch and is
+// recorded once. The nats walks add only the rows RabbitMQ does not want now
+// (delivered, parked, in retry or held by its key) below the amqp walk's last
+// row, unless that walk came back short: JetStream catches up on its own
+// backlog at full speed, but does not run ahead of RabbitMQ, which would
+// claim and rewrite each row twice. A target that is down or paused is left
+// out ($1/$2 false), and the other then runs alone.
+func claimSQL(tbl string) string {
+	pending := func(p string) string {
+		return fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
+	}
+	claimable := func(p string) string {
+		return fmt.Sprintf(`%[1]s AND (%[2]s_retry_at IS NULL OR %[2]s_retry_at <= now())`, pending(p), p)
+	}
+	// heads: the first row of each key among the oldest $5 keyed rows owed
+	// to p, leaving out keys held by a row whose retry is not due yet or
+	// (unless $4) parked; the key_waiting index holds just those rows.
+	heads := func(p, active string) string {
+		return fmt.Sprintf(`SELECT DISTINCT ON (key) id FROM (
+		SELECT id, key FROM %[1]s WHERE %[3]s AND key IS NOT NULL AND %[4]s
+		  AND key NOT IN (SELECT key FROM %[1]s WHERE key IS NOT NULL AND %[2]s_delivered_at IS NULL AND done_at IS NULL
+		                    AND (%[2]s_retry_at IS NOT NULL OR %[2]s_parked_at IS NOT NULL)
+		                    AND ((%[2]s_parked_at IS NULL AND %[2]s_retry_at > now()) OR (%[2]s_parked_at IS NOT NULL AND NOT $4::boolean)))
+		ORDER BY id LIMIT $5) w ORDER BY key, id`, tbl, p, active, pending(p))
+	}
+	// below: the nats walk's bound, given the amqp walk of the same kind.
+	below := func(a, limit string) string {
+		return fmt.Sprintf(`id NOT IN (SELECT id FROM %[1]s)
+	  AND id < CASE WHEN $1::boolean AND (SELECT count(*) FROM %[1]s) >= %[2]s THEN (SELECT max(id) FROM %[1]s)
+	                ELSE 9223372036854775807 END`, a, limit)
+	}
+	const cols = `id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts`
+	return fmt.Sprintf(`
+WITH h_a AS MATERIALIZED (%[5]s
+), h_n AS MATERIALIZED (%[6]s
+), a_u AS (
+	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s) AS want_nats
+	FROM %[1]s WHERE $1::boolean AND key IS NULL AND %[3]s
+	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
+), a_k AS (
+	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s AND id IN (SELECT id FROM h_n)) AS want_nats
+	FROM %[1]s WHERE id = ANY (ARRAY(SELECT id FROM h_a)) AND key IS NOT NULL AND %[3]s
+	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
+), n_u AS (
+	SELECT %[2]s, false AS want_amqp, true AS want_nats
+	FROM %[1]s WHERE $2::boolean AND key IS NULL AND %[4]s AND %[7]s
+	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
+), n_k AS (
+	SELECT %[2]s, false AS want_amqp, true AS want_nats
+	FROM %[1]s WHERE id = ANY (ARRAY(SELECT id FROM h_n)) AND key IS NOT NULL AND %[4]s AND %[8]s
+	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
+)
+SELECT * FROM a_u UNION ALL SELECT * FROM a_k UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k ORDER BY id`,
+		tbl, cols, claimable("amqp"), claimable("nats"),
+		heads("amqp", "$1::boolean"), heads("nats", "$2::boolean"), below("a_u", "$3"), below("a_k", "$6"))
+}
+
+// keyWindow times the batch size is how many of the oldest keyed rows owed
+// to a target a claim looks at for keys it may advance.
+const keyWindow = 4
+
 // claimed is one claimed row and what to do with it.
 type claimed struct {
 	msg      Message
@@ -105,8 +161,12 @@ type claimed struct {
 	badRow   string // why the row can never be published (bad headers), or ""
 }
 
+// claim claims up to limit unkeyed rows and up to limit/2 keyed rows per
+// target. Keyed rows are capped at half a batch so that the keys in flight
+// spread over at least two workers: with few keys, one batch could
+// otherwise hold every key while the other workers find nothing to do.
 func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int, skipParked bool) ([]*claimed, error) {
-	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit, skipParked)
+	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit, skipParked, keyWindow*limit, max(1, limit/2))
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}

@@ -382,12 +382,12 @@ func (b *bench) amqpConsume(ctx context.Context, cr *corner, n int) (Ceiling, er
 func (b *bench) postgresCeiling(ctx context.Context, cr *corner, n int) (Ceiling, error) {
 	c := Ceiling{Key: ceilPostgres, Messages: n,
 		Name: fmt.Sprintf("Postgres claim (FOR UPDATE SKIP LOCKED, %d rows a batch, relayd's columns and index) + delete, %d workers", pgClaimBatch, pgClaimWorkers)}
-	if err := cr.fill(ctx, n); err != nil {
+	if err := cr.fill(ctx, n, 0); err != nil {
 		return c, err
 	}
 	tbl := cr.table.Ident()
 	claim := `SELECT id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts FROM ` + tbl + `
-	WHERE nats_delivered_at IS NULL AND nats_parked_at IS NULL AND done_at IS NULL
+	WHERE key IS NULL AND nats_delivered_at IS NULL AND nats_parked_at IS NULL AND done_at IS NULL
 	  AND (nats_retry_at IS NULL OR nats_retry_at <= now())
 	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 	del := `DELETE FROM ` + tbl + ` WHERE id = ANY($1::bigint[])`
