@@ -267,11 +267,14 @@ func (c *corner) close() {
 
 // fill inserts n rows of the benchmark payload in one statement, then
 // ANALYZEs the table and checkpoints, so that the measurement that follows
-// pays neither for stale statistics nor for the fill's dirty buffers.
-func (c *corner) fill(ctx context.Context, n int) error {
+// pays neither for stale statistics nor for the fill's dirty buffers. With
+// keys > 0 the rows carry that many distinct keys taking turns (row i has
+// key i mod keys), as many aggregates written at once do; with 0, no key.
+func (c *corner) fill(ctx context.Context, n, keys int) error {
 	tbl := c.table.Ident()
-	if _, err := c.b.pool.Exec(ctx, `INSERT INTO `+tbl+` (topic, payload) SELECT $1, $2::bytea FROM generate_series(1, $3)`,
-		topic, c.b.payload, n); err != nil {
+	if _, err := c.b.pool.Exec(ctx, `INSERT INTO `+tbl+` (topic, key, payload)
+		SELECT $1, CASE WHEN $4::int > 0 THEN 'key-' || (i % $4::int) END, $2::bytea FROM generate_series(1, $3) i`,
+		topic, c.b.payload, n, keys); err != nil {
 		return fmt.Errorf("fill %s: %w", c.table, err)
 	}
 	if _, err := c.b.pool.Exec(ctx, `ANALYZE `+tbl); err != nil {

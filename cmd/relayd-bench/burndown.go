@@ -8,12 +8,27 @@ import (
 )
 
 func (b *bench) burndowns(ctx context.Context, res *Results) error {
-	for _, targets := range b.o.BurnTargets {
+	type run struct {
+		targets string
+		keys    int
+	}
+	var runs []run
+	for _, t := range b.o.BurnTargets {
+		runs = append(runs, run{t, 0})
+	}
+	for _, t := range b.o.BurnKeyed {
+		runs = append(runs, run{t, b.o.BurnKeys})
+	}
+	for _, r := range runs {
 		for _, instances := range b.o.BurnInstances {
-			b.logf("burn-down: %s rows, RELAY_TARGETS=%s, %d instance(s)", thousands(float64(b.o.BurnRows)), targets, instances)
-			bd, note, err := b.burndown(ctx, targets, instances)
+			keyed := ""
+			if r.keys > 0 {
+				keyed = fmt.Sprintf(" over %s keys", thousands(float64(r.keys)))
+			}
+			b.logf("burn-down: %s rows%s, RELAY_TARGETS=%s, %d instance(s)", thousands(float64(b.o.BurnRows)), keyed, r.targets, instances)
+			bd, note, err := b.burndown(ctx, r.targets, instances, r.keys)
 			if err != nil {
-				return fmt.Errorf("%s ×%d: %w", targets, instances, err)
+				return fmt.Errorf("%s ×%d%s: %w", r.targets, instances, keyed, err)
 			}
 			b.logf("  %s rows/s, %.2f CPU s/10k rows, peak RSS %.0f MiB", thousands(bd.RowsPerSecond), bd.CPUSecondsPer10k, bd.PeakRSSMiB)
 			res.Burndown = append(res.Burndown, bd)
@@ -26,12 +41,12 @@ func (b *bench) burndowns(ctx context.Context, res *Results) error {
 	return nil
 }
 
-// burndown fills an outbox with BurnRows rows, starts instances relayd
-// processes at their default settings and times them from start until every
-// row is done.
-func (b *bench) burndown(ctx context.Context, targets string, instances int) (bd Burndown, note string, err error) {
+// burndown fills an outbox with BurnRows rows (null keys, or keys distinct
+// keys taking turns), starts instances relayd processes at their default
+// settings and times them from start until every row is done.
+func (b *bench) burndown(ctx context.Context, targets string, instances, keys int) (bd Burndown, note string, err error) {
 	n := b.o.BurnRows
-	bd = Burndown{Targets: targets, Instances: instances, Rows: n}
+	bd = Burndown{Targets: targets, Instances: instances, Rows: n, Keys: keys}
 	ts := strings.Split(targets, ",")
 	has := func(t string) bool {
 		for _, x := range ts {
@@ -46,7 +61,7 @@ func (b *bench) burndown(ctx context.Context, targets string, instances int) (bd
 		return bd, "", err
 	}
 	defer cr.close()
-	if err := cr.fill(ctx, n); err != nil {
+	if err := cr.fill(ctx, n, keys); err != nil {
 		return bd, "", err
 	}
 
@@ -59,7 +74,10 @@ func (b *bench) burndown(ctx context.Context, targets string, instances int) (bd
 	tbl := cr.table.Ident()
 	var owed []string
 	for _, t := range ts {
-		owed = append(owed, fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE %[2]s_delivered_at IS NULL AND %[2]s_parked_at IS NULL AND done_at IS NULL)`, tbl, t))
+		// Unkeyed and keyed rows have a pending index each.
+		for _, k := range []string{"key IS NULL", "key IS NOT NULL"} {
+			owed = append(owed, fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE %s AND %[3]s_delivered_at IS NULL AND %[3]s_parked_at IS NULL AND done_at IS NULL)`, tbl, k, t))
+		}
 	}
 	pendingSQL := `SELECT ` + strings.Join(owed, " OR ")
 

@@ -60,6 +60,8 @@ type options struct {
 	BurnRows        int           // rows per burn-down run
 	BurnTargets     []string      // RELAY_TARGETS of the burn-down runs
 	BurnInstances   []int         // relayd processes of the burn-down runs
+	BurnKeys        int           // distinct keys of the keyed burn-down runs (0: none)
+	BurnKeyed       []string      // RELAY_TARGETS of the keyed burn-down runs
 	BackfillMsgs    int           // messages in the legacy queue
 	LatencyRates    []int         // rows per second, one run each
 	LatencyCommits  int           // commits per second at most; rows per commit follow
@@ -81,6 +83,8 @@ func defaultOptions(smoke bool) options {
 		LatencyCommits: 200,
 		BurnTargets:    []string{"nats", "amqp", "amqp,nats"},
 		BurnInstances:  []int{1, 2},
+		BurnKeys:       1000,
+		BurnKeyed:      []string{"amqp,nats"},
 		Log:            os.Stderr,
 	}
 	if smoke {
@@ -107,6 +111,9 @@ func main() {
 	version := flag.String("version", "", "version stamped into the relayd built (default: git describe)")
 	relaydEnv := flag.String("relayd-env", "", `extra settings for every relayd, space-separated, e.g. "RELAY_WORKERS=8" (default: relayd's defaults)`)
 	burnTargets := flag.String("burndown-targets", "", `burn-down phases, space-separated (default "nats amqp amqp,nats")`)
+	burnKeyed := flag.String("burndown-keyed", "amqp,nats", `phases also burned down with keyed rows (per-key order), space-separated; each is set against the same phase's null-key run ("": none)`)
+	burnInstances := flag.String("burndown-instances", "", `relayd processes of each burn-down, space-separated (default "1 2")`)
+	burnKeys := flag.Int("keys", 1000, "distinct keys of the keyed burn-down runs, spread round-robin over the rows")
 	latencyRates := flag.String("latency-rates", "", `rows per second of the latency runs, space-separated (default "1000 5000")`)
 	latencyCommits := flag.Int("latency-commits", 0, "commits per second at most in the latency runs; rows per commit = rate / this (default 200)")
 	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,latency,backfill")
@@ -157,6 +164,23 @@ func main() {
 	if *burnTargets != "" {
 		o.BurnTargets = strings.Fields(*burnTargets)
 	}
+	o.BurnKeyed = strings.Fields(*burnKeyed)
+	if *burnInstances != "" {
+		o.BurnInstances = nil
+		for _, f := range strings.Fields(*burnInstances) {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 || n > 16 {
+				fmt.Fprintf(os.Stderr, "relayd-bench: -burndown-instances: %q is not a number of processes (1..16)\n", f)
+				os.Exit(2)
+			}
+			o.BurnInstances = append(o.BurnInstances, n)
+		}
+	}
+	if *burnKeys < 1 {
+		fmt.Fprintf(os.Stderr, "relayd-bench: -keys: %d is not a positive integer\n", *burnKeys)
+		os.Exit(2)
+	}
+	o.BurnKeys = *burnKeys
 	if *only != "" {
 		o.Only = map[string]bool{}
 		for _, s := range strings.Split(*only, ",") {

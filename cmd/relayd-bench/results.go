@@ -74,9 +74,12 @@ type Ceiling struct {
 
 // Burndown is one relay burn-down run.
 type Burndown struct {
-	Targets          string  `json:"targets"`
-	Instances        int     `json:"instances"`
-	Rows             int     `json:"rows"`
+	Targets   string `json:"targets"`
+	Instances int    `json:"instances"`
+	Rows      int    `json:"rows"`
+	// Keys is the number of distinct keys the rows take turns in (per-key
+	// order applies); 0 means every row has a null key.
+	Keys             int     `json:"keys,omitempty"`
 	Seconds          float64 `json:"seconds"`
 	RowsPerSecond    float64 `json:"rows_per_second"`
 	CPUSecondsPer10k float64 `json:"cpu_seconds_per_10k_rows"`
@@ -202,6 +205,15 @@ func (r *Results) evaluate() {
 	for i := range r.Burndown {
 		bd := &r.Burndown[i]
 		peak = math.Max(peak, bd.PeakRSSMiB)
+		if bd.Keys > 0 {
+			// Per-key order is set against the same run without keys.
+			if u := r.unkeyed(bd.Targets, bd.Instances); u != nil {
+				bd.Ceiling, bd.CeilingRate = "the same with null keys", u.RowsPerSecond
+				bd.Ratio = round(bd.RowsPerSecond/bd.CeilingRate, 2)
+				r.verdict(fmt.Sprintf("burn-down %s ×%d, %s keys: rows/s vs null keys", bd.Targets, bd.Instances, thousands(float64(bd.Keys))), bd.Ratio, ">=", 0.8)
+			}
+			continue
+		}
 		bd.Ceiling, bd.CeilingRate = r.relayCeiling(bd.Targets)
 		if bd.CeilingRate > 0 {
 			bd.Ratio = round(bd.RowsPerSecond/bd.CeilingRate, 2)
@@ -236,6 +248,16 @@ func (r *Results) evaluate() {
 	if peak > 0 {
 		r.verdict("relayd peak RSS, MiB (every process of the run)", peak, "<=", 100)
 	}
+}
+
+// unkeyed is the null-key burn-down run of these targets and instances.
+func (r *Results) unkeyed(targets string, instances int) *Burndown {
+	for i := range r.Burndown {
+		if bd := &r.Burndown[i]; bd.Keys == 0 && bd.Targets == targets && bd.Instances == instances {
+			return bd
+		}
+	}
+	return nil
 }
 
 func (r *Results) verdict(target string, value float64, op string, limit float64) {
@@ -285,10 +307,15 @@ func writeTable(w io.Writer, r *Results) {
 	if len(r.Burndown) > 0 || r.Backfill != nil {
 		fmt.Fprintf(w, "| relayd | rate | relayd CPU s / 10k | peak RSS | machine CPU busy | ceiling | ratio | target |\n|---|---:|---:|---:|---:|---|---:|---|\n")
 		for _, bd := range r.Burndown {
-			fmt.Fprintf(w, "| burn-down %s, %s rows, %s | %s rows/s | %.2f | %.0f MiB | %s | %s | %s | %s |\n",
-				bd.Targets, thousands(float64(bd.Rows)), instances(bd.Instances), thousands(bd.RowsPerSecond),
+			rows, verdict := thousands(float64(bd.Rows))+" rows", fmt.Sprintf("burn-down %s ×%d:", bd.Targets, bd.Instances)
+			if bd.Keys > 0 {
+				rows += " over " + thousands(float64(bd.Keys)) + " keys"
+				verdict = fmt.Sprintf("burn-down %s ×%d, %s keys:", bd.Targets, bd.Instances, thousands(float64(bd.Keys)))
+			}
+			fmt.Fprintf(w, "| burn-down %s, %s, %s | %s rows/s | %.2f | %.0f MiB | %s | %s | %s | %s |\n",
+				bd.Targets, rows, instances(bd.Instances), thousands(bd.RowsPerSecond),
 				bd.CPUSecondsPer10k, bd.PeakRSSMiB, busy(bd.CPU), ceilingCell(bd.Ceiling, bd.CeilingRate), ratioCell(bd.Ratio),
-				targetCell(r.verdictFor(fmt.Sprintf("burn-down %s ×%d:", bd.Targets, bd.Instances))))
+				targetCell(r.verdictFor(verdict)))
 		}
 		if bf := r.Backfill; bf != nil {
 			fmt.Fprintf(w, "| backfill, %s messages | %s msg/s | %.2f | %.0f MiB | %s | %s | %s | %s |\n",
