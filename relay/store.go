@@ -98,7 +98,9 @@ DELETE FROM %[1]s WHERE message_id IN (
 // row, unless that walk came back short: JetStream catches up on its own
 // backlog at full speed, but does not run ahead of RabbitMQ, which would
 // claim and rewrite each row twice. A target that is down or paused is left
-// out ($1/$2 false), and the other then runs alone.
+// out ($1/$2 false), and the other then runs alone. A row that is RabbitMQ's
+// next of its key too is left to the amqp walk (which took it, or another
+// relay holds it for both).
 func claimSQL(tbl string) string {
 	pending := func(p string) string {
 		return fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
@@ -117,36 +119,43 @@ func claimSQL(tbl string) string {
 		                    AND ((%[2]s_parked_at IS NULL AND %[2]s_retry_at > now()) OR (%[2]s_parked_at IS NOT NULL AND NOT $4::boolean)))
 		ORDER BY id LIMIT $5) w ORDER BY key, id`, tbl, p, active, pending(p))
 	}
-	// below: the nats walk's bound, given the amqp walk of the same kind.
-	below := func(a, limit string) string {
-		return fmt.Sprintf(`id NOT IN (SELECT id FROM %[1]s)
-	  AND id < CASE WHEN $1::boolean AND (SELECT count(*) FROM %[1]s) >= %[2]s THEN (SELECT max(id) FROM %[1]s)
+	// bound: the nats walks stay below the amqp walk of the same kind when
+	// that came back full.
+	bound := func(a, limit string) string {
+		return fmt.Sprintf(`id < CASE WHEN $1::boolean AND (SELECT count(*) FROM %[1]s) >= %[2]s THEN (SELECT max(id) FROM %[1]s)
 	                ELSE 9223372036854775807 END`, a, limit)
 	}
+	// natsFree: no earlier row of the key is owed to nats (for a row the
+	// amqp walk took: whether it goes to nats in the same batch).
+	natsFree := fmt.Sprintf(`NOT EXISTS (
+		SELECT 1 FROM %[1]s e WHERE e.key = %[1]s.key AND e.id < %[1]s.id
+		  AND e.nats_delivered_at IS NULL AND e.done_at IS NULL
+		  AND (NOT $4::boolean OR e.nats_parked_at IS NULL))`, tbl)
 	const cols = `id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts`
 	return fmt.Sprintf(`
 WITH h_a AS MATERIALIZED (%[5]s
-), h_n AS MATERIALIZED (%[6]s
 ), a_u AS (
 	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s) AS want_nats
 	FROM %[1]s WHERE $1::boolean AND key IS NULL AND %[3]s
 	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
 ), a_k AS (
-	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s AND id IN (SELECT id FROM h_n)) AS want_nats
+	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s AND %[8]s) AS want_nats
 	FROM %[1]s WHERE id = ANY (ARRAY(SELECT id FROM h_a)) AND key IS NOT NULL AND %[3]s
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
+), h_n AS MATERIALIZED (%[6]s
 ), n_u AS (
 	SELECT %[2]s, false AS want_amqp, true AS want_nats
-	FROM %[1]s WHERE $2::boolean AND key IS NULL AND %[4]s AND %[7]s
+	FROM %[1]s WHERE $2::boolean AND key IS NULL AND %[4]s AND id NOT IN (SELECT id FROM a_u) AND %[7]s
 	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
 ), n_k AS (
 	SELECT %[2]s, false AS want_amqp, true AS want_nats
-	FROM %[1]s WHERE id = ANY (ARRAY(SELECT id FROM h_n)) AND key IS NOT NULL AND %[4]s AND %[8]s
+	FROM %[1]s WHERE id = ANY (ARRAY(SELECT id FROM h_n EXCEPT SELECT id FROM h_a)) AND key IS NOT NULL AND %[4]s
+	  AND id NOT IN (SELECT id FROM a_k)
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
 )
 SELECT * FROM a_u UNION ALL SELECT * FROM a_k UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k ORDER BY id`,
 		tbl, cols, claimable("amqp"), claimable("nats"),
-		heads("amqp", "$1::boolean"), heads("nats", "$2::boolean"), below("a_u", "$3"), below("a_k", "$6"))
+		heads("amqp", "$1::boolean"), heads("nats", "$2::boolean AND "+bound("a_k", "$6")), bound("a_u", "$3"), natsFree)
 }
 
 // keyWindow times the batch size is how many of the oldest keyed rows owed
