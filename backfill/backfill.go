@@ -256,6 +256,7 @@ func (b *runner) preflight(ctx context.Context) error {
 // item is one delivery on its way.
 type item struct {
 	d       amqp.Delivery
+	acks    *acker // settles d
 	id      string
 	derived bool
 	subject string

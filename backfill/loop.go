@@ -73,6 +73,7 @@ func (b *runner) session(ctx context.Context) error {
 		return fmt.Errorf("%w: consume: %w", errLost, err)
 	}
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	acks := newAcker(ch)
 
 	var (
 		wg          sync.WaitGroup
@@ -99,7 +100,7 @@ func (b *runner) session(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			b.process(ctx, items, dlq)
+			b.process(ctx, acks, items, dlq)
 			inFlight.Add(-int64(len(items)))
 			b.progress()
 		}()
@@ -129,7 +130,7 @@ func (b *runner) session(ctx context.Context) error {
 				return fmt.Errorf("%w: consumer closed", errLost)
 			}
 			if b.cfg.Limit > 0 && reserved >= b.cfg.Limit {
-				d.Nack(false, true) //nolint:errcheck // beyond the limit: back to the queue
+				acks.requeue(d) //nolint:errcheck // beyond the limit: back to the queue
 				stop(nil)
 				continue
 			}
@@ -184,13 +185,13 @@ func (b *runner) session(ctx context.Context) error {
 	if drainedStop {
 		for len(late) > 0 {
 			n := min(len(late), batchMax)
-			b.process(ctx, late[:n], dlq)
+			b.process(ctx, acks, late[:n], dlq)
 			late = late[n:]
 		}
 		b.progress()
 	}
 	for _, d := range late {
-		d.Nack(false, true) //nolint:errcheck // returned to the queue
+		acks.requeue(d) //nolint:errcheck // returned to the queue
 	}
 
 	if n := b.heldCount(); n > 0 {
@@ -222,10 +223,11 @@ func (b *runner) heldCount() int {
 // process settles one batch: skip what JetStream already has, publish the
 // rest, record and ack what JetStream acked, dead-letter or hold what it
 // refuses for good, requeue the rest.
-func (b *runner) process(ctx context.Context, ds []amqp.Delivery, dlq *amqp.Channel) {
+func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, dlq *amqp.Channel) {
 	items := make([]*item, len(ds))
 	for i, d := range ds {
 		items[i] = b.prepare(d)
+		items[i].acks = acks
 	}
 	// A cancelled run still settles its batch: bounded by PublishTimeout.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.PublishTimeout+10*time.Second)
@@ -243,9 +245,7 @@ func (b *runner) process(ctx context.Context, ds []amqp.Delivery, dlq *amqp.Chan
 	for _, it := range items {
 		switch {
 		case known[it.id]:
-			if ackErr := it.d.Ack(false); ackErr == nil {
-				b.already.Add(1)
-			}
+			it.acks.ack(it.d, func() { b.already.Add(1) })
 		case it.bad != "":
 			b.refuse(wctx, it, it.bad, dlq)
 		default:
@@ -302,18 +302,17 @@ func (b *runner) process(ctx context.Context, ds []amqp.Delivery, dlq *amqp.Chan
 		b.log.Warn("backfill: could not record moved ids (a crash before the acks below would re-send them)", "error", err.Error())
 	}
 	for _, it := range moved {
-		if err := it.d.Ack(false); err != nil {
-			continue // channel gone: redelivered on reconnect, skipped by the record or deduped by JetStream
-		}
-		b.moved.Add(1)
-		if it.derived {
-			b.derived.Add(1)
-		}
+		it.acks.ack(it.d, func() {
+			b.moved.Add(1)
+			if it.derived {
+				b.derived.Add(1)
+			}
+		})
 	}
 }
 
 func (b *runner) requeue(it *item) {
-	if err := it.d.Nack(false, true); err == nil {
+	if err := it.acks.requeue(it.d); err == nil {
 		b.requeued.Add(1)
 	}
 }
@@ -376,7 +375,5 @@ func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *amqp.
 		b.requeue(it)
 		return
 	}
-	if it.d.Ack(false) == nil {
-		b.dead.Add(1)
-	}
+	it.acks.ack(it.d, func() { b.dead.Add(1) })
 }

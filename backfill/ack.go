@@ -1,0 +1,75 @@
+package backfill
+
+import (
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// acker settles one channel's deliveries. Delivery tags count up from 1 on
+// a channel, and batches finish out of order; acks go out as one
+// multiple-ack for each run of settled tags from the lowest unsettled one —
+// a frame and a write per run instead of per message, for the backfill and
+// for RabbitMQ. Requeues go out at once, one by one. A multiple-ack never
+// covers a delivery still in flight: the run stops at the first unsettled
+// tag.
+type acker struct {
+	ch amqp.Acknowledger
+
+	mu      sync.Mutex
+	next    uint64            // lowest tag not yet settled
+	settled map[uint64]func() // settled tags above next: an ack's callback, or nil for a requeue already sent
+}
+
+func newAcker(ch amqp.Acknowledger) *acker {
+	return &acker{ch: ch, next: 1, settled: map[uint64]func(){}}
+}
+
+// ack acks d once every earlier delivery is settled too, then calls done
+// (if the ack reached the channel; if it did not, the channel is gone and
+// RabbitMQ redelivers the message).
+func (a *acker) ack(d amqp.Delivery, done func()) {
+	if done == nil {
+		done = func() {}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.settled[d.DeliveryTag] = done
+	a.advance()
+}
+
+// requeue returns d to the queue now.
+func (a *acker) requeue(d amqp.Delivery) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	err := a.ch.Nack(d.DeliveryTag, false, true)
+	a.settled[d.DeliveryTag] = nil
+	a.advance()
+	return err
+}
+
+func (a *acker) advance() {
+	var last uint64
+	var done []func()
+	for {
+		fn, ok := a.settled[a.next]
+		if !ok {
+			break
+		}
+		delete(a.settled, a.next)
+		if fn != nil {
+			last = a.next
+			done = append(done, fn)
+		}
+		a.next++
+	}
+	if last == 0 {
+		return
+	}
+	if err := a.ch.Ack(last, true); err != nil {
+		return // channel gone: redelivered on reconnect, skipped by the record or deduped by JetStream
+	}
+	for _, fn := range done {
+		fn()
+	}
+}

@@ -1,0 +1,53 @@
+package backfill
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+type recAck struct{ calls []string }
+
+func (r *recAck) Ack(tag uint64, multiple bool) error {
+	r.calls = append(r.calls, fmt.Sprintf("ack %d %v", tag, multiple))
+	return nil
+}
+
+func (r *recAck) Nack(tag uint64, multiple, requeue bool) error {
+	r.calls = append(r.calls, fmt.Sprintf("nack %d %v %v", tag, multiple, requeue))
+	return nil
+}
+
+func (r *recAck) Reject(tag uint64, requeue bool) error {
+	r.calls = append(r.calls, fmt.Sprintf("reject %d %v", tag, requeue))
+	return nil
+}
+
+// Acks go out as multiple-acks over runs of settled tags and never cover a
+// delivery still in flight; requeues go out at once.
+func TestAckerNeverCoversUnsettled(t *testing.T) {
+	r := &recAck{}
+	a := newAcker(r)
+	d := func(tag uint64) amqp.Delivery { return amqp.Delivery{DeliveryTag: tag} }
+	acked := map[uint64]bool{}
+	ack := func(tag uint64) { a.ack(d(tag), func() { acked[tag] = true }) }
+
+	ack(2)
+	ack(3) // 1 in flight: nothing may go out
+	if len(r.calls) != 0 || len(acked) != 0 {
+		t.Fatalf("acked past an unsettled delivery: %v", r.calls)
+	}
+	a.requeue(d(5)) // out at once, on its own
+	ack(1)          // 1..3 settled: one multiple-ack up to 3
+	ack(6)          // 4 in flight
+	a.requeue(d(4)) // 4..6 settled: 4 and 5 requeued already, ack 6
+	want := []string{"nack 5 false true", "ack 3 true", "nack 4 false true", "ack 6 true"}
+	if !reflect.DeepEqual(r.calls, want) {
+		t.Fatalf("calls %v, want %v", r.calls, want)
+	}
+	if len(acked) != 4 || !acked[1] || !acked[2] || !acked[3] || !acked[6] {
+		t.Fatalf("done callbacks for %v, want 1, 2, 3, 6", acked)
+	}
+}
