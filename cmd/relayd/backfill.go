@@ -105,7 +105,7 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()
 		rep.register(reg)
-		srv, err := startHTTP(cfg.MetricsAddr, reg, func(context.Context) []string { return nil }, log)
+		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, reg, func(context.Context) []string { return nil }, log)
 		if err != nil {
 			log.Error("backfill", "error", err.Error())
 			return exitFailure

@@ -43,6 +43,7 @@ type config struct {
 	AMQPExchange      string        `env:"RELAY_AMQP_EXCHANGE, default=outbox"`
 	OutboxTable       string        `env:"RELAY_OUTBOX_TABLE, default=outbox"`
 	MetricsAddr       string        `env:"RELAY_METRICS_ADDR, default=127.0.0.1:9090"`
+	PProf             bool          `env:"RELAY_PPROF, default=false"`
 	Provision         bool          `env:"RELAY_PROVISION, default=false"`
 
 	BatchSize      int           `env:"RELAY_BATCH_SIZE, default=500"`

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"time"
 
@@ -178,7 +179,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}, log)
 
 	if cfg.MetricsAddr != "" {
-		srv, err := startHTTP(cfg.MetricsAddr, reg, readiness(pool, r), log)
+		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, reg, readiness(pool, r), log)
 		if err != nil {
 			return err
 		}
@@ -294,7 +295,7 @@ func readiness(pool *pgxpool.Pool, r *relay.Relay) func(context.Context) []strin
 	}
 }
 
-func startHTTP(addr string, reg *prometheus.Registry, ready func(context.Context) []string, log *slog.Logger) (*http.Server, error) {
+func startHTTP(addr string, pprofOn bool, reg *prometheus.Registry, ready func(context.Context) []string, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener (RELAY_METRICS_ADDR=%s): %w", addr, err)
@@ -313,7 +314,17 @@ func startHTTP(addr string, reg *prometheus.Registry, ready func(context.Context
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, version+"\n") })
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	if pprofOn {
+		// Go's profiler, for finding where time goes (go tool pprof
+		// http://ADDR/debug/pprof/profile). Off by default: it is not for
+		// the open network.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics server", "error", err.Error())
