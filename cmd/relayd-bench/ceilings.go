@@ -18,9 +18,15 @@ const (
 	jsInFlight        = 4096
 	amqpInFlight      = 2000
 	consumePrefetch   = 1000
+	consumeAckEvery   = 256 // the backfill's batch
 	pgClaimBatch      = 500
 	pgClaimWorkers    = 4
 	consumeIdleBudget = 30 * time.Second
+
+	// Between measurements the machine settles: at most settleMax, until
+	// less than settleBusy of its CPU is busy.
+	settleMax  = 10 * time.Second
+	settleBusy = 0.25
 )
 
 // ceilings measures each service alone, one after the other.
@@ -157,11 +163,22 @@ func (b *bench) withCorner(ctx context.Context, spec cornerSpec, fn func(*corner
 // settle gives the services a moment to finish background work of the
 // previous measurement (queue and stream deletion, flushes) before the next.
 func (b *bench) settle(ctx context.Context) {
-	d := time.Second
 	if b.o.Smoke {
-		d = 100 * time.Millisecond
+		sleepCtx(ctx, 100*time.Millisecond) //nolint:errcheck // cancellation is seen by the next step
+		return
 	}
-	sleepCtx(ctx, d) //nolint:errcheck // cancellation is seen by the next step
+	// At least a second, then until the machine is mostly idle (the
+	// services finishing the last step's work: RabbitMQ's message store,
+	// Postgres's checkpoint and autovacuum), at most settleMax.
+	deadline := time.Now().Add(settleMax)
+	sleepCtx(ctx, time.Second) //nolint:errcheck // cancellation is seen by the next step
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		a := takeCPUSnap()
+		sleepCtx(ctx, 500*time.Millisecond) //nolint:errcheck // as above
+		if busy, ok := machineBusy(a, takeCPUSnap()); !ok || busy < settleBusy {
+			return
+		}
+	}
 }
 
 // jetstreamCeiling publishes n messages asynchronously with Nats-Msg-Id to a
@@ -326,10 +343,12 @@ func (b *bench) amqpPublish(ctx context.Context, cr *corner, n int, relaydProps 
 }
 
 // amqpConsume drains n messages from the corner's queue with manual acks,
-// one ack per message as the backfill does, prefetch consumePrefetch.
+// prefetch consumePrefetch, acking as the backfill does: a multiple-ack per
+// run of up to consumeAckEvery settled messages (and whenever no more
+// deliveries are waiting).
 func (b *bench) amqpConsume(ctx context.Context, cr *corner, n int) (Ceiling, error) {
 	c := Ceiling{Key: ceilAMQPConsume, Messages: n,
-		Name: fmt.Sprintf("RabbitMQ consume, prefetch %s, manual ack of each message (as the backfill acks), the messages above", thousands(consumePrefetch))}
+		Name: fmt.Sprintf("RabbitMQ consume, prefetch %s, manual multiple-acks of up to %d messages (as the backfill acks), the messages above", thousands(consumePrefetch), consumeAckEvery)}
 	conn, err := amqp.Dial(b.o.AMQPURL)
 	if err != nil {
 		return c, err
@@ -350,16 +369,20 @@ func (b *bench) amqpConsume(ctx context.Context, cr *corner, n int) (Ceiling, er
 	}
 	idle := time.NewTimer(consumeIdleBudget)
 	defer idle.Stop()
+	unacked := 0
 	for got := 0; got < n; {
 		select {
 		case d, ok := <-deliveries:
 			if !ok {
 				return c, fmt.Errorf("consumer closed after %d of %d", got, n)
 			}
-			if err := d.Ack(false); err != nil {
-				return c, err
-			}
 			got++
+			if unacked++; unacked >= consumeAckEvery || got == n || len(deliveries) == 0 {
+				if err := d.Ack(true); err != nil {
+					return c, err
+				}
+				unacked = 0
+			}
 			if got%1000 == 0 {
 				idle.Reset(consumeIdleBudget)
 			}

@@ -121,3 +121,13 @@ func cpuSplit(a, b cpuSnap, n int, ours ...*proc) *CPUSplit {
 	s.Relayd, s.Bench, s.Other = round(per10k(relayd), 2), round(per10k(bench), 2), round(per10k(other), 2)
 	return s
 }
+
+// machineBusy is the share of the machine's CPU busy between two snapshots;
+// false where /proc/stat cannot be read.
+func machineBusy(a, b cpuSnap) (float64, bool) {
+	total := b.total - a.total
+	if b.total <= a.total || total == 0 {
+		return 0, false
+	}
+	return 1 - float64(b.idl-a.idl)/float64(total), true
+}
