@@ -34,6 +34,7 @@ type fakeSink struct {
 	order  []int64        // row ids in the order they were confirmed
 	down   error          // Ready's answer
 	fail   func(*Message) error
+	most   int // the most messages one Publish call was given
 }
 
 func newFake(t Target) *fakeSink {
@@ -63,6 +64,7 @@ func (f *fakeSink) setFail(fn func(*Message) error) {
 func (f *fakeSink) Publish(_ context.Context, msgs []*Message, results []error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.most = max(f.most, len(msgs))
 	for i, m := range msgs {
 		f.tries[m.MessageID]++
 		if f.down != nil {
@@ -762,5 +764,10 @@ func TestDualWriteRecordsEachRowOnce(t *testing.T) {
 	}
 	if updates != rows || twice != 0 {
 		t.Fatalf("%d row updates for %d rows (%d rows written more than once): want each row written once", updates, rows, twice)
+	}
+	// Keyed and unkeyed rows share a batch: RabbitMQ never gets more than
+	// BatchSize rows of one (the bound on re-sends after a crash).
+	if a.most > 100 {
+		t.Fatalf("a batch published %d rows to RabbitMQ, more than BatchSize 100", a.most)
 	}
 }

@@ -63,8 +63,10 @@ DELETE FROM %[1]s WHERE message_id IN (
 }
 
 // claimSQL claims a batch. Parameters: $1 and $2 whether amqp and nats are
-// active, $3 the batch size for unkeyed rows, $4 skip parked keys, $5 the
-// keyed window (see below), $6 the batch size for keyed rows.
+// active, $3 the batch size, $4 skip parked keys, $5 the keyed window (see
+// below), $6 the most keyed rows a batch takes per target. RabbitMQ gets at
+// most $3 rows a batch: keyed ones first (at most $6), then unkeyed ones, so
+// neither kind can starve the other.
 //
 // Per target, two walks, each over its own partial index in id order and
 // locking what it returns (SKIP LOCKED: rows another relay holds are left to
@@ -134,14 +136,14 @@ func claimSQL(tbl string) string {
 	const cols = `id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts`
 	return fmt.Sprintf(`
 WITH h_a AS MATERIALIZED (%[5]s
-), a_u AS (
-	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s) AS want_nats
-	FROM %[1]s WHERE $1::boolean AND key IS NULL AND %[3]s
-	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
 ), a_k AS (
 	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s AND %[8]s) AS want_nats
 	FROM %[1]s WHERE id = ANY (ARRAY(SELECT id FROM h_a)) AND key IS NOT NULL AND %[3]s
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
+), a_u AS (
+	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s) AS want_nats
+	FROM %[1]s WHERE $1::boolean AND key IS NULL AND %[3]s
+	ORDER BY id LIMIT $3 - (SELECT count(*) FROM a_k) FOR UPDATE SKIP LOCKED
 ), h_n AS MATERIALIZED (%[6]s
 ), n_u AS (
 	SELECT %[2]s, false AS want_amqp, true AS want_nats
@@ -153,9 +155,10 @@ WITH h_a AS MATERIALIZED (%[5]s
 	  AND id NOT IN (SELECT id FROM a_k)
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
 )
-SELECT * FROM a_u UNION ALL SELECT * FROM a_k UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k ORDER BY id`,
+SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k ORDER BY id`,
 		tbl, cols, claimable("amqp"), claimable("nats"),
-		heads("amqp", "$1::boolean"), heads("nats", "$2::boolean AND "+bound("a_k", "$6")), bound("a_u", "$3"), natsFree)
+		heads("amqp", "$1::boolean"), heads("nats", "$2::boolean AND "+bound("a_k", "$6")),
+		bound("a_u", "$3 - (SELECT count(*) FROM a_k)"), natsFree)
 }
 
 // keyWindow times the batch size is how many of the oldest keyed rows owed
@@ -170,9 +173,9 @@ type claimed struct {
 	badRow   string // why the row can never be published (bad headers), or ""
 }
 
-// claim claims up to limit unkeyed rows and up to limit/2 keyed rows per
-// target. Keyed rows are capped at half a batch so that the keys in flight
-// spread over at least two workers: with few keys, one batch could
+// claim claims a batch of up to limit rows per target, at most half of
+// them keyed: so that unkeyed rows always get half a batch, and the keys in
+// flight spread over at least two workers — with few keys, one batch could
 // otherwise hold every key while the other workers find nothing to do.
 func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int, skipParked bool) ([]*claimed, error) {
 	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit, skipParked, keyWindow*limit, max(1, limit/2))
