@@ -48,8 +48,9 @@ type TargetStats struct {
 const ExactLimit = 10000
 
 // ReadStats reads each target's backlog. Every query is backed by the
-// target's partial index of pending rows (or the parked index), so the cost
-// does not grow with the backlog beyond ExactLimit index entries.
+// target's partial indexes of pending rows, unkeyed and keyed (or the parked
+// index), so the cost does not grow with the backlog beyond ExactLimit index
+// entries.
 func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target) ([]TargetStats, error) {
 	out := make([]TargetStats, 0, len(targets))
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
