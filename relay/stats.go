@@ -72,7 +72,7 @@ func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, target
 // with the given columns: a merge of the target's two pending indexes
 // (unkeyed rows and keyed rows are indexed apart, for the claims).
 func pendingFirst(tbl, p, cols string, n int) string {
-	pending := fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
+	pending := owed(p)
 	return fmt.Sprintf(`(SELECT * FROM (
 		(SELECT %[2]s FROM %[1]s WHERE key IS NULL AND %[3]s ORDER BY id LIMIT %[4]d)
 		UNION ALL
@@ -82,7 +82,7 @@ func pendingFirst(tbl, p, cols string, n int) string {
 
 // pendingLast is SQL for the highest id owed to target p (NULL if none).
 func pendingLast(tbl, p string) string {
-	pending := fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
+	pending := owed(p)
 	return fmt.Sprintf(`greatest(
 		(SELECT id FROM %[1]s WHERE key IS NULL AND %[2]s ORDER BY id DESC LIMIT 1),
 		(SELECT id FROM %[1]s WHERE key IS NOT NULL AND %[2]s ORDER BY id DESC LIMIT 1))`, tbl, pending)

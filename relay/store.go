@@ -104,11 +104,8 @@ DELETE FROM %[1]s WHERE message_id IN (
 // next of its key too is left to the amqp walk (which took it, or another
 // relay holds it for both).
 func claimSQL(tbl string) string {
-	pending := func(p string) string {
-		return fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
-	}
 	claimable := func(p string) string {
-		return fmt.Sprintf(`%[1]s AND (%[2]s_retry_at IS NULL OR %[2]s_retry_at <= now())`, pending(p), p)
+		return fmt.Sprintf(`%[1]s AND (%[2]s_retry_at IS NULL OR %[2]s_retry_at <= now())`, owed(p), p)
 	}
 	// heads: the first row of each key among the oldest $5 keyed rows owed
 	// to p, leaving out keys held by a row whose retry is not due yet or
@@ -119,7 +116,7 @@ func claimSQL(tbl string) string {
 		  AND key NOT IN (SELECT key FROM %[1]s WHERE key IS NOT NULL AND %[2]s_delivered_at IS NULL AND done_at IS NULL
 		                    AND (%[2]s_retry_at IS NOT NULL OR %[2]s_parked_at IS NOT NULL)
 		                    AND ((%[2]s_parked_at IS NULL AND %[2]s_retry_at > now()) OR (%[2]s_parked_at IS NOT NULL AND NOT $4::boolean)))
-		ORDER BY id LIMIT $5) w ORDER BY key, id`, tbl, p, active, pending(p))
+		ORDER BY id LIMIT $5) w ORDER BY key, id`, tbl, p, active, owed(p))
 	}
 	// bound: the nats walks stay below the amqp walk of the same kind when
 	// that came back full.
@@ -159,6 +156,12 @@ SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION 
 		tbl, cols, claimable("amqp"), claimable("nats"),
 		heads("amqp", "$1::boolean"), heads("nats", "$2::boolean AND "+bound("a_k", "$6")),
 		bound("a_u", "$3 - (SELECT count(*) FROM a_k)"), natsFree)
+}
+
+// owed is the condition of a row still owed to target p (not delivered, not
+// parked, not done): the predicate of the target's pending indexes.
+func owed(p string) string {
+	return fmt.Sprintf(`%[1]s_delivered_at IS NULL AND %[1]s_parked_at IS NULL AND done_at IS NULL`, p)
 }
 
 // keyWindow times the batch size is how many of the oldest keyed rows owed
