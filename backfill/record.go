@@ -10,7 +10,8 @@ import (
 )
 
 // known returns the ids JetStream already has or will get without the
-// backfill: delivered by the relay (or still owed by it: the relay will
+// backfill: delivered by the relay (recorded in the delivered table, or
+// still in the outbox delivered to JetStream or owed to it: the relay will
 // deliver those itself), or moved by an earlier backfill run.
 func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, error) {
 	var uuids, all []string
@@ -27,7 +28,9 @@ SELECT message_id::text FROM %s
 WHERE message_id = ANY($1::uuid[])
   AND (nats_delivered_at IS NOT NULL OR (done_at IS NULL AND nats_parked_at IS NULL))
 UNION ALL
-SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.Backfilled()), uuids, all)
+SELECT message_id::text FROM %s WHERE message_id = ANY($1::uuid[]) AND nats_delivered_at IS NOT NULL
+UNION ALL
+SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.Delivered(), b.cfg.Table.Backfilled()), uuids, all)
 	if err != nil {
 		return nil, err
 	}

@@ -266,10 +266,14 @@ func (p *proc) running() bool {
 	}
 }
 
-// counts returns how many rows are committed, and delivered to each target.
+// counts returns how many rows are committed, and delivered to each target:
+// rows still in the outbox (owed to a target) and rows recorded in the
+// delivered table (delivered to every target, gone from the outbox).
 func (e *env) counts() (total, amqpN, natsN int) {
 	e.t.Helper()
-	err := e.pool.QueryRow(context.Background(), `SELECT count(*), count(amqp_delivered_at), count(nats_delivered_at) FROM `+e.table.Ident()).
+	err := e.pool.QueryRow(context.Background(), `SELECT count(*), count(amqp_delivered_at), count(nats_delivered_at) FROM (
+		SELECT amqp_delivered_at, nats_delivered_at FROM `+e.table.Ident()+`
+		UNION ALL SELECT amqp_delivered_at, nats_delivered_at FROM `+e.table.Delivered()+`) r`).
 		Scan(&total, &amqpN, &natsN)
 	if err != nil {
 		e.t.Fatalf("count rows: %v", err)
@@ -277,10 +281,12 @@ func (e *env) counts() (total, amqpN, natsN int) {
 	return
 }
 
-// committedIDs returns the message ids of every row in the table.
+// committedIDs returns the message ids of every committed row: in the
+// outbox or recorded delivered.
 func (e *env) committedIDs() map[string]bool {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT message_id::text FROM `+e.table.Ident())
+	rows, err := e.pool.Query(context.Background(), `SELECT message_id::text FROM `+e.table.Ident()+`
+		UNION ALL SELECT message_id::text FROM `+e.table.Delivered())
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -44,8 +44,8 @@ func scrape(t *testing.T, addr, name string) map[string]float64 {
 		switch {
 		case m.Gauge != nil:
 			out[target] = m.GetGauge().GetValue()
-		case m.Counter != nil:
-			out[target] = m.GetCounter().GetValue()
+		case m.Counter != nil: // summed over the other labels
+			out[target] += m.GetCounter().GetValue()
 		}
 	}
 	return out

@@ -205,7 +205,7 @@ func TestMigrationPhases(t *testing.T) {
 	load.paused.Store(false)
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var n int
-		e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Ident()+` WHERE amqp_delivered_at IS NULL AND nats_delivered_at IS NOT NULL`).Scan(&n)
+		e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Delivered()+` WHERE amqp_delivered_at IS NULL AND nats_delivered_at IS NOT NULL`).Scan(&n)
 		return n > 200
 	}, "no rows relayed in phase 4")
 	ids := load.halt()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
@@ -172,6 +173,9 @@ type rowState struct {
 	amqpErr, natsErr                   string
 }
 
+// state is a row's delivery state: from the outbox while a target still
+// owes it, else from the delivered table (done; attempts and errors are not
+// kept there).
 func (f *fixture) state(id string) rowState {
 	f.t.Helper()
 	var s rowState
@@ -180,6 +184,11 @@ func (f *fixture) state(id string) rowState {
 		amqp_parked_at IS NOT NULL, nats_parked_at IS NOT NULL, amqp_attempts, nats_attempts, amqp_last_error, nats_last_error
 		FROM `+f.table.Ident()+` WHERE message_id = $1`, id).
 		Scan(&s.amqpDelivered, &s.natsDelivered, &s.done, &s.amqpParked, &s.natsParked, &s.amqpAttempts, &s.natsAttempts, &ae, &ne)
+	if errors.Is(err, pgx.ErrNoRows) {
+		s.done = true
+		err = f.pool.QueryRow(context.Background(), `SELECT amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL
+			FROM `+f.table.Delivered()+` WHERE message_id = $1`, id).Scan(&s.amqpDelivered, &s.natsDelivered)
+	}
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -192,11 +201,18 @@ func (f *fixture) state(id string) rowState {
 	return s
 }
 
+// countDone counts the rows every enabled target has: those recorded in the
+// delivered table, and gone from the outbox. It fails the test if a row is
+// in both.
 func (f *fixture) countDone() int {
 	f.t.Helper()
-	var n int
-	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table.Ident()+` WHERE done_at IS NOT NULL`).Scan(&n); err != nil {
+	var n, both int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*), count(o.id) FROM `+f.table.Delivered()+` d
+		LEFT JOIN `+f.table.Ident()+` o ON o.id = d.id`).Scan(&n, &both); err != nil {
 		f.t.Fatal(err)
+	}
+	if both != 0 {
+		f.t.Fatalf("%d rows recorded delivered are still in the outbox", both)
 	}
 	return n
 }
@@ -283,14 +299,23 @@ func TestConfirmedTargetNotResentOnOtherTargetsRetries(t *testing.T) {
 		return nil
 	})
 	ids := f.insert(1, "orders.created")
-	f.start(Config{Sinks: []Sink{a, n}})
+	// Retries 200-400 ms apart: long enough to see the state between them.
+	f.start(Config{Sinks: []Sink{a, n}, RetryMin: 400 * time.Millisecond, RetryMax: 400 * time.Millisecond})
+	// While JetStream owes the row, the outbox keeps its attempts and last
+	// error, and RabbitMQ's delivery.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		s := f.state(ids[0])
+		return !s.done && s.amqpDelivered && s.amqpAttempts == 1 && s.natsAttempts >= 1 && strings.Contains(s.natsErr, "stream busy")
+	}, "no retry state recorded")
 	testenv.Eventually(t, 20*time.Second, func() bool { return f.state(ids[0]).done }, "row not done")
-	s := f.state(ids[0])
+	if s := f.state(ids[0]); !s.amqpDelivered || !s.natsDelivered {
+		t.Fatalf("state %+v: want delivered to both", s)
+	}
 	if ga, ta := a.count(ids[0]); ga != 1 || ta != 1 {
 		t.Fatalf("amqp got/tried %d/%d times, want 1/1", ga, ta)
 	}
-	if s.natsAttempts != 4 || s.amqpAttempts != 1 || !strings.Contains(s.natsErr, "stream busy") {
-		t.Fatalf("state %+v: want 4 nats attempts with the last error kept, 1 amqp attempt", s)
+	if gn, tn := n.count(ids[0]); gn != 1 || tn != 4 {
+		t.Fatalf("nats got/tried %d/%d times, want 1/4", gn, tn)
 	}
 }
 
@@ -395,7 +420,8 @@ func TestStopFinishesInFlightBatch(t *testing.T) {
 	}
 }
 
-// Rows delivered longer ago than Retention are deleted; others stay.
+// The record of delivered ids older than Retention is deleted, and so are
+// rows marked done in the outbox before migration 00005; others stay.
 func TestCleanupKeepsRetention(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -414,13 +440,18 @@ func TestCleanupKeepsRetention(t *testing.T) {
 	}
 	exec(`UPDATE `+f.table.Ident()+` SET amqp_delivered_at = now(), done_at = now() - interval '2 hours' WHERE message_id = ANY($1::uuid[])`, ids[:2100])
 	exec(`UPDATE `+f.table.Ident()+` SET amqp_delivered_at = now(), done_at = now() - interval '1 minute' WHERE message_id = ANY($1::uuid[])`, ids[2100:2400])
+	// The delivered table: 2300 ids recorded two hours ago, 200 a minute ago.
+	exec(`INSERT INTO ` + f.table.Delivered() + ` (id, message_id, amqp_delivered_at, done_at)
+		SELECT -g, gen_random_uuid(), now(), now() - CASE WHEN g <= 2300 THEN interval '2 hours' ELSE interval '1 minute' END
+		FROM generate_series(1, 2500) g`)
 	if err := r.CleanupOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var left, leftDone int
-	f.pool.QueryRow(ctx, `SELECT count(*), count(done_at) FROM `+f.table.Ident()).Scan(&left, &leftDone)
-	if left != 400 || leftDone != 300 {
-		t.Fatalf("after cleanup: %d rows (%d done), want 400 (300 done)", left, leftDone)
+	var left, leftDone, leftDelivered int
+	f.pool.QueryRow(ctx, `SELECT count(*), count(done_at), (SELECT count(*) FROM `+f.table.Delivered()+`) FROM `+f.table.Ident()).
+		Scan(&left, &leftDone, &leftDelivered)
+	if left != 400 || leftDone != 300 || leftDelivered != 200 {
+		t.Fatalf("after cleanup: %d rows (%d done) and %d delivered ids, want 400 (300 done) and 200", left, leftDone, leftDelivered)
 	}
 }
 
@@ -678,7 +709,8 @@ func TestParkedRowHoldsItsKeyOnly(t *testing.T) {
 func idToMsg(t *testing.T, f *fixture, id int64) string {
 	t.Helper()
 	var m string
-	if err := f.pool.QueryRow(context.Background(), `SELECT message_id::text FROM `+f.table.Ident()+` WHERE id = $1`, id).Scan(&m); err != nil {
+	if err := f.pool.QueryRow(context.Background(), `SELECT message_id::text FROM `+f.table.Ident()+` WHERE id = $1
+		UNION ALL SELECT message_id::text FROM `+f.table.Delivered()+` WHERE id = $1`, id).Scan(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m
@@ -747,27 +779,84 @@ func TestDualWriteRecordsEachRowOnce(t *testing.T) {
 		SELECT 'orders.u', '\x00' FROM generate_series(1, $1)`, rows/2); err != nil {
 		t.Fatal(err)
 	}
-	// Log every update of a row.
+	// Log every update and delete of a row.
 	sch := `"` + f.table.Schema + `"`
 	if _, err := f.pool.Exec(context.Background(), `
-		CREATE TABLE `+sch+`.updates (id bigint NOT NULL);
+		CREATE TABLE `+sch+`.updates (id bigint NOT NULL, op text NOT NULL);
 		CREATE FUNCTION `+sch+`.log_update() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN INSERT INTO `+sch+`.updates VALUES (NEW.id); RETURN NULL; END $$;
-		CREATE TRIGGER log_update AFTER UPDATE ON `+f.table.Ident()+` FOR EACH ROW EXECUTE FUNCTION `+sch+`.log_update();`); err != nil {
+		BEGIN INSERT INTO `+sch+`.updates VALUES (OLD.id, TG_OP); RETURN NULL; END $$;
+		CREATE TRIGGER log_update AFTER UPDATE OR DELETE ON `+f.table.Ident()+` FOR EACH ROW EXECUTE FUNCTION `+sch+`.log_update();`); err != nil {
 		t.Fatal(err)
 	}
 	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 100, Workers: 4})
 	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == rows }, "rows not all done")
-	var updates, twice int
-	if err := f.pool.QueryRow(context.Background(), `SELECT count(*), count(*) - count(DISTINCT id) FROM `+sch+`.updates`).Scan(&updates, &twice); err != nil {
+	// Each row is written once: deleted (and recorded delivered) by the
+	// batch that had both confirms, never updated first.
+	var writes, deletes, twice int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE op = 'DELETE'), count(*) - count(DISTINCT id) FROM `+sch+`.updates`).
+		Scan(&writes, &deletes, &twice); err != nil {
 		t.Fatal(err)
 	}
-	if updates != rows || twice != 0 {
-		t.Fatalf("%d row updates for %d rows (%d rows written more than once): want each row written once", updates, rows, twice)
+	if writes != rows || deletes != rows || twice != 0 {
+		t.Fatalf("%d row writes (%d deletes) for %d rows (%d rows written more than once): want each row deleted once, nothing else", writes, deletes, rows, twice)
 	}
 	// Keyed and unkeyed rows share a batch: RabbitMQ never gets more than
 	// BatchSize rows of one (the bound on re-sends after a crash).
 	if a.most > 100 {
 		t.Fatalf("a batch published %d rows to RabbitMQ, more than BatchSize 100", a.most)
+	}
+}
+
+// slowSink takes a while per batch, like a broker's confirm round trip.
+type slowSink struct {
+	*fakeSink
+	delay time.Duration
+}
+
+func (s *slowSink) Publish(ctx context.Context, msgs []*Message, results []error) {
+	time.Sleep(s.delay)
+	s.fakeSink.Publish(ctx, msgs, results)
+}
+
+// With a backlog, claims start past the newest row this relay claimed (so
+// that they do not step over the rows its other batches hold), yet a row
+// behind that point that becomes claimable — here one another relay held
+// and released — is taken within a PollInterval or so, not after the
+// backlog.
+func TestRowBehindTheClaimFloorIsTakenDuringABacklog(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	first := f.insert(1, "orders.first")[0]
+	const backlog = 20000
+	f.insert(backlog, "orders.created")
+
+	// Another relay holds the first row.
+	ctx := context.Background()
+	other, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx) //nolint:errcheck // released below
+	if _, err := other.Exec(ctx, `SELECT 1 FROM `+f.table.Ident()+` WHERE message_id = $1 FOR UPDATE`, first); err != nil {
+		t.Fatal(err)
+	}
+
+	n := &slowSink{fakeSink: newFake(TargetNATS), delay: 50 * time.Millisecond}
+	// 4 workers × 50 rows per 50 ms: the backlog lasts 5 s or more.
+	f.start(Config{Sinks: []Sink{n}, BatchSize: 50, Workers: 4, PollInterval: 100 * time.Millisecond})
+	testenv.Eventually(t, 20*time.Second, func() bool { return n.total() >= 1000 }, "relay not started")
+	if got, _ := n.count(first); got != 0 {
+		t.Fatal("the held row was published")
+	}
+	if err := other.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { got, _ := n.count(first); return got == 1 }, "released row never published")
+	if left := backlog + 1 - n.total(); left < 5000 {
+		t.Fatalf("the released row was published with %d rows left: want it taken during the backlog, not after", left)
+	}
+	testenv.Eventually(t, 60*time.Second, func() bool { return f.countDone() == backlog+1 }, "rows not all done")
+	if got, _ := n.count(first); got != 1 {
+		t.Fatalf("released row published %d times", got)
 	}
 }

@@ -18,6 +18,8 @@ type store struct {
 	claimSQL   string
 	recordSQL  string
 	cleanupSQL string
+	// cleanupDeliveredSQL trims the record of delivered ids.
+	cleanupDeliveredSQL string
 	// cleanupBackfilledSQL trims the backfill's record of moved ids.
 	cleanupBackfilledSQL string
 }
@@ -26,34 +28,56 @@ func newStore(t schema.Table) *store {
 	tbl := t.Ident()
 	return &store{
 		claimSQL: claimSQL(tbl),
-		// One statement records a whole batch. Per target and row, the
-		// outcome is 0 not attempted, 1 delivered, 2 failed (retry after
-		// the backoff), 3 parked, 4 broker unavailable (retry after the
-		// backoff, not counted as an attempt: an outage must not use up
-		// MaxAttempts). done_at is set once every enabled target has the row.
+		// One statement records a whole batch, in two parts.
+		//
+		// Rows still owed to an enabled target are updated ($1..$7). Per
+		// target and row, the outcome is 0 not attempted, 1 delivered, 2
+		// failed (retry after the backoff), 3 parked, 4 broker unavailable
+		// (retry after the backoff, not counted as an attempt: an outage
+		// must not use up MaxAttempts).
+		//
+		// Rows every enabled target now has ($8..$10: id, and per target
+		// whether it was delivered in this batch) are deleted and their ids
+		// written to the delivered table: a delete and a narrow insert cost
+		// Postgres a fraction of rewriting the whole row (migration 00005).
+		// The caller tells the two apart from the claimed row versions,
+		// which this transaction holds locked, so they cannot have changed.
 		recordSQL: fmt.Sprintf(`
-UPDATE %[1]s o SET
-	amqp_delivered_at = CASE WHEN u.a = 1 THEN clock_timestamp() ELSE o.amqp_delivered_at END,
-	amqp_attempts     = o.amqp_attempts + (u.a IN (1, 2, 3))::int,
-	amqp_retry_at     = CASE WHEN u.a IN (2, 4) THEN clock_timestamp() + u.ab * interval '1 millisecond' WHEN u.a = 1 THEN NULL ELSE o.amqp_retry_at END,
-	amqp_parked_at    = CASE WHEN u.a = 3 THEN clock_timestamp() ELSE o.amqp_parked_at END,
-	amqp_last_error   = CASE WHEN u.a IN (2, 3, 4) THEN u.ae ELSE o.amqp_last_error END,
-	nats_delivered_at = CASE WHEN u.n = 1 THEN clock_timestamp() ELSE o.nats_delivered_at END,
-	nats_attempts     = o.nats_attempts + (u.n IN (1, 2, 3))::int,
-	nats_retry_at     = CASE WHEN u.n IN (2, 4) THEN clock_timestamp() + u.nb * interval '1 millisecond' WHEN u.n = 1 THEN NULL ELSE o.nats_retry_at END,
-	nats_parked_at    = CASE WHEN u.n = 3 THEN clock_timestamp() ELSE o.nats_parked_at END,
-	nats_last_error   = CASE WHEN u.n IN (2, 3, 4) THEN u.ne ELSE o.nats_last_error END,
-	done_at = CASE WHEN (NOT $8::boolean OR u.a = 1 OR o.amqp_delivered_at IS NOT NULL)
-	               AND (NOT $9::boolean OR u.n = 1 OR o.nats_delivered_at IS NOT NULL)
-	          THEN clock_timestamp() END
-FROM unnest($1::bigint[], $2::smallint[], $3::text[], $4::bigint[], $5::smallint[], $6::text[], $7::bigint[])
-	AS u(id, a, ae, ab, n, ne, nb)
-WHERE o.id = u.id`, tbl),
+WITH upd AS (
+	UPDATE %[1]s o SET
+		amqp_delivered_at = CASE WHEN u.a = 1 THEN clock_timestamp() ELSE o.amqp_delivered_at END,
+		amqp_attempts     = o.amqp_attempts + (u.a IN (1, 2, 3))::int,
+		amqp_retry_at     = CASE WHEN u.a IN (2, 4) THEN clock_timestamp() + u.ab * interval '1 millisecond' WHEN u.a = 1 THEN NULL ELSE o.amqp_retry_at END,
+		amqp_parked_at    = CASE WHEN u.a = 3 THEN clock_timestamp() ELSE o.amqp_parked_at END,
+		amqp_last_error   = CASE WHEN u.a IN (2, 3, 4) THEN u.ae ELSE o.amqp_last_error END,
+		nats_delivered_at = CASE WHEN u.n = 1 THEN clock_timestamp() ELSE o.nats_delivered_at END,
+		nats_attempts     = o.nats_attempts + (u.n IN (1, 2, 3))::int,
+		nats_retry_at     = CASE WHEN u.n IN (2, 4) THEN clock_timestamp() + u.nb * interval '1 millisecond' WHEN u.n = 1 THEN NULL ELSE o.nats_retry_at END,
+		nats_parked_at    = CASE WHEN u.n = 3 THEN clock_timestamp() ELSE o.nats_parked_at END,
+		nats_last_error   = CASE WHEN u.n IN (2, 3, 4) THEN u.ne ELSE o.nats_last_error END
+	FROM unnest($1::bigint[], $2::smallint[], $3::text[], $4::bigint[], $5::smallint[], $6::text[], $7::bigint[])
+		AS u(id, a, ae, ab, n, ne, nb)
+	WHERE o.id = u.id
+), del AS (
+	DELETE FROM %[1]s o USING unnest($8::bigint[], $9::boolean[], $10::boolean[]) AS d(id, a, n)
+	WHERE o.id = d.id
+	RETURNING o.message_id, o.id,
+		CASE WHEN d.a THEN clock_timestamp() ELSE o.amqp_delivered_at END AS amqp_at,
+		CASE WHEN d.n THEN clock_timestamp() ELSE o.nats_delivered_at END AS nats_at
+)
+INSERT INTO %[2]s (id, message_id, amqp_delivered_at, nats_delivered_at, done_at)
+SELECT id, message_id, amqp_at, nats_at, clock_timestamp() FROM del`, tbl, t.Delivered()),
 
+		// Rows marked done in the outbox by relayd before migration 00005.
 		cleanupSQL: fmt.Sprintf(`
 DELETE FROM %[1]s WHERE id IN (
 	SELECT id FROM %[1]s WHERE done_at < now() - $1 * interval '1 millisecond'
 	ORDER BY done_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, tbl),
+
+		cleanupDeliveredSQL: fmt.Sprintf(`
+DELETE FROM %[1]s WHERE id IN (
+	SELECT id FROM %[1]s WHERE done_at < now() - $1 * interval '1 millisecond'
+	ORDER BY done_at LIMIT $2)`, t.Delivered()),
 
 		cleanupBackfilledSQL: fmt.Sprintf(`
 DELETE FROM %[1]s WHERE message_id IN (
@@ -64,7 +88,8 @@ DELETE FROM %[1]s WHERE message_id IN (
 
 // claimSQL claims a batch. Parameters: $1 and $2 whether amqp and nats are
 // active, $3 the batch size, $4 skip parked keys, $5 the keyed window (see
-// below), $6 the most keyed rows a batch takes per target. RabbitMQ gets at
+// below), $6 the most keyed rows a batch takes per target, $7 the floor of
+// the unkeyed walks (see Relay.claimFloor; 0 walks from the oldest row). RabbitMQ gets at
 // most $3 rows a batch: keyed ones first (at most $6), then unkeyed ones, so
 // neither kind can starve the other.
 //
@@ -130,7 +155,8 @@ func claimSQL(tbl string) string {
 		SELECT 1 FROM %[1]s e WHERE e.key = %[1]s.key AND e.id < %[1]s.id
 		  AND e.nats_delivered_at IS NULL AND e.done_at IS NULL
 		  AND (NOT $4::boolean OR e.nats_parked_at IS NULL))`, tbl)
-	const cols = `id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts`
+	const cols = `id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts,
+		amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL`
 	return fmt.Sprintf(`
 WITH h_a AS MATERIALIZED (%[5]s
 ), a_k AS (
@@ -139,12 +165,12 @@ WITH h_a AS MATERIALIZED (%[5]s
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
 ), a_u AS (
 	SELECT %[2]s, true AS want_amqp, ($2::boolean AND %[4]s) AS want_nats
-	FROM %[1]s WHERE $1::boolean AND key IS NULL AND %[3]s
+	FROM %[1]s WHERE $1::boolean AND key IS NULL AND %[3]s AND id > $7::bigint
 	ORDER BY id LIMIT $3 - (SELECT count(*) FROM a_k) FOR UPDATE SKIP LOCKED
 ), h_n AS MATERIALIZED (%[6]s
 ), n_u AS (
 	SELECT %[2]s, false AS want_amqp, true AS want_nats
-	FROM %[1]s WHERE $2::boolean AND key IS NULL AND %[4]s AND id NOT IN (SELECT id FROM a_u) AND %[7]s
+	FROM %[1]s WHERE $2::boolean AND key IS NULL AND %[4]s AND id > $7::bigint AND id NOT IN (SELECT id FROM a_u) AND %[7]s
 	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
 ), n_k AS (
 	SELECT %[2]s, false AS want_amqp, true AS want_nats
@@ -173,15 +199,19 @@ type claimed struct {
 	msg      Message
 	want     [2]bool // indexed like Targets
 	attempts [2]int32
-	badRow   string // why the row can never be published (bad headers), or ""
+	// delivered: the target had the row before this batch.
+	delivered [2]bool
+	badRow    string // why the row can never be published (bad headers), or ""
 }
 
 // claim claims a batch of up to limit rows per target, at most half of
 // them keyed: so that unkeyed rows always get half a batch, and the keys in
 // flight spread over at least two workers — with few keys, one batch could
 // otherwise hold every key while the other workers find nothing to do.
-func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int, skipParked bool) ([]*claimed, error) {
-	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit, skipParked, keyWindow*limit, max(1, limit/2))
+//
+// floor > 0 starts the unkeyed walks past that id (see Relay.claimFloor).
+func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int, skipParked bool, floor int64) ([]*claimed, error) {
+	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit, skipParked, keyWindow*limit, max(1, limit/2), floor)
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}
@@ -191,7 +221,8 @@ func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int,
 		c := &claimed{}
 		var key, headers *string
 		if err := rows.Scan(&c.msg.ID, &c.msg.MessageID, &c.msg.Topic, &key, &headers, &c.msg.Payload,
-			&c.msg.CreatedAt, &c.attempts[0], &c.attempts[1], &c.want[0], &c.want[1]); err != nil {
+			&c.msg.CreatedAt, &c.attempts[0], &c.attempts[1], &c.delivered[0], &c.delivered[1],
+			&c.want[0], &c.want[1]); err != nil {
 			return nil, fmt.Errorf("claim batch: scan: %w", err)
 		}
 		if key != nil {
@@ -235,26 +266,40 @@ const (
 	outcomeOutage    = 4
 )
 
-// batchRecord collects a batch's outcomes column-wise for recordSQL.
+// batchRecord collects a batch's outcomes column-wise for recordSQL: rows
+// still owed to an enabled target, and rows every enabled target now has.
 type batchRecord struct {
+	enabled [2]bool // the targets a row must reach to be done
+
 	ids     []int64
 	outcome [2][]int16
 	errText [2][]string
 	backoff [2][]int64 // milliseconds
+
+	doneIDs []int64
+	doneNow [2][]bool // delivered in this batch (else before)
 }
 
-func newBatchRecord(n int) *batchRecord {
-	b := &batchRecord{ids: make([]int64, 0, n)}
+func newBatchRecord(n int, enabled [2]bool) *batchRecord {
+	return &batchRecord{enabled: enabled, ids: make([]int64, 0, n), doneIDs: make([]int64, 0, n)}
+}
+
+// add records one claimed row's outcomes.
+func (b *batchRecord) add(c *claimed, outcome [2]int16, errText [2]string, backoff [2]time.Duration) {
+	done := true
 	for i := range 2 {
-		b.outcome[i] = make([]int16, 0, n)
-		b.errText[i] = make([]string, 0, n)
-		b.backoff[i] = make([]int64, 0, n)
+		if b.enabled[i] && !c.delivered[i] && outcome[i] != outcomeDelivered {
+			done = false
+		}
 	}
-	return b
-}
-
-func (b *batchRecord) add(id int64, outcome [2]int16, errText [2]string, backoff [2]time.Duration) {
-	b.ids = append(b.ids, id)
+	if done {
+		b.doneIDs = append(b.doneIDs, c.msg.ID)
+		for i := range 2 {
+			b.doneNow[i] = append(b.doneNow[i], outcome[i] == outcomeDelivered)
+		}
+		return
+	}
+	b.ids = append(b.ids, c.msg.ID)
 	for i := range 2 {
 		b.outcome[i] = append(b.outcome[i], outcome[i])
 		b.errText[i] = append(b.errText[i], errText[i])
@@ -262,11 +307,11 @@ func (b *batchRecord) add(id int64, outcome [2]int16, errText [2]string, backoff
 	}
 }
 
-func (s *store) record(ctx context.Context, tx pgx.Tx, b *batchRecord, enabled [2]bool) error {
+func (s *store) record(ctx context.Context, tx pgx.Tx, b *batchRecord) error {
 	_, err := tx.Exec(ctx, s.recordSQL, b.ids,
 		b.outcome[0], b.errText[0], b.backoff[0],
 		b.outcome[1], b.errText[1], b.backoff[1],
-		enabled[0], enabled[1])
+		b.doneIDs, b.doneNow[0], b.doneNow[1])
 	if err != nil {
 		return fmt.Errorf("record batch: %w", err)
 	}

@@ -116,6 +116,10 @@ func (t Table) Channel() string {
 // it moved into JetStream.
 func (t Table) Backfilled() string { return t.qualify(t.Name + "_backfilled") }
 
+// Delivered is the table in which the relay records the message ids of rows
+// it delivered to every enabled target, as it deletes them from the outbox.
+func (t Table) Delivered() string { return t.qualify(t.Name + "_delivered") }
+
 // versionTable is goose's record of applied migrations for this table.
 func (t Table) versionTable() string {
 	if t.Schema == "" {

@@ -57,8 +57,9 @@ type Config struct {
 	// connections for the whole run (its session temporary tables live
 	// there); it never writes to the outbox tables.
 	DB *pgxpool.Pool
-	// Table is the outbox table; its _backfilled table is checked too when
-	// it exists. Required.
+	// Table is the outbox table; its _delivered table (rows delivered to
+	// every target, which leave the outbox) is read with it, and its
+	// _backfilled table is checked too when it exists. Required.
 	Table schema.Table
 	// JS reaches the stream. Required.
 	JS jetstream.JetStream
@@ -318,13 +319,23 @@ CREATE TEMP TABLE `+tmpBackfill+` (msg_id text NOT NULL, at timestamptz NOT NULL
 	return nil
 }
 
-// snapshotLedgers copies the window's ids from the outbox and the backfill
-// record into temporary tables, server side.
+// snapshotLedgers copies the window's ids from the outbox, the delivered
+// table and the backfill record into temporary tables, server side.
 func (r *run) snapshotLedgers(ctx context.Context) error {
 	t := r.cfg.Table
+	// Rows delivered to every target are in the delivered table; rows still
+	// owed to RabbitMQ (and rows done before migration 00005) in the
+	// outbox. done_at >= nats_delivered_at, so the first bound of the
+	// delivered table's walk can use its done_at index. An id a producer
+	// inserted again after its first row was delivered counts once.
 	tag, err := r.conn.Exec(ctx, `INSERT INTO `+tmpOutbox+` (msg_id, at)
-SELECT message_id::text, nats_delivered_at FROM `+t.Ident()+`
-WHERE nats_delivered_at >= $1 AND nats_delivered_at <= $2`, r.cfg.Since, r.cfg.Until)
+SELECT DISTINCT ON (msg_id) msg_id, at FROM (
+	SELECT message_id::text AS msg_id, nats_delivered_at AS at FROM `+t.Ident()+`
+	WHERE nats_delivered_at >= $1 AND nats_delivered_at <= $2
+	UNION ALL
+	SELECT message_id::text, nats_delivered_at FROM `+t.Delivered()+`
+	WHERE done_at >= $1 AND nats_delivered_at >= $1 AND nats_delivered_at <= $2
+) w ORDER BY msg_id, at`, r.cfg.Since, r.cfg.Until)
 	if isUndefinedTable(err) {
 		return fmt.Errorf("%w: %s (run `relayd migrate`)", ErrNoTable, t)
 	}
