@@ -75,8 +75,8 @@ DELETE FROM %[1]s WHERE id IN (
 	ORDER BY done_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, tbl),
 
 		cleanupDeliveredSQL: fmt.Sprintf(`
-DELETE FROM %[1]s WHERE id IN (
-	SELECT id FROM %[1]s WHERE done_at < now() - $1 * interval '1 millisecond'
+DELETE FROM %[1]s WHERE (done_at, id) IN (
+	SELECT done_at, id FROM %[1]s WHERE done_at < now() - $1 * interval '1 millisecond'
 	ORDER BY done_at LIMIT $2)`, t.Delivered()),
 
 		cleanupBackfilledSQL: fmt.Sprintf(`

@@ -11,17 +11,18 @@
 -- done in the outbox before this migration stay there until the retention
 -- deletes them, and are read as before.
 --
--- Keyed by the outbox row's id, which is never reused: the insert needs no
--- uniqueness check on message_id (a random uuid, the costly index to
--- maintain). message_id is unique in the outbox, but a producer may insert
--- an id again after its first row was delivered and left: both deliveries
--- are recorded.
+-- Two indexes, each insert cheap to maintain: the primary key in time order
+-- (appends; the retention deletes from its start), and message_id for the
+-- backfill's lookups, without a uniqueness check (a random uuid is the
+-- costly index to maintain). message_id is unique in the outbox, but a
+-- producer may insert an id again after its first row was delivered and
+-- left: both deliveries are recorded. id is the outbox row's id.
 CREATE TABLE {{.Qualified "delivered"}} (
-    id                bigint      PRIMARY KEY,
+    done_at           timestamptz NOT NULL DEFAULT now(),
+    id                bigint      NOT NULL,
     message_id        uuid        NOT NULL,
     amqp_delivered_at timestamptz NULL,
     nats_delivered_at timestamptz NULL,
-    done_at           timestamptz NOT NULL DEFAULT now()
+    PRIMARY KEY (done_at, id)
 );
 CREATE INDEX {{.Name}}_delivered_message_id ON {{.Qualified "delivered"}} (message_id);
-CREATE INDEX {{.Name}}_delivered_done_at ON {{.Qualified "delivered"}} (done_at);
