@@ -89,9 +89,9 @@ DELETE FROM %[1]s WHERE message_id IN (
 // claimSQL claims a batch. Parameters: $1 and $2 whether amqp and nats are
 // active, $3 the batch size, $4 skip parked keys, $5 the keyed window (see
 // below), $6 the most keyed rows a batch takes per target, $7 the floor of
-// the unkeyed walks (see Relay.claimFloor; 0 walks from the oldest row). RabbitMQ gets at
-// most $3 rows a batch: keyed ones first (at most $6), then unkeyed ones, so
-// neither kind can starve the other.
+// the unkeyed walks (see Relay.claimFloor; 0 walks from the oldest row).
+// RabbitMQ gets at most $3 rows a batch: keyed ones first (at most $6), then
+// unkeyed ones, so neither kind can starve the other.
 //
 // Per target, two walks, each over its own partial index in id order and
 // locking what it returns (SKIP LOCKED: rows another relay holds are left to
