@@ -820,43 +820,69 @@ func (s *slowSink) Publish(ctx context.Context, msgs []*Message, results []error
 
 // With a backlog, claims start past the newest row this relay claimed (so
 // that they do not step over the rows its other batches hold), yet a row
-// behind that point that becomes claimable — here one another relay held
-// and released — is taken within a PollInterval or so, not after the
-// backlog.
+// behind that point that becomes claimable — one another relay held and
+// released, or one whose lower id committed late — is taken within a
+// PollInterval or so, not after the backlog.
 func TestRowBehindTheClaimFloorIsTakenDuringABacklog(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	first := f.insert(1, "orders.first")[0]
-	const backlog = 20000
-	f.insert(backlog, "orders.created")
+	for _, tc := range []struct {
+		name string
+		// behind makes one row that precedes the backlog but cannot be
+		// claimed yet, and returns its message id and what makes it
+		// claimable.
+		behind func(f *fixture) (string, func() error)
+	}{
+		{"released by another relay", func(f *fixture) (string, func() error) {
+			id := f.insert(1, "orders.first")[0]
+			tx, err := f.pool.Begin(context.Background())
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			f.t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck // released in the test
+			if _, err := tx.Exec(context.Background(), `SELECT 1 FROM `+f.table.Ident()+` WHERE message_id = $1 FOR UPDATE`, id); err != nil {
+				f.t.Fatal(err)
+			}
+			return id, func() error { return tx.Rollback(context.Background()) }
+		}},
+		{"committed late", func(f *fixture) (string, func() error) {
+			tx, err := f.pool.Begin(context.Background())
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			f.t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck // committed in the test
+			var id string
+			if err := tx.QueryRow(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, payload)
+				VALUES ('orders.first', '\x00') RETURNING message_id::text`).Scan(&id); err != nil {
+				f.t.Fatal(err)
+			}
+			return id, func() error { return tx.Commit(context.Background()) }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			first, release := tc.behind(f)
+			const backlog = 20000
+			f.insert(backlog, "orders.created")
 
-	// Another relay holds the first row.
-	ctx := context.Background()
-	other, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Rollback(ctx) //nolint:errcheck // released below
-	if _, err := other.Exec(ctx, `SELECT 1 FROM `+f.table.Ident()+` WHERE message_id = $1 FOR UPDATE`, first); err != nil {
-		t.Fatal(err)
-	}
-
-	n := &slowSink{fakeSink: newFake(TargetNATS), delay: 50 * time.Millisecond}
-	// 4 workers × 50 rows per 50 ms: the backlog lasts 5 s or more.
-	f.start(Config{Sinks: []Sink{n}, BatchSize: 50, Workers: 4, PollInterval: 100 * time.Millisecond})
-	testenv.Eventually(t, 20*time.Second, func() bool { return n.total() >= 1000 }, "relay not started")
-	if got, _ := n.count(first); got != 0 {
-		t.Fatal("the held row was published")
-	}
-	if err := other.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 20*time.Second, func() bool { got, _ := n.count(first); return got == 1 }, "released row never published")
-	if left := backlog + 1 - n.total(); left < 5000 {
-		t.Fatalf("the released row was published with %d rows left: want it taken during the backlog, not after", left)
-	}
-	testenv.Eventually(t, 60*time.Second, func() bool { return f.countDone() == backlog+1 }, "rows not all done")
-	if got, _ := n.count(first); got != 1 {
-		t.Fatalf("released row published %d times", got)
+			n := &slowSink{fakeSink: newFake(TargetNATS), delay: 50 * time.Millisecond}
+			// 4 workers × 50 rows per 50 ms: the backlog lasts 5 s or more.
+			f.start(Config{Sinks: []Sink{n}, BatchSize: 50, Workers: 4, PollInterval: 100 * time.Millisecond})
+			testenv.Eventually(t, 20*time.Second, func() bool { return n.total() >= 1000 }, "relay not started")
+			if got, _ := n.count(first); got != 0 {
+				t.Fatal("the row behind was published before it could be claimed")
+			}
+			if err := release(); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, 20*time.Second, func() bool { got, _ := n.count(first); return got == 1 }, "row behind never published")
+			if left := backlog + 1 - n.total(); left < 5000 {
+				t.Fatalf("the row behind was published with %d rows left: want it taken during the backlog, not after", left)
+			}
+			testenv.Eventually(t, 60*time.Second, func() bool { return f.countDone() == backlog+1 }, "rows not all done")
+			if got, _ := n.count(first); got != 1 {
+				t.Fatalf("row behind published %d times", got)
+			}
+		})
 	}
 }
