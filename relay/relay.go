@@ -351,10 +351,10 @@ func (r *Relay) claimFloor(now time.Time) int64 {
 	return r.highWater.Load()
 }
 
-// claimed moves the high-water mark past a batch's unkeyed rows, or resets
-// it when the claim came back short: the walk reached the end of what it
-// may take, so the next one starts from the oldest row again.
-func (r *Relay) claimed(rows []*claimed) {
+// advanceFloor moves the high-water mark past a batch's unkeyed rows, or
+// resets it when the claim came back short: the walk reached the end of
+// what it may take, so the next one starts from the oldest row again.
+func (r *Relay) advanceFloor(rows []*claimed) {
 	if len(rows) < r.cfg.BatchSize {
 		r.highWater.Store(0)
 		return
@@ -402,7 +402,7 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	r.claimed(rows)
+	r.advanceFloor(rows)
 	if len(rows) == 0 {
 		return 0, tx.Commit(bctx)
 	}
