@@ -374,11 +374,22 @@ func (r *Relay) advanceFloor(rows []*claimed) {
 }
 
 // batchTx begins a batch's transaction with generic plans for the claim and
-// the record: their plans do not depend on the parameters (the same indexes
+// the record, kept on the outbox's indexes. One round trip, like a plain
+// BEGIN.
+//
+// Generic plans: the plans do not depend on the parameters (the same indexes
 // whatever the values), and Postgres would otherwise plan each execution
 // anew — at full speed, planning cost as much as a quarter of Postgres's
-// work for the relay. One round trip, like a plain BEGIN.
-var batchTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"}
+// work for the relay.
+//
+// No sequential scans: every read of the outbox is meant to go through an
+// index and touch only the batch's rows. A plan is made once per connection
+// (Postgres's default switches to a generic plan after five executions too)
+// from statistics that an outbox outgrows within seconds: planned while the
+// table was small, the record joined the batch's ids to a sequential scan
+// of the whole table, and kept doing so as it grew to hundreds of
+// megabytes (the latency benchmark: 45 ms a batch, most of Postgres's CPU).
+var batchTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off"}
 
 // runBatch claims, publishes and records one batch, returning the number of
 // rows claimed. The batch runs to completion even when ctx is cancelled

@@ -53,7 +53,7 @@ const ExactLimit = 10000
 // entries.
 func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target) ([]TargetStats, error) {
 	out := make([]TargetStats, 0, len(targets))
-	tx, err := db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := db.BeginTx(ctx, statsTx)
 	if err != nil {
 		return nil, fmt.Errorf("read stats: %w", err)
 	}
@@ -67,6 +67,15 @@ func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, target
 	}
 	return out, nil
 }
+
+// statsTx keeps every stats query on its index: with seqscan off, the
+// planner takes a sequential scan only where no index can answer. An outbox
+// churns fast and is often far from its last ANALYZE — a table never
+// analyzed is estimated from its size, every row assumed parked — and a
+// sequential scan of a bloated outbox every RELAY_STATS_INTERVAL cost more
+// than the relay's own claims (seen in the latency benchmark: half a
+// second per read, a third of Postgres's CPU).
+var statsTx = pgx.TxOptions{BeginQuery: "BEGIN READ ONLY; SET LOCAL enable_seqscan = off"}
 
 // pendingFirst is SQL for the first n rows owed to target p, in id order,
 // with the given columns: a merge of the target's two pending indexes
@@ -88,15 +97,12 @@ func pendingLast(tbl, p string) string {
 		(SELECT id FROM %[1]s WHERE key IS NOT NULL AND %[2]s ORDER BY id DESC LIMIT 1))`, tbl, pending)
 }
 
-func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Target) (TargetStats, error) {
+// statsQueries is the SQL readTargetStats runs for target t, in order:
+// the pending window and lag, the parked rows and held keys, the last error.
+func statsQueries(table schema.Table, t Target) [3]string {
 	tbl, p := table.Ident(), string(t)
-	s := TargetStats{Target: t}
-	var oldestID *int64
-	var oldestTopic *string
-	var oldestAt *time.Time
-	var lagSec *float64
-	var minID, maxID *int64
-	err := tx.QueryRow(ctx, fmt.Sprintf(`
+	return [3]string{
+		fmt.Sprintf(`
 WITH head AS %[1]s, first AS (
 	SELECT id, topic, created_at FROM head ORDER BY created_at, id LIMIT 1
 ), win AS %[2]s
@@ -108,9 +114,28 @@ SELECT clock_timestamp(),
 	first.id, first.topic, first.created_at,
 	extract(epoch FROM clock_timestamp() - first.created_at)::float8
 FROM (SELECT 1) one LEFT JOIN first ON true`,
-		pendingFirst(tbl, p, "id, topic, created_at", 100),
-		pendingFirst(tbl, p, "id, "+p+"_retry_at AS retry_at", ExactLimit),
-		pendingLast(tbl, p))).
+			pendingFirst(tbl, p, "id, topic, created_at", 100),
+			pendingFirst(tbl, p, "id, "+p+"_retry_at AS retry_at", ExactLimit),
+			pendingLast(tbl, p)),
+		fmt.Sprintf(`SELECT count(*), count(DISTINCT key) FROM %[1]s
+		WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL`, tbl, p),
+		fmt.Sprintf(`SELECT last_error FROM (
+		(SELECT id, last_error FROM %[3]s f)
+		UNION ALL
+		(SELECT id, %[2]s_last_error FROM %[1]s WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL)
+	) r WHERE last_error IS NOT NULL ORDER BY id DESC LIMIT 1`, tbl, p, pendingFirst(tbl, p, "id, "+p+"_last_error AS last_error", ExactLimit)),
+	}
+}
+
+func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Target) (TargetStats, error) {
+	q := statsQueries(table, t)
+	s := TargetStats{Target: t}
+	var oldestID *int64
+	var oldestTopic *string
+	var oldestAt *time.Time
+	var lagSec *float64
+	var minID, maxID *int64
+	err := tx.QueryRow(ctx, q[0]).
 		Scan(&s.At, &s.Pending, &s.Retrying, &minID, &maxID, &oldestID, &oldestTopic, &oldestAt, &lagSec)
 	if err != nil {
 		return s, err
@@ -124,17 +149,11 @@ FROM (SELECT 1) one LEFT JOIN first ON true`,
 		s.Lag = max(0, time.Duration(*lagSec*float64(time.Second)))
 		s.LagSeconds = s.Lag.Seconds()
 	}
-	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), count(DISTINCT key) FROM %[1]s
-		WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL`, tbl, p)).Scan(&s.Parked, &s.HeldKeys)
-	if err != nil {
+	if err := tx.QueryRow(ctx, q[1]).Scan(&s.Parked, &s.HeldKeys); err != nil {
 		return s, err
 	}
 	var lastErr *string
-	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT last_error FROM (
-		(SELECT id, last_error FROM %[3]s f)
-		UNION ALL
-		(SELECT id, %[2]s_last_error FROM %[1]s WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL)
-	) r WHERE last_error IS NOT NULL ORDER BY id DESC LIMIT 1`, tbl, p, pendingFirst(tbl, p, "id, "+p+"_last_error AS last_error", ExactLimit))).Scan(&lastErr)
+	err = tx.QueryRow(ctx, q[2]).Scan(&lastErr)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return s, err
 	}

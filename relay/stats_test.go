@@ -2,10 +2,14 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 func TestStatsCountsPendingParkedAndLag(t *testing.T) {
@@ -93,5 +97,52 @@ func TestStatsCheapWithLargeBacklog(t *testing.T) {
 	t.Logf("%d pending rows: stats read %v (best of 5)", n, best)
 	if best > 50*time.Millisecond {
 		t.Fatalf("stats read %v with %d pending rows, want < 50ms", best, n)
+	}
+}
+
+// The stats queries stay on the outbox's indexes when the planner knows
+// nothing about the table. A churning outbox is often far from its last
+// ANALYZE; one never analyzed is estimated from its size, with every row
+// taken for parked, and a plain read then scans the whole table (in the
+// latency benchmark: half a second per read, every RELAY_STATS_INTERVAL,
+// on a bloated table — a third of Postgres's CPU).
+func TestStatsStayOnIndexesWithoutPlannerStatistics(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, `ALTER TABLE `+f.table.Ident()+` SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload) SELECT 'orders.created', '\x00' FROM generate_series(1, 20000)`); err != nil {
+		t.Fatal(err)
+	}
+	seqScans := func(opts pgx.TxOptions) (found []string) {
+		t.Helper()
+		for _, target := range Targets {
+			for i, q := range statsQueries(f.table, target) {
+				tx, err := f.pool.BeginTx(ctx, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var plan string
+				err = tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q).Scan(&plan)
+				tx.Rollback(ctx) //nolint:errcheck // read only
+				if err != nil {
+					t.Fatalf("explain %s query %d: %v", target, i, err)
+				}
+				if strings.Contains(plan, `"Node Type": "Seq Scan"`) {
+					found = append(found, fmt.Sprintf("%s query %d", target, i))
+				}
+			}
+		}
+		return found
+	}
+	// The table is in the state that misleads the planner...
+	if found := seqScans(pgx.TxOptions{AccessMode: pgx.ReadOnly}); len(found) == 0 {
+		t.Fatal("no stats query planned a sequential scan in a plain transaction: the test table does not reproduce the unanalyzed outbox")
+	}
+	// ...and ReadStats's transaction keeps every query on an index.
+	if found := seqScans(statsTx); len(found) > 0 {
+		t.Errorf("stats queries planned as sequential scans of the outbox: %v", found)
 	}
 }
