@@ -5,26 +5,21 @@ import (
 	"time"
 )
 
-// broadcast wakes every waiter at once: wait returns a channel that is
-// closed by the next signal.
-type broadcast struct {
-	mu sync.Mutex
-	ch chan struct{}
-}
+// kick wakes one idle worker. A NOTIFY means rows may be waiting, and one
+// claim takes them all (up to BatchSize), so waking every idle worker
+// would only add empty claims — a transaction each — per commit. A kick
+// sent while no worker waits is kept (kicks collapse into one) for the
+// first worker to finish its batch; a worker whose claim came back full
+// kicks another in turn, so a backlog brings in every worker.
+type kick chan struct{}
 
-func newBroadcast() *broadcast { return &broadcast{ch: make(chan struct{})} }
+func newKick() kick { return make(kick, 1) }
 
-func (b *broadcast) wait() <-chan struct{} {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.ch
-}
-
-func (b *broadcast) signal() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	close(b.ch)
-	b.ch = make(chan struct{})
+func (k kick) signal() {
+	select {
+	case k <- struct{}{}:
+	default:
+	}
 }
 
 // breaker pauses a target after batches in which every publish failed for

@@ -41,7 +41,7 @@ type Config struct {
 	Sinks []Sink
 	// BatchSize is how many rows one worker claims at a time. Default 500.
 	BatchSize int
-	// Workers is how many batches are in flight at once. Default 4.
+	// Workers is how many batches are in flight at once. Default 8.
 	Workers int
 	// PublishTimeout bounds how long a batch waits for confirms; messages
 	// without one by then are retried. Default 10s.
@@ -98,7 +98,7 @@ func (c *Config) applyDefaults() {
 		c.BatchSize = 500
 	}
 	if c.Workers == 0 {
-		c.Workers = 4
+		c.Workers = 8
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = 10 * time.Second
@@ -179,7 +179,7 @@ type Relay struct {
 	sinks   [2]Sink // indexed like Targets; nil when disabled
 	enabled [2]bool
 	breaker [2]*breaker
-	wake    *broadcast
+	wake    kick
 	log     *slog.Logger
 
 	// highWater and fullWalk (unix ns) place the claims' unkeyed walks;
@@ -188,8 +188,10 @@ type Relay struct {
 	fullWalk  atomic.Int64
 
 	// testHookAfterPublish, when set, runs after a batch's publishes and
-	// before its outcomes are recorded. Nil in production.
+	// before its outcomes are recorded; testHookClaimed after each claim,
+	// with the number of rows it took. Nil in production.
 	testHookAfterPublish func()
+	testHookClaimed      func(rows int)
 }
 
 // New returns a relay for pool's database. pool should connect directly to
@@ -199,7 +201,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newBroadcast(), log: cfg.Logger}
+	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), log: cfg.Logger}
 	for _, s := range cfg.Sinks {
 		i := targetIndex(s.Target())
 		r.sinks[i], r.enabled[i] = s, true
@@ -237,13 +239,13 @@ func (r *Relay) targetNames() []string {
 }
 
 // work is one worker's loop: claim and publish batches back to back while
-// they come back full, otherwise wait for a NOTIFY or the poll interval.
+// they come back full, otherwise wait for a kick (a NOTIFY, or a worker
+// that found a backlog) or the poll interval.
 func (r *Relay) work(ctx context.Context, id int) {
 	log := r.log.With("worker", id)
 	errs := errlog.New(log, "relay batch")
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
-		wake := r.wake.wait() // before the batch, so a NOTIFY during it is not lost
 		start := time.Now()
 		n, err := r.runBatch(ctx)
 		took := time.Since(start)
@@ -262,8 +264,10 @@ func (r *Relay) work(ctx context.Context, id int) {
 			continue
 		}
 		if n >= max(1, r.cfg.BatchSize/2) {
-			// Drain: there is probably more. (Half: keyed rows come at
-			// most BatchSize/2 a batch, see store.claim.)
+			// Drain: there is probably more, for another worker too.
+			// (Half: keyed rows come at most BatchSize/2 a batch, see
+			// store.claim.)
+			r.wake.signal()
 			continue
 		}
 		if n == 0 && took > 5*time.Millisecond {
@@ -275,7 +279,7 @@ func (r *Relay) work(ctx context.Context, id int) {
 		t := time.NewTimer(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():
-		case <-wake:
+		case <-r.wake:
 		case <-t.C:
 		}
 		t.Stop()
@@ -414,6 +418,9 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	r.advanceFloor(rows)
+	if r.testHookClaimed != nil {
+		r.testHookClaimed(len(rows))
+	}
 	if len(rows) == 0 {
 		return 0, tx.Commit(bctx)
 	}

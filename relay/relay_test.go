@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -885,4 +886,43 @@ func TestRowBehindTheClaimFloorIsTakenDuringABacklog(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A NOTIFY wakes one idle worker, not every one: the others' claims would
+// come back empty, a transaction each per producer commit.
+func TestNotifyWakesOneWorker(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	r, err := New(f.pool, Config{Table: f.table, Sinks: []Sink{a, n}, Workers: 4, PollInterval: time.Hour,
+		PublishTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims, empty atomic.Int64
+	r.testHookClaimed = func(rows int) {
+		claims.Add(1)
+		if rows == 0 {
+			empty.Add(1)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// Each worker claims once at start, and one more after LISTEN is up.
+	testenv.Eventually(t, 10*time.Second, func() bool { return claims.Load() >= 5 }, "relay did not start")
+	time.Sleep(100 * time.Millisecond)
+	before := empty.Load()
+
+	const commits = 40
+	for i := range commits {
+		f.insert(1, "orders.created")
+		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == i+1 }, "row not delivered after its NOTIFY")
+	}
+	if got := empty.Load() - before; got > commits/4 {
+		t.Errorf("%d empty claims for %d single-row commits with 4 idle workers: a NOTIFY woke more than one worker", got, commits)
+	}
+	t.Logf("%d claims, %d empty, for %d commits", claims.Load(), empty.Load()-before, commits)
 }

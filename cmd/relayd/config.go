@@ -47,7 +47,7 @@ type config struct {
 	Provision         bool          `env:"RELAY_PROVISION, default=false"`
 
 	BatchSize      int           `env:"RELAY_BATCH_SIZE, default=500"`
-	Workers        int           `env:"RELAY_WORKERS, default=4"`
+	Workers        int           `env:"RELAY_WORKERS, default=8"`
 	PublishTimeout time.Duration `env:"RELAY_PUBLISH_TIMEOUT, default=10s"`
 	PollInterval   time.Duration `env:"RELAY_POLL_INTERVAL, default=1s"`
 	Retention      time.Duration `env:"RELAY_RETENTION, default=24h"`
