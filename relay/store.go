@@ -124,7 +124,10 @@ DELETE FROM %[1]s WHERE message_id IN (
 // (delivered, parked, in retry or held by its key) below the amqp walk's last
 // row, unless that walk came back short: JetStream catches up on its own
 // backlog at full speed, but does not run ahead of RabbitMQ, which would
-// claim and rewrite each row twice. A target that is down or paused is left
+// claim and rewrite each row twice. An unkeyed row RabbitMQ could take is in
+// a_u or locked by another batch (a_u took every other one up to its last
+// row, or to the end), so n_u does not try its lock again: with batches in
+// flight, those lock attempts were much of a short claim's work. A target that is down or paused is left
 // out ($1/$2 false), and the other then runs alone. A row that is RabbitMQ's
 // next of its key too is left to the amqp walk (which took it, or another
 // relay holds it for both).
@@ -171,6 +174,7 @@ WITH h_a AS MATERIALIZED (%[5]s
 ), n_u AS (
 	SELECT %[2]s, false AS want_amqp, true AS want_nats
 	FROM %[1]s WHERE $2::boolean AND key IS NULL AND %[4]s AND id > $7::bigint AND id NOT IN (SELECT id FROM a_u) AND %[7]s
+	  AND NOT ($1::boolean AND %[3]s)
 	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
 ), n_k AS (
 	SELECT %[2]s, false AS want_amqp, true AS want_nats
