@@ -51,15 +51,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	if _, err := f.pool.Exec(ctx, `ALTER TABLE `+f.table.Ident()+` SET (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
-	}
-	grow := func(n int) {
-		t.Helper()
-		if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload) SELECT 'orders.created', '\x00' FROM generate_series(1, $1)`, n); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.noAutovacuum()
 	st := newStore(f.table)
 	const (
 		claim  = `EXECUTE c(true, true, 500, false, 2000, 250, 0)`
@@ -88,7 +80,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	}
 	seq := func(scans []string) bool { return strings.Contains(strings.Join(scans, " "), "Seq Scan") }
 
-	grow(100)
+	f.fill(100)
 	// The small table misleads a generic plan without the batch's settings...
 	if _, rec := plans(pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"}); !seq(rec) {
 		t.Fatalf("record planned without sequential scans on a small table without batchTx's settings (%v): the test does not reproduce the hazard", rec)
@@ -96,7 +88,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	// ...not with them, on a small table or a large one.
 	for _, size := range []string{"small", "large"} {
 		if size == "large" {
-			grow(20_000)
+			f.fill(20_000)
 		}
 		claimScans, recordScans := plans(batchTx)
 		if seq(claimScans) {

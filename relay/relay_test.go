@@ -118,6 +118,24 @@ func setup(t *testing.T) *fixture {
 	return &fixture{t: t, pool: pool, table: testenv.Outbox(t, pool)}
 }
 
+// fill bulk-inserts n small unkeyed rows.
+func (f *fixture) fill(n int) {
+	f.t.Helper()
+	if _, err := f.pool.Exec(context.Background(), `INSERT INTO `+f.table.Ident()+`
+		(topic, payload) SELECT 'orders.created', '\x00' FROM generate_series(1, $1)`, n); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// noAutovacuum keeps autovacuum (and its ANALYZE) off the table, so the
+// planner knows only what the test lets it.
+func (f *fixture) noAutovacuum() {
+	f.t.Helper()
+	if _, err := f.pool.Exec(context.Background(), `ALTER TABLE `+f.table.Ident()+` SET (autovacuum_enabled = false)`); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // insert writes n rows with plain SQL, as any producer may, and returns
 // their message ids.
 func (f *fixture) insert(n int, topic string) []string {

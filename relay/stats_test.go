@@ -71,9 +71,7 @@ func TestStatsCheapWithLargeBacklog(t *testing.T) {
 	}
 	f := setup(t)
 	ctx := context.Background()
-	if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload) SELECT 'orders.created', '\x00' FROM generate_series(1, $1)`, n); err != nil {
-		t.Fatal(err)
-	}
+	f.fill(n)
 	if _, err := f.pool.Exec(ctx, `ANALYZE `+f.table.Ident()); err != nil {
 		t.Fatal(err)
 	}
@@ -110,12 +108,8 @@ func TestStatsStayOnIndexesWithoutPlannerStatistics(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	if _, err := f.pool.Exec(ctx, `ALTER TABLE `+f.table.Ident()+` SET (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload) SELECT 'orders.created', '\x00' FROM generate_series(1, 20000)`); err != nil {
-		t.Fatal(err)
-	}
+	f.noAutovacuum()
+	f.fill(20_000)
 	seqScans := func(opts pgx.TxOptions) (found []string) {
 		t.Helper()
 		for _, target := range Targets {
