@@ -582,10 +582,11 @@ func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// listen LISTENs on the table's channel on a connection of its own and wakes
-// the workers on every notification. On any error it reconnects with
-// backoff and wakes the workers once, since notifications sent meanwhile are
-// lost (the poll interval covers that gap too).
+// listen LISTENs on the table's channel on a connection of its own and kicks
+// a worker on every notification. On any error it reconnects with backoff
+// and kicks once more, since notifications sent meanwhile are lost (a
+// backlog then brings in the other workers; the poll interval covers that
+// gap too).
 func (r *Relay) listen(ctx context.Context) {
 	errs := errlog.New(r.log, "listen")
 	backoff := time.Duration(0)
