@@ -183,15 +183,20 @@ type Relay struct {
 	log     *slog.Logger
 
 	// highWater and fullWalk (unix ns) place the claims' unkeyed walks;
-	// see claimFloor.
+	// see claimFloor. floorMu guards the safe floor's state (advanceFloor).
 	highWater atomic.Int64
 	fullWalk  atomic.Int64
+	floorMu   sync.Mutex
+	safe      int64            // every row below it was taken (see advanceFloor)
+	seenXmin  int64            // the newest claim snapshot's oldest running transaction
+	tops      []floorCandidate // short claims' tops, waiting for seenXmin
 
 	// testHookAfterPublish, when set, runs after a batch's publishes and
 	// before its outcomes are recorded; testHookClaimed after each claim,
-	// with the number of rows it took. Nil in production.
+	// with the number of rows it took and the floor its walks started at.
+	// Nil in production.
 	testHookAfterPublish func()
-	testHookClaimed      func(rows int)
+	testHookClaimed      func(rows int, floor int64)
 }
 
 // New returns a relay for pool's database. pool should connect directly to
@@ -334,9 +339,8 @@ func (r *Relay) nextTargetCheck() time.Duration {
 	return min(d, 250*time.Millisecond)
 }
 
-// claimFloor is where this batch's unkeyed walks start: past the newest
-// unkeyed row this process claimed (the high-water mark), or — at least
-// every PollInterval, and after a claim that came back short — from the
+// claimFloor is where this batch's unkeyed walks start: at the high-water
+// mark (see advanceFloor), or — at least every PollInterval — from the
 // oldest row.
 //
 // With a backlog, every worker's batch holds its rows locked until its
@@ -355,26 +359,62 @@ func (r *Relay) claimFloor(now time.Time) int64 {
 	return r.highWater.Load()
 }
 
-// advanceFloor moves the high-water mark past a batch's unkeyed rows, or
-// resets it when the claim came back short: the walk reached the end of
-// what it may take, so the next one starts from the oldest row again.
-func (r *Relay) advanceFloor(rows []*claimed) {
-	if len(rows) < r.cfg.BatchSize {
-		r.highWater.Store(0)
-		return
-	}
+// floorCandidate is the top of a short claim that walked from the safe
+// floor, and the claim snapshot's first unassigned transaction id.
+type floorCandidate struct{ top, xmax int64 }
+
+// maxFloorCandidates bounds the tops waiting for a transaction that runs
+// long (elsewhere in the database); dropping one only delays the floor.
+const maxFloorCandidates = 64
+
+// advanceFloor places the next claims' unkeyed walks after a claim that
+// started at floor.
+//
+// A full claim raises the high-water mark past its unkeyed rows: during a
+// backlog the walks skip the rows the other batches hold (claimFloor).
+//
+// A short claim walked to the end of what it may take. If it started at or
+// below the safe floor, every row between the two that it did not take was
+// held by another batch or is waiting for a retry, so its top row becomes the
+// safe floor — once no transaction that was running at its snapshot still
+// is: only such a transaction can still commit a row with a lower id (it
+// took the id before the claim's snapshot, and the claim could not see the
+// row). A later claim whose snapshot's oldest running transaction is past
+// the candidate's snapshot's first unassigned id proves that; the claim
+// after it starts at the new floor. Either way the high-water mark drops to
+// the safe floor, so a short claim after a backlog walks from where every
+// row is known taken, and at a steady moderate rate claims no longer walk
+// over the rows that the batches in flight hold. What a floor can still
+// miss — a retry that fell due, rows another relay released, a row whose
+// transaction took its id but no transaction id before the snapshot — the
+// walk from the oldest row every PollInterval takes.
+func (r *Relay) advanceFloor(rows []*claimed, floor int64, snap snapshot) {
 	var top int64
 	for _, c := range rows {
 		if !c.msg.HasKey {
 			top = max(top, c.msg.ID)
 		}
 	}
-	for {
-		hw := r.highWater.Load()
-		if top <= hw || r.highWater.CompareAndSwap(hw, top) {
-			return
+	r.floorMu.Lock()
+	defer r.floorMu.Unlock()
+	r.seenXmin = max(r.seenXmin, snap.xmin)
+	if len(rows) >= r.cfg.BatchSize {
+		r.highWater.Store(max(r.highWater.Load(), top))
+		return
+	}
+	if top > 0 && floor <= r.safe && len(r.tops) < maxFloorCandidates {
+		r.tops = append(r.tops, floorCandidate{top: top, xmax: snap.xmax})
+	}
+	waiting := r.tops[:0]
+	for _, c := range r.tops {
+		if c.xmax <= r.seenXmin {
+			r.safe = max(r.safe, c.top)
+		} else {
+			waiting = append(waiting, c)
 		}
 	}
+	r.tops = waiting
+	r.highWater.Store(r.safe)
 }
 
 // batchTx begins a batch's transaction with generic plans for the claim and
@@ -413,13 +453,13 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	defer tx.Rollback(context.WithoutCancel(bctx)) //nolint:errcheck // no-op after commit
 
 	floor := r.claimFloor(start)
-	rows, err := r.store.claim(bctx, tx, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor)
+	rows, snap, err := r.store.claim(bctx, tx, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor)
 	if err != nil {
 		return 0, err
 	}
-	r.advanceFloor(rows)
+	r.advanceFloor(rows, floor, snap)
 	if r.testHookClaimed != nil {
-		r.testHookClaimed(len(rows))
+		r.testHookClaimed(len(rows), floor)
 	}
 	if len(rows) == 0 {
 		return 0, tx.Commit(bctx)

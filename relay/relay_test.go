@@ -918,7 +918,7 @@ func TestNotifyWakesOneWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	var claims, empty atomic.Int64
-	r.testHookClaimed = func(rows int) {
+	r.testHookClaimed = func(rows int, _ int64) {
 		claims.Add(1)
 		if rows == 0 {
 			empty.Add(1)
@@ -943,4 +943,70 @@ func TestNotifyWakesOneWorker(t *testing.T) {
 		t.Errorf("%d empty claims for %d single-row commits with 4 idle workers: a NOTIFY woke more than one worker", got, commits)
 	}
 	t.Logf("%d claims, %d empty, for %d commits", claims.Load(), empty.Load()-before, commits)
+}
+
+// At a steady rate (every claim short), claims start past the rows known to
+// be taken instead of walking from the oldest row over the rows the batches
+// in flight hold — yet a row whose transaction took a lower id and commits
+// after later rows were delivered is taken at once, not by the walk from
+// the oldest row every PollInterval (an hour here).
+func TestShortClaimsFloorFollowsCommittedTransactions(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	r, err := New(f.pool, Config{Table: f.table, Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour,
+		PublishTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var floors []int64
+	r.testHookClaimed = func(rows int, floor int64) {
+		mu.Lock()
+		floors = append(floors, floor)
+		mu.Unlock()
+	}
+	lastFloor := func() int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return floors[len(floors)-1]
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testenv.Eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(floors) >= 3 }, "relay did not start")
+
+	// A producer's transaction takes an id and stays open...
+	late, err := f.pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(context.Background()) //nolint:errcheck // committed below
+	var lateID int64
+	if err := late.QueryRow(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.late', '\x00') RETURNING id`).Scan(&lateID); err != nil {
+		t.Fatal(err)
+	}
+	// ...while later rows commit and are delivered one claim at a time.
+	for i := range 10 {
+		f.insert(1, "orders.created")
+		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == i+1 }, "row not delivered")
+	}
+	if fl := lastFloor(); fl >= lateID {
+		t.Fatalf("floor %d passed row %d while its transaction was still open", fl, lateID)
+	}
+	if err := late.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 11 }, "the late row was not taken after its commit")
+
+	// With no transaction open, the floor rises past the delivered rows.
+	for i := range 5 {
+		f.insert(1, "orders.created")
+		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 12+i }, "row not delivered")
+	}
+	if fl := lastFloor(); fl <= lateID {
+		t.Errorf("claims still start at %d, at or below rows delivered long ago (%d): the floor does not follow committed transactions", fl, lateID)
+	}
+	t.Logf("late row %d; floors %v", lateID, floors)
 }

@@ -182,7 +182,8 @@ WITH h_a AS MATERIALIZED (%[5]s
 	  AND id NOT IN (SELECT id FROM a_k)
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
 )
-SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k ORDER BY id`,
+SELECT *, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k) c ORDER BY id`,
 		tbl, cols, claimable("amqp"), claimable("nats"),
 		heads("amqp", "$1::boolean"), heads("nats", "$2::boolean AND "+bound("a_k", "$6")),
 		bound("a_u", "$3 - (SELECT count(*) FROM a_k)"), natsFree)
@@ -214,10 +215,16 @@ type claimed struct {
 // otherwise hold every key while the other workers find nothing to do.
 //
 // floor > 0 starts the unkeyed walks past that id (see Relay.claimFloor).
-func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int, skipParked bool, floor int64) ([]*claimed, error) {
+// snapshot is the claim statement's snapshot: the oldest transaction still
+// running, and the first transaction id not yet assigned (zero when the
+// claim returned no rows).
+type snapshot struct{ xmin, xmax int64 }
+
+func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int, skipParked bool, floor int64) ([]*claimed, snapshot, error) {
+	var snap snapshot
 	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit, skipParked, keyWindow*limit, max(1, limit/2), floor)
 	if err != nil {
-		return nil, fmt.Errorf("claim batch: %w", err)
+		return nil, snap, fmt.Errorf("claim batch: %w", err)
 	}
 	defer rows.Close()
 	var out []*claimed
@@ -226,8 +233,8 @@ func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int,
 		var key, headers *string
 		if err := rows.Scan(&c.msg.ID, &c.msg.MessageID, &c.msg.Topic, &key, &headers, &c.msg.Payload,
 			&c.msg.CreatedAt, &c.attempts[0], &c.attempts[1], &c.delivered[0], &c.delivered[1],
-			&c.want[0], &c.want[1]); err != nil {
-			return nil, fmt.Errorf("claim batch: scan: %w", err)
+			&c.want[0], &c.want[1], &snap.xmin, &snap.xmax); err != nil {
+			return nil, snap, fmt.Errorf("claim batch: scan: %w", err)
 		}
 		if key != nil {
 			c.msg.Key, c.msg.HasKey = *key, true
@@ -238,9 +245,9 @@ func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int,
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim batch: %w", err)
+		return nil, snap, fmt.Errorf("claim batch: %w", err)
 	}
-	return out, nil
+	return out, snap, nil
 }
 
 // decodeHeaders turns the headers column into a string map, or says why it
