@@ -163,6 +163,13 @@ func (f *fixture) insert(n int, topic string) []string {
 // start runs a relay until the test ends.
 func (f *fixture) start(cfg Config) (*Relay, context.CancelFunc, <-chan struct{}) {
 	f.t.Helper()
+	return f.startWith(cfg, nil)
+}
+
+// startWith is start with prepare (when not nil) run on the relay before it
+// starts: to set test hooks.
+func (f *fixture) startWith(cfg Config, prepare func(*Relay)) (*Relay, context.CancelFunc, <-chan struct{}) {
+	f.t.Helper()
 	cfg.Table = f.table
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 20 * time.Millisecond
@@ -176,6 +183,9 @@ func (f *fixture) start(cfg Config) (*Relay, context.CancelFunc, <-chan struct{}
 	r, err := New(f.pool, cfg)
 	if err != nil {
 		f.t.Fatal(err)
+	}
+	if prepare != nil {
+		prepare(r)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -912,22 +922,15 @@ func TestNotifyWakesOneWorker(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	a, n := newFake(TargetAMQP), newFake(TargetNATS)
-	r, err := New(f.pool, Config{Table: f.table, Sinks: []Sink{a, n}, Workers: 4, PollInterval: time.Hour,
-		PublishTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var claims, empty atomic.Int64
-	r.testHookClaimed = func(rows int, _ int64) {
-		claims.Add(1)
-		if rows == 0 {
-			empty.Add(1)
+	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 4, PollInterval: time.Hour}, func(r *Relay) {
+		r.testHookClaimed = func(rows int, _ int64) {
+			claims.Add(1)
+			if rows == 0 {
+				empty.Add(1)
+			}
 		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	})
 
 	// Each worker claims once at start, and one more after LISTEN is up.
 	testenv.Eventually(t, 10*time.Second, func() bool { return claims.Load() >= 5 }, "relay did not start")
@@ -954,27 +957,20 @@ func TestShortClaimsFloorFollowsCommittedTransactions(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	a, n := newFake(TargetAMQP), newFake(TargetNATS)
-	r, err := New(f.pool, Config{Table: f.table, Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour,
-		PublishTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	var floors []int64
-	r.testHookClaimed = func(rows int, floor int64) {
-		mu.Lock()
-		floors = append(floors, floor)
-		mu.Unlock()
-	}
+	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
+		r.testHookClaimed = func(_ int, floor int64) {
+			mu.Lock()
+			floors = append(floors, floor)
+			mu.Unlock()
+		}
+	})
 	lastFloor := func() int64 {
 		mu.Lock()
 		defer mu.Unlock()
 		return floors[len(floors)-1]
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 	testenv.Eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(floors) >= 3 }, "relay did not start")
 
 	// A producer's transaction takes an id and stays open...
