@@ -242,16 +242,18 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 		return
 	}
 	var toPublish []*item
+	var already []settled
 	for _, it := range items {
 		switch {
 		case known[it.id]:
-			it.acks.ack(it.d, func() { b.already.Add(1) })
+			already = append(already, settled{it.d, func() { b.already.Add(1) }})
 		case it.bad != "":
 			b.refuse(wctx, it, it.bad, dlq)
 		default:
 			toPublish = append(toPublish, it)
 		}
 	}
+	acks.ackAll(already)
 	if len(toPublish) == 0 {
 		return
 	}
@@ -301,14 +303,16 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	if err := b.record(wctx, moved); err != nil {
 		b.log.Warn("backfill: could not record moved ids (a crash before the acks below would re-send them)", "error", err.Error())
 	}
-	for _, it := range moved {
-		it.acks.ack(it.d, func() {
+	done := make([]settled, len(moved))
+	for i, it := range moved {
+		done[i] = settled{it.d, func() {
 			b.moved.Add(1)
 			if it.derived {
 				b.derived.Add(1)
 			}
-		})
+		}}
 	}
+	acks.ackAll(done)
 }
 
 func (b *runner) requeue(it *item) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/relayd/relayd/internal/uuidtext"
 )
@@ -23,7 +24,18 @@ func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, err
 	}
 	known := map[string]bool{}
 	tbl := b.cfg.Table.Ident()
-	rows, err := b.cfg.DB.Query(ctx, fmt.Sprintf(`
+	// Read through the indexes, however the tables grew since the
+	// statement was prepared. A generic plan made while the backfilled
+	// table was small scans it whole and compares every row with every id
+	// of the batch, and keeps doing so as the run grows the table:
+	// quadratic over a run. A custom plan hashes the ids but still scans
+	// the table until it is far larger than a batch.
+	tx, err := b.cfg.DB.BeginTx(ctx, knownTx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only: nothing to undo
+	rows, err := tx.Query(ctx, fmt.Sprintf(`
 SELECT message_id::text FROM %s
 WHERE message_id = ANY($1::uuid[])
   AND (nats_delivered_at IS NOT NULL OR (done_at IS NULL AND nats_parked_at IS NULL))
@@ -45,6 +57,9 @@ SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
 	// Match ids as the items spell them (the database returns lower case).
 	for _, it := range items {
 		if !known[it.id] && uuidtext.Is(it.id) && known[uuidtext.Lower(it.id)] {
@@ -53,6 +68,9 @@ SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.
 	}
 	return known, nil
 }
+
+// knownTx keeps the lookup on the tables' indexes.
+var knownTx = pgx.TxOptions{BeginQuery: "BEGIN READ ONLY; SET LOCAL enable_seqscan = off"}
 
 // record notes the moved ids, so a rerun skips them.
 func (b *runner) record(ctx context.Context, moved []*item) error {

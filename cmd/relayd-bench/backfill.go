@@ -32,10 +32,14 @@ func (b *bench) backfillRun(ctx context.Context, res *Results) error {
 	b.settle(ctx)
 
 	b.logf("backfill: relayd backfill --queue, %s messages", thousands(float64(n)))
+	// No HTTP server for the backfill, unless -relayd-env asks for one
+	// (RELAY_PPROF with a RELAY_METRICS_ADDR, to profile it): the last of
+	// duplicate variables wins.
 	env := cr.relaydEnv("")
 	for i, e := range env {
 		if strings.HasPrefix(e, "RELAY_METRICS_ADDR=") {
 			env[i] = "RELAY_METRICS_ADDR="
+			break
 		}
 	}
 	snap := takeCPUSnap()

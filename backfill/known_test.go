@@ -1,0 +1,108 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/internal/testenv"
+)
+
+// The lookup of ids already moved or delivered reads every table through its
+// index, however the tables grew since the lookup first ran. A plan cached
+// while the table was empty scans it whole, comparing every row with every
+// id of a batch: over a run of 200,000 messages that made Postgres the
+// backfill's largest cost.
+func TestKnownStaysOnIndexesAsTheRecordGrows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	table := testenv.Outbox(t, testenv.Pool(t))
+
+	// One connection, so every call reuses what the earlier ones prepared;
+	// auto_explain sends each statement's plan back as a notice.
+	var mu sync.Mutex
+	var plans []string
+	pc, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.MaxConns = 1
+	pc.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		plans = append(plans, n.Message)
+	}
+	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_level = notice`)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+table.Backfilled()+` SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	b := &runner{cfg: Config{DB: pool, Table: table}}
+
+	batch := func(from int) []*item {
+		items := make([]*item, 256)
+		for i := range items {
+			items[i] = &item{id: fmt.Sprintf("moved-%d", from+i)}
+		}
+		return items
+	}
+	fill := func(from, to int) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Backfilled()+` (message_id, queue, derived)
+SELECT 'moved-' || i, 'q', false FROM generate_series($1::int, $2::int) AS i`, from, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The run's first batches: enough calls for Postgres to settle on a
+	// plan for the statement, while the table holds a few batches.
+	fill(0, 999)
+	for i := range 10 {
+		if _, err := b.known(ctx, batch(i*256)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(1000, 19999)
+	mu.Lock()
+	plans = nil
+	mu.Unlock()
+
+	known, err := b.known(ctx, batch(19900)) // 100 moved, 156 not
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(known) != 100 || !known["moved-19900"] || !known["moved-19999"] || known["moved-20000"] {
+		t.Fatalf("known %d ids, want moved-19900..moved-19999", len(known))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var plan string
+	for _, p := range plans {
+		if strings.Contains(p, table.Name+"_backfilled") {
+			plan = p
+		}
+	}
+	if plan == "" {
+		t.Fatalf("no plan of the lookup among %d notices", len(plans))
+	}
+	if strings.Contains(plan, "Seq Scan") {
+		t.Fatalf("the lookup scans a whole table:\n%s", plan)
+	}
+}

@@ -1,0 +1,84 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/internal/testenv"
+)
+
+// A batch is settled on RabbitMQ with one multiple-ack, whether its
+// messages were moved or already known: one frame, not one per message.
+func TestProcessAcksABatchWithOneFrame(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres and NATS")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	nc, err := nats.Connect(testenv.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := testenv.Name("bfp")
+	stream := strings.ToUpper(id)
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{id + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { js.DeleteStream(context.Background(), stream) })
+
+	cfg := Config{AMQPURL: "amqp://unused", Queue: "unused", NATS: nc, Stream: stream,
+		SubjectPrefix: id + ".", DB: pool, Table: table}
+	if err := cfg.applyDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	b := &runner{cfg: cfg, log: cfg.Logger, js: js, seenHeld: map[string]bool{}}
+
+	// 100 deliveries; every fifth was moved by an earlier run.
+	var ds []amqp.Delivery
+	var known []string
+	for tag := uint64(1); tag <= 100; tag++ {
+		msgID := fmt.Sprintf("m-%s-%d", id, tag)
+		ds = append(ds, amqp.Delivery{DeliveryTag: tag, MessageId: msgID, RoutingKey: "orders", Body: []byte("x")})
+		if tag%5 == 0 {
+			known = append(known, msgID)
+		}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Backfilled()+` (message_id, queue, derived)
+SELECT id, 'q', false FROM unnest($1::text[]) AS id`, known); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := &recAck{}
+	b.process(ctx, newAcker(rec), ds, nil)
+
+	if want := []string{"ack 100 true"}; !reflect.DeepEqual(rec.calls, want) {
+		t.Fatalf("frames sent to RabbitMQ: %d %v, want %v", len(rec.calls), rec.calls[:min(len(rec.calls), 5)], want)
+	}
+	if s := b.summary(); s.Moved != 80 || s.AlreadyDelivered != 20 {
+		t.Fatalf("moved %d, already delivered %d; want 80 and 20", s.Moved, s.AlreadyDelivered)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 80 {
+		t.Fatalf("stream holds %d messages, want 80", info.State.Msgs)
+	}
+}
