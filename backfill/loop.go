@@ -80,7 +80,7 @@ func (b *runner) session(ctx context.Context) error {
 		sem         = make(chan struct{}, parallel)
 		inFlight    atomic.Int64 // deliveries received and not yet settled
 		reserved    int64        // deliveries taken toward Limit
-		batch       []amqp.Delivery
+		batch       = make([]amqp.Delivery, 0, batchMax)
 		flushT      = time.NewTimer(time.Hour)
 		checkT      = time.NewTicker(250 * time.Millisecond)
 		stopping    = false
@@ -94,7 +94,7 @@ func (b *runner) session(ctx context.Context) error {
 			return
 		}
 		items := batch
-		batch = nil
+		batch = make([]amqp.Delivery, 0, batchMax)
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {

@@ -187,15 +187,18 @@ type Relay struct {
 	highWater atomic.Int64
 	fullWalk  atomic.Int64
 	floorMu   sync.Mutex
+	// claimMu lets one claim of this relay run at a time (runBatch).
+	claimMu sync.Mutex
 	safe      int64            // every row below it was taken (see advanceFloor)
 	seenXmin  int64            // the newest claim snapshot's oldest running transaction
 	tops      []floorCandidate // short claims' tops, waiting for seenXmin
 
 	// testHookAfterPublish, when set, runs after a batch's publishes and
-	// before its outcomes are recorded; testHookClaimed after each claim,
-	// with the number of rows it took and the floor its walks started at.
-	// Nil in production.
+	// before its outcomes are recorded; testHookClaiming just before a
+	// claim and testHookClaimed after it, with the number of rows it took
+	// and the floor its walks started at. Nil in production.
 	testHookAfterPublish func()
+	testHookClaiming     func()
 	testHookClaimed      func(rows int, floor int64)
 }
 
@@ -452,14 +455,26 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	}
 	defer tx.Rollback(context.WithoutCancel(bctx)) //nolint:errcheck // no-op after commit
 
-	floor := r.claimFloor(start)
+	// One claim at a time: a claim starts where the one before it ended.
+	// Claims that run together start at the same floor, and each walks
+	// over, and tries to lock, the rows the others are taking — during a
+	// backlog, more rows than it takes. A claim is a few milliseconds of a
+	// batch that waits for the brokers for tens of milliseconds.
+	r.claimMu.Lock()
+	floor := r.claimFloor(time.Now())
+	if r.testHookClaiming != nil {
+		r.testHookClaiming()
+	}
 	rows, snap, err := r.store.claim(bctx, tx, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor)
+	if err == nil {
+		r.advanceFloor(rows, floor, snap)
+		if r.testHookClaimed != nil {
+			r.testHookClaimed(len(rows), floor)
+		}
+	}
+	r.claimMu.Unlock()
 	if err != nil {
 		return 0, err
-	}
-	r.advanceFloor(rows, floor, snap)
-	if r.testHookClaimed != nil {
-		r.testHookClaimed(len(rows), floor)
 	}
 	if len(rows) == 0 {
 		return 0, tx.Commit(bctx)

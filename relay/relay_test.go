@@ -948,6 +948,45 @@ func TestNotifyWakesOneWorker(t *testing.T) {
 	t.Logf("%d claims, %d empty, for %d commits", claims.Load(), empty.Load()-before, commits)
 }
 
+// A relay's claims run one at a time, each starting where the one before it
+// ended: claims running together start at the same floor, and each walks
+// over and tries to lock the rows the others are taking. Nothing is lost or
+// sent twice for it.
+func TestClaimsOfOneRelayDoNotOverlap(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	ids := f.insert(2000, "orders.created")
+	var inClaim, most, claims atomic.Int64
+	f.startWith(Config{Sinks: []Sink{a, n}, BatchSize: 50, Workers: 4}, func(r *Relay) {
+		r.testHookClaiming = func() {
+			now := inClaim.Add(1)
+			for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+			}
+			time.Sleep(2 * time.Millisecond) // the other workers are ready to claim by now
+		}
+		r.testHookClaimed = func(int, int64) {
+			claims.Add(1)
+			inClaim.Add(-1)
+		}
+	})
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(ids) }, "rows not all done")
+	if m := most.Load(); m != 1 {
+		t.Errorf("%d claims of one relay ran at once", m)
+	}
+	if c := claims.Load(); c < int64(len(ids)/50) {
+		t.Errorf("%d claims for %d rows in batches of 50", c, len(ids))
+	}
+	for _, id := range ids {
+		if ga, _ := a.count(id); ga != 1 {
+			t.Fatalf("amqp got %s %d times", id, ga)
+		}
+		if gn, _ := n.count(id); gn != 1 {
+			t.Fatalf("nats got %s %d times", id, gn)
+		}
+	}
+}
+
 // At a steady rate (every claim short), claims start past the rows known to
 // be taken instead of walking from the oldest row over the rows the batches
 // in flight hold — yet a row whose transaction took a lower id and commits

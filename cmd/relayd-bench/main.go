@@ -141,8 +141,9 @@ func main() {
 		o.Version = gitDescribe()
 	}
 	for _, kv := range strings.Fields(*relaydEnv) {
-		if !strings.HasPrefix(kv, "RELAY_") || !strings.Contains(kv, "=") {
-			fmt.Fprintf(os.Stderr, "relayd-bench: -relayd-env: %q is not RELAY_NAME=value\n", kv)
+		name, _, ok := strings.Cut(kv, "=")
+		if !ok || !(strings.HasPrefix(name, "RELAY_") || goRuntimeVar[name]) {
+			fmt.Fprintf(os.Stderr, "relayd-bench: -relayd-env: %q is not RELAY_NAME=value or a Go runtime setting (GOGC, GOMEMLIMIT, GOMAXPROCS, GODEBUG)\n", kv)
 			os.Exit(2)
 		}
 		o.RelaydEnv = append(o.RelaydEnv, kv)
@@ -267,3 +268,6 @@ func run(ctx context.Context, o options) (*Results, error) {
 	res.finish(start)
 	return res, nil
 }
+
+// goRuntimeVar are the Go runtime's settings -relayd-env passes on too.
+var goRuntimeVar = map[string]bool{"GOGC": true, "GOMEMLIMIT": true, "GOMAXPROCS": true, "GODEBUG": true}
