@@ -83,14 +83,14 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	f.fill(100)
 	// The small table misleads a generic plan without the batch's settings...
 	if _, rec := plans(pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"}); !seq(rec) {
-		t.Fatalf("record planned without sequential scans on a small table without batchTx's settings (%v): the test does not reproduce the hazard", rec)
+		t.Fatalf("record planned without sequential scans on a small table without batchBegin's settings (%v): the test does not reproduce the hazard", rec)
 	}
 	// ...not with them, on a small table or a large one.
 	for _, size := range []string{"small", "large"} {
 		if size == "large" {
 			f.fill(20_000)
 		}
-		claimScans, recordScans := plans(batchTx)
+		claimScans, recordScans := plans(pgx.TxOptions{BeginQuery: strings.Join(batchBegin, "; ")})
 		if seq(claimScans) {
 			t.Errorf("%s table: claim plans a sequential scan of the outbox: %v", size, claimScans)
 		}

@@ -420,9 +420,9 @@ func (r *Relay) advanceFloor(rows []*claimed, floor int64, snap snapshot) {
 	r.highWater.Store(r.safe)
 }
 
-// batchTx begins a batch's transaction with generic plans for the claim and
-// the record, kept on the outbox's indexes. One round trip, like a plain
-// BEGIN.
+// batchBegin opens a batch's transaction with generic plans for the claim
+// and the record, kept on the outbox's indexes. The statements go out in
+// the claim's round trip (store.claim).
 //
 // Generic plans: the plans do not depend on the parameters (the same indexes
 // whatever the values), and Postgres would otherwise plan each execution
@@ -436,11 +436,17 @@ func (r *Relay) advanceFloor(rows []*claimed, floor int64, snap snapshot) {
 // table was small, the record joined the batch's ids to a sequential scan
 // of the whole table, and kept doing so as it grew to hundreds of
 // megabytes (the latency benchmark: 45 ms a batch, most of Postgres's CPU).
-var batchTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off"}
+var batchBegin = []string{"BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan", "SET LOCAL enable_seqscan = off"}
 
 // runBatch claims, publishes and records one batch, returning the number of
 // rows claimed. The batch runs to completion even when ctx is cancelled
 // (soft stop); only its own timeout bounds it.
+//
+// Two round trips to Postgres for a batch: begin and claim in one, record
+// and commit in the other (pgx batches: the statements go out together and
+// run in order, and an error skips the rest). A round trip costs both sides
+// system calls and wake-ups, which at a few rows a batch are most of the
+// relay's and Postgres's work.
 func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	start := time.Now()
 	act, ok := r.active(start)
@@ -449,11 +455,21 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+30*time.Second)
 	defer cancel()
-	tx, err := r.pool.BeginTx(bctx, batchTx)
+	conn, err := r.pool.Acquire(bctx)
 	if err != nil {
 		return 0, fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(bctx)) //nolint:errcheck // no-op after commit
+	defer func() {
+		// A transaction still open (or failed) here ends without a trace.
+		// A connection that cannot roll back is closed on release, which
+		// rolls back too.
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			conn.Exec(rctx, "ROLLBACK") //nolint:errcheck // see above
+			cancel()
+		}
+		conn.Release()
+	}()
 
 	// One claim at a time: a claim starts where the one before it ended.
 	// Claims that run together start at the same floor, and each walks
@@ -465,7 +481,7 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	if r.testHookClaiming != nil {
 		r.testHookClaiming()
 	}
-	rows, snap, err := r.store.claim(bctx, tx, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor)
+	rows, snap, err := r.store.claim(bctx, conn, batchBegin, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor)
 	if err == nil {
 		r.advanceFloor(rows, floor, snap)
 		if r.testHookClaimed != nil {
@@ -477,18 +493,18 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	if len(rows) == 0 {
-		return 0, tx.Commit(bctx)
+		if _, err := conn.Exec(bctx, "COMMIT"); err != nil {
+			return 0, fmt.Errorf("commit empty claim: %w", err)
+		}
+		return 0, nil
 	}
 
 	rec := r.publish(bctx, rows)
 	if r.testHookAfterPublish != nil {
 		r.testHookAfterPublish()
 	}
-	if err := r.store.record(bctx, tx, rec); err != nil {
+	if err := r.store.record(bctx, conn, rec, true); err != nil {
 		return len(rows), err
-	}
-	if err := tx.Commit(bctx); err != nil {
-		return len(rows), fmt.Errorf("commit batch: %w", err)
 	}
 	r.cfg.Metrics.Batch(time.Since(start), len(rows))
 	return len(rows), nil

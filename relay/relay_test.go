@@ -987,6 +987,82 @@ func TestClaimsOfOneRelayDoNotOverlap(t *testing.T) {
 	}
 }
 
+// roundTrips counts the round trips to Postgres whose statements match: a
+// statement run on its own is one, a pgx batch is one.
+type roundTrips struct {
+	match func(sql string) bool
+	n     atomic.Int64
+}
+
+func (rt *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if rt.match(d.SQL) {
+		rt.n.Add(1)
+	}
+	return ctx
+}
+
+func (rt *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (rt *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		if rt.match(q.SQL) {
+			rt.n.Add(1)
+			break
+		}
+	}
+	return ctx
+}
+
+func (rt *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (rt *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// A batch costs two round trips to Postgres: begin and claim together, and
+// record and commit together. At a few rows a batch, round trips are most
+// of the relay's and Postgres's work.
+func TestBatchTakesTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	st := newStore(f.table)
+	rt := &roundTrips{match: func(sql string) bool {
+		up := strings.ToUpper(sql)
+		return strings.HasPrefix(up, "BEGIN") || up == "COMMIT" || up == "ROLLBACK" || sql == st.claimSQL || sql == st.recordSQL
+	}}
+	pc, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.Tracer = rt
+	traced, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(traced.Close)
+	f.pool = traced
+
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	var claims atomic.Int64
+	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 1, PollInterval: time.Hour}, func(r *Relay) {
+		r.testHookClaimed = func(int, int64) { claims.Add(1) }
+	})
+	testenv.Eventually(t, 10*time.Second, func() bool { return claims.Load() >= 2 }, "relay did not start")
+	time.Sleep(100 * time.Millisecond)
+
+	// Single-row commits, one at a time: a batch of one row each.
+	const commits = 20
+	trips0, claims0 := rt.n.Load(), claims.Load()
+	for i := range commits {
+		f.insert(1, "orders.created")
+		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == i+1 }, "row not delivered")
+	}
+	trips, batches := rt.n.Load()-trips0, claims.Load()-claims0
+	// Each commit's batch, plus any empty claim (its commit is a round trip
+	// of its own).
+	if batches < commits || trips > 2*batches+(batches-commits) {
+		t.Errorf("%d round trips for %d claims delivering %d single-row commits: want 2 a batch", trips, batches, commits)
+	}
+	t.Logf("%d round trips, %d claims, %d commits", trips, batches, commits)
+}
+
 // At a steady rate (every claim short), claims start past the rows known to
 // be taken instead of walking from the oldest row over the rows the batches
 // in flight hold — yet a row whose transaction took a lower id and commits

@@ -220,9 +220,28 @@ type claimed struct {
 // claim returned no rows).
 type snapshot struct{ xmin, xmax int64 }
 
-func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int, skipParked bool, floor int64) ([]*claimed, snapshot, error) {
+// batchSender is a connection, or a transaction, that pipelines statements.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// claim runs the statements of begin (none, in a transaction already open),
+// then the claim, in one round trip.
+func (s *store) claim(ctx context.Context, db batchSender, begin []string, active [2]bool, limit int, skipParked bool, floor int64) ([]*claimed, snapshot, error) {
 	var snap snapshot
-	rows, err := tx.Query(ctx, s.claimSQL, active[0], active[1], limit, skipParked, keyWindow*limit, max(1, limit/2), floor)
+	b := &pgx.Batch{}
+	for _, q := range begin {
+		b.Queue(q)
+	}
+	b.Queue(s.claimSQL, active[0], active[1], limit, skipParked, keyWindow*limit, max(1, limit/2), floor)
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+	for range begin {
+		if _, err := br.Exec(); err != nil {
+			return nil, snap, fmt.Errorf("begin batch: %w", err)
+		}
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, snap, fmt.Errorf("claim batch: %w", err)
 	}
@@ -245,6 +264,10 @@ func (s *store) claim(ctx context.Context, tx pgx.Tx, active [2]bool, limit int,
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
+		return nil, snap, fmt.Errorf("claim batch: %w", err)
+	}
+	rows.Close()
+	if err := br.Close(); err != nil {
 		return nil, snap, fmt.Errorf("claim batch: %w", err)
 	}
 	return out, snap, nil
@@ -318,12 +341,28 @@ func (b *batchRecord) add(c *claimed, outcome [2]int16, errText [2]string, backo
 	}
 }
 
-func (s *store) record(ctx context.Context, tx pgx.Tx, b *batchRecord) error {
-	_, err := tx.Exec(ctx, s.recordSQL, b.ids,
+// record writes a batch's outcomes and, if commit, commits its transaction
+// in the same round trip.
+func (s *store) record(ctx context.Context, db batchSender, b *batchRecord, commit bool) error {
+	q := &pgx.Batch{}
+	q.Queue(s.recordSQL, b.ids,
 		b.outcome[0], b.errText[0], b.backoff[0],
 		b.outcome[1], b.errText[1], b.backoff[1],
 		b.doneIDs, b.doneNow[0], b.doneNow[1])
-	if err != nil {
+	if commit {
+		q.Queue("COMMIT")
+	}
+	br := db.SendBatch(ctx, q)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("record batch: %w", err)
+	}
+	if commit {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("commit batch: %w", err)
+		}
+	}
+	if err := br.Close(); err != nil {
 		return fmt.Errorf("record batch: %w", err)
 	}
 	return nil
