@@ -187,11 +187,12 @@ type Relay struct {
 	highWater atomic.Int64
 	fullWalk  atomic.Int64
 	floorMu   sync.Mutex
-	// claimMu lets one claim of this relay run at a time (runBatch).
-	claimMu sync.Mutex
 	safe      int64            // every row below it was taken (see advanceFloor)
 	seenXmin  int64            // the newest claim snapshot's oldest running transaction
 	tops      []floorCandidate // short claims' tops, waiting for seenXmin
+
+	// claimMu lets one claim of this relay run at a time (runBatch).
+	claimMu sync.Mutex
 
 	// testHookAfterPublish, when set, runs after a batch's publishes and
 	// before its outcomes are recorded; testHookClaiming just before a
