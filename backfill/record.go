@@ -30,34 +30,32 @@ func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, err
 	// of the batch, and keeps doing so as the run grows the table:
 	// quadratic over a run. A custom plan hashes the ids but still scans
 	// the table until it is far larger than a batch.
-	tx, err := b.cfg.DB.BeginTx(ctx, knownTx)
-	if err != nil {
-		return nil, err
+	//
+	// One round trip: the transaction's statements go out together (a pgx
+	// batch; an error skips the rest, and the pool drops a connection left
+	// in a transaction).
+	q := &pgx.Batch{}
+	for _, stmt := range knownBegin {
+		q.Queue(stmt)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // read only: nothing to undo
-	rows, err := tx.Query(ctx, fmt.Sprintf(`
+	q.Queue(fmt.Sprintf(`
 SELECT message_id::text FROM %s
 WHERE message_id = ANY($1::uuid[])
   AND (nats_delivered_at IS NOT NULL OR (done_at IS NULL AND nats_parked_at IS NULL))
 UNION ALL
 SELECT message_id::text FROM %s WHERE message_id = ANY($1::uuid[]) AND nats_delivered_at IS NOT NULL
 UNION ALL
-SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.Delivered(), b.cfg.Table.Backfilled()), uuids, all)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		known[id] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(ctx); err != nil {
+SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.Delivered(), b.cfg.Table.Backfilled()), uuids, all).
+		Query(func(rows pgx.Rows) error {
+			var id string
+			_, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+				known[id] = true
+				return nil
+			})
+			return err
+		})
+	q.Queue("COMMIT")
+	if err := b.cfg.DB.SendBatch(ctx, q).Close(); err != nil {
 		return nil, err
 	}
 	// Match ids as the items spell them (the database returns lower case).
@@ -69,8 +67,8 @@ SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.
 	return known, nil
 }
 
-// knownTx keeps the lookup on the tables' indexes.
-var knownTx = pgx.TxOptions{BeginQuery: "BEGIN READ ONLY; SET LOCAL enable_seqscan = off"}
+// knownBegin keeps the lookup on the tables' indexes.
+var knownBegin = []string{"BEGIN READ ONLY", "SET LOCAL enable_seqscan = off"}
 
 // record notes the moved ids, so a rerun skips them.
 func (b *runner) record(ctx context.Context, moved []*item) error {
