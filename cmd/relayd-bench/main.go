@@ -111,7 +111,7 @@ func main() {
 	version := flag.String("version", "", "version stamped into the relayd built (default: git describe)")
 	relaydEnv := flag.String("relayd-env", "", `extra settings for every relayd, space-separated, e.g. "RELAY_WORKERS=8" (default: relayd's defaults)`)
 	burnTargets := flag.String("burndown-targets", "", `burn-down phases, space-separated (default "nats amqp amqp,nats")`)
-	burnKeyed := flag.String("burndown-keyed", "amqp,nats", `phases also burned down with keyed rows (per-key order), space-separated; each is set against the same phase's null-key run ("": none)`)
+	burnKeyed := flag.String("burndown-keyed", "amqp,nats", `phases also burned down with keyed rows (per-key order), space-separated, with the first of -burndown-instances; each is set against the same phase's null-key run ("": none)`)
 	burnInstances := flag.String("burndown-instances", "", `relayd processes of each burn-down, space-separated (default "1 2")`)
 	burnKeys := flag.Int("keys", 1000, "distinct keys of the keyed burn-down runs, spread round-robin over the rows")
 	latencyRates := flag.String("latency-rates", "", `rows per second of the latency runs, space-separated (default "1000 5000")`)
