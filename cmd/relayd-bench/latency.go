@@ -227,7 +227,9 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 	if b.o.Smoke {
 		grace = 10 * time.Second
 	}
-	waitUntil := time.Now().Add(grace)
+	graceStart := time.Now()
+	waitUntil := graceStart.Add(grace)
+	firstMissing := -1
 	for {
 		p.sampleHWM()
 		rec.mu.Lock()
@@ -238,8 +240,19 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 			}
 		}
 		rec.mu.Unlock()
+		if firstMissing < 0 {
+			firstMissing = missing
+		}
 		if missing == 0 || time.Now().After(waitUntil) {
 			break
+		}
+		// A backlog that will not drain within the grace (the relay fell
+		// behind the rate): the figures say so already, stop waiting.
+		if waited := time.Since(graceStart); waited >= 3*time.Second {
+			perSec := float64(firstMissing-missing) / waited.Seconds()
+			if perSec <= 0 || float64(missing)/perSec > time.Until(waitUntil).Seconds() {
+				break
+			}
 		}
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 			return l, err
