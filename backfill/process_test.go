@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/testenv"
@@ -26,29 +23,15 @@ func TestProcessAcksABatchWithOneFrame(t *testing.T) {
 	defer cancel()
 	pool := testenv.Pool(t)
 	table := testenv.Outbox(t, pool)
-	nc, err := nats.Connect(testenv.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := testenv.Name("bfp")
-	stream := strings.ToUpper(id)
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{id + ".>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { js.DeleteStream(context.Background(), stream) })
+	st := testenv.NewStream(t, "bfp")
+	id := st.Prefix[:len(st.Prefix)-1]
 
-	cfg := Config{AMQPURL: "amqp://unused", Queue: "unused", NATS: nc, Stream: stream,
-		SubjectPrefix: id + ".", DB: pool, Table: table}
+	cfg := Config{AMQPURL: "amqp://unused", Queue: "unused", NATS: st.NC, Stream: st.Name,
+		SubjectPrefix: st.Prefix, DB: pool, Table: table}
 	if err := cfg.applyDefaults(); err != nil {
 		t.Fatal(err)
 	}
-	b := &runner{cfg: cfg, log: cfg.Logger, js: js, seenHeld: map[string]bool{}}
+	b := &runner{cfg: cfg, log: cfg.Logger, js: st.JS, seenHeld: map[string]bool{}}
 
 	// 100 deliveries; every fifth was moved by an earlier run.
 	var ds []amqp.Delivery
@@ -74,7 +57,7 @@ SELECT id, 'q', false FROM unnest($1::text[]) AS id`, known); err != nil {
 	if s := b.summary(); s.Moved != 80 || s.AlreadyDelivered != 20 {
 		t.Fatalf("moved %d, already delivered %d; want 80 and 20", s.Moved, s.AlreadyDelivered)
 	}
-	info, err := st.Info(ctx)
+	info, err := st.Stream.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

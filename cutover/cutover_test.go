@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -22,22 +21,10 @@ func TestCheckNamesEachFailingCondition(t *testing.T) {
 	pool := testenv.Pool(t)
 	table := testenv.Outbox(t, pool)
 
-	nc, err := nats.Connect(testenv.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := testenv.Name("co")
-	stream, subject := strings.ToUpper(id), id+".orders"
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{id + ".>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { js.DeleteStream(context.Background(), stream) })
+	ns := testenv.NewStream(t, "co")
+	js, st := ns.JS, ns.Stream
+	id, stream := ns.Prefix[:len(ns.Prefix)-1], ns.Name
+	subject := id + ".orders"
 	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "new-side", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second})
 	if err != nil {
 		t.Fatal(err)
