@@ -482,7 +482,7 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	if r.testHookClaiming != nil {
 		r.testHookClaiming()
 	}
-	rows, snap, err := r.store.claim(bctx, conn, batchBegin, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor)
+	rows, snap, err := r.store.claim(bctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor)
 	if err == nil {
 		r.advanceFloor(rows, floor, snap)
 		if r.testHookClaimed != nil {
@@ -504,7 +504,7 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	if r.testHookAfterPublish != nil {
 		r.testHookAfterPublish()
 	}
-	if err := r.store.record(bctx, conn, rec, true); err != nil {
+	if err := r.store.record(bctx, conn, rec); err != nil {
 		return len(rows), err
 	}
 	r.cfg.Metrics.Batch(time.Since(start), len(rows))

@@ -220,23 +220,23 @@ type claimed struct {
 // claim returned no rows).
 type snapshot struct{ xmin, xmax int64 }
 
-// batchSender is a connection, or a transaction, that pipelines statements.
+// batchSender is a connection that pipelines statements.
 type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// claim runs the statements of begin (none, in a transaction already open),
-// then the claim, in one round trip.
-func (s *store) claim(ctx context.Context, db batchSender, begin []string, active [2]bool, limit int, skipParked bool, floor int64) ([]*claimed, snapshot, error) {
+// claim begins a batch's transaction (batchBegin) and claims, in one round
+// trip.
+func (s *store) claim(ctx context.Context, db batchSender, active [2]bool, limit int, skipParked bool, floor int64) ([]*claimed, snapshot, error) {
 	var snap snapshot
 	b := &pgx.Batch{}
-	for _, q := range begin {
+	for _, q := range batchBegin {
 		b.Queue(q)
 	}
 	b.Queue(s.claimSQL, active[0], active[1], limit, skipParked, keyWindow*limit, max(1, limit/2), floor)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
-	for range begin {
+	for range batchBegin {
 		if _, err := br.Exec(); err != nil {
 			return nil, snap, fmt.Errorf("begin batch: %w", err)
 		}
@@ -341,26 +341,22 @@ func (b *batchRecord) add(c *claimed, outcome [2]int16, errText [2]string, backo
 	}
 }
 
-// record writes a batch's outcomes and, if commit, commits its transaction
-// in the same round trip.
-func (s *store) record(ctx context.Context, db batchSender, b *batchRecord, commit bool) error {
+// record writes a batch's outcomes and commits its transaction, in one
+// round trip.
+func (s *store) record(ctx context.Context, db batchSender, b *batchRecord) error {
 	q := &pgx.Batch{}
 	q.Queue(s.recordSQL, b.ids,
 		b.outcome[0], b.errText[0], b.backoff[0],
 		b.outcome[1], b.errText[1], b.backoff[1],
 		b.doneIDs, b.doneNow[0], b.doneNow[1])
-	if commit {
-		q.Queue("COMMIT")
-	}
+	q.Queue("COMMIT")
 	br := db.SendBatch(ctx, q)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return fmt.Errorf("record batch: %w", err)
 	}
-	if commit {
-		if _, err := br.Exec(); err != nil {
-			return fmt.Errorf("commit batch: %w", err)
-		}
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("commit batch: %w", err)
 	}
 	if err := br.Close(); err != nil {
 		return fmt.Errorf("record batch: %w", err)
