@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -182,17 +181,16 @@ type Relay struct {
 	wake    kick
 	log     *slog.Logger
 
-	// highWater and fullWalk (unix ns) place the claims' unkeyed walks;
-	// see claimFloor. floorMu guards the safe floor's state (advanceFloor).
-	highWater atomic.Int64
-	fullWalk  atomic.Int64
-	floorMu   sync.Mutex
+	// claimMu lets one claim of this relay run at a time (runBatch), and
+	// guards the state that places the claims' unkeyed walks: highWater
+	// and fullWalk (unix ns), see claimFloor; safe, seenXmin and tops, see
+	// advanceFloor.
+	claimMu   sync.Mutex
+	highWater int64
+	fullWalk  int64
 	safe      int64            // every row below it was taken (see advanceFloor)
 	seenXmin  int64            // the newest claim snapshot's oldest running transaction
 	tops      []floorCandidate // short claims' tops, waiting for seenXmin
-
-	// claimMu lets one claim of this relay run at a time (runBatch).
-	claimMu sync.Mutex
 
 	// testHookAfterPublish, when set, runs after a batch's publishes and
 	// before its outcomes are recorded; testHookClaiming just before a
@@ -354,13 +352,13 @@ func (r *Relay) nextTargetCheck() time.Duration {
 // claimed. Starting past the high-water mark skips them without touching
 // them. What it also skips — rows below it that became claimable meanwhile
 // (a retry that fell due, rows another relay released) — the next walk from
-// the oldest row takes, within PollInterval.
+// the oldest row takes, within PollInterval. Called with claimMu held.
 func (r *Relay) claimFloor(now time.Time) int64 {
-	last := r.fullWalk.Load()
-	if now.UnixNano()-last >= int64(r.cfg.PollInterval) && r.fullWalk.CompareAndSwap(last, now.UnixNano()) {
+	if now.UnixNano()-r.fullWalk >= int64(r.cfg.PollInterval) {
+		r.fullWalk = now.UnixNano()
 		return 0
 	}
-	return r.highWater.Load()
+	return r.highWater
 }
 
 // floorCandidate is the top of a short claim that walked from the safe
@@ -391,7 +389,8 @@ const maxFloorCandidates = 64
 // over the rows that the batches in flight hold. What a floor can still
 // miss — a retry that fell due, rows another relay released, a row whose
 // transaction took its id but no transaction id before the snapshot — the
-// walk from the oldest row every PollInterval takes.
+// walk from the oldest row every PollInterval takes. Called with claimMu
+// held.
 func (r *Relay) advanceFloor(rows []*claimed, floor int64, snap snapshot) {
 	var top int64
 	for _, c := range rows {
@@ -399,11 +398,9 @@ func (r *Relay) advanceFloor(rows []*claimed, floor int64, snap snapshot) {
 			top = max(top, c.msg.ID)
 		}
 	}
-	r.floorMu.Lock()
-	defer r.floorMu.Unlock()
 	r.seenXmin = max(r.seenXmin, snap.xmin)
 	if len(rows) >= r.cfg.BatchSize {
-		r.highWater.Store(max(r.highWater.Load(), top))
+		r.highWater = max(r.highWater, top)
 		return
 	}
 	if top > 0 && floor <= r.safe && len(r.tops) < maxFloorCandidates {
@@ -418,7 +415,7 @@ func (r *Relay) advanceFloor(rows []*claimed, floor int64, snap snapshot) {
 		}
 	}
 	r.tops = waiting
-	r.highWater.Store(r.safe)
+	r.highWater = r.safe
 }
 
 // batchBegin opens a batch's transaction with generic plans for the claim
