@@ -20,8 +20,8 @@ func (b *bench) latencies(ctx context.Context, res *Results) error {
 		if err != nil {
 			return fmt.Errorf("%d/s: %w", rate, err)
 		}
-		b.logf("  p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms; %d received, %d missing; %d commits started > %v late",
-			l.P50Ms, l.P90Ms, l.P99Ms, l.MaxMs, l.Received, l.Missing, l.LateStarts, lateThreshold)
+		b.logf("  p50 %.1f ms, p90 %.1f ms, p99 %.1f ms (NATS alone %.1f, RabbitMQ alone %.1f), max %.1f ms; %d received, %d missing; %d commits started > %v late",
+			l.P50Ms, l.P90Ms, l.P99Ms, l.NATSP99Ms, l.AMQPP99Ms, l.MaxMs, l.Received, l.Missing, l.LateStarts, lateThreshold)
 		res.Latency = append(res.Latency, l)
 		b.settle(ctx)
 	}
@@ -267,7 +267,7 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	var lat, late []time.Duration
+	var lat, natsLat, amqpLat, late []time.Duration
 	var lastCommit int64
 	lateSlots := map[int]bool{}
 	for _, r := range rec.m {
@@ -285,6 +285,8 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 			continue
 		}
 		lat = append(lat, max(0, time.Duration(max(r.natsAt, r.amqpAt)-r.commit)))
+		natsLat = append(natsLat, max(0, time.Duration(r.natsAt-r.commit)))
+		amqpLat = append(amqpLat, max(0, time.Duration(r.amqpAt-r.commit)))
 	}
 	l.Received = len(lat)
 	l.LateStarts = len(lateSlots)
@@ -296,6 +298,9 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 	}
 	slices.Sort(lat)
 	slices.Sort(late)
+	slices.Sort(natsLat)
+	slices.Sort(amqpLat)
+	l.NATSP99Ms, l.AMQPP99Ms = msOf(pct(natsLat, 99)), msOf(pct(amqpLat, 99))
 	l.P50Ms, l.P90Ms, l.P99Ms, l.MaxMs = msOf(pct(lat, 50)), msOf(pct(lat, 90)), msOf(pct(lat, 99)), msOf(lat[len(lat)-1])
 	l.P99LateMs, l.MaxLateMs = msOf(pct(late, 99)), msOf(late[len(late)-1])
 	// Rows per second from the first measured slot to the last measured

@@ -108,6 +108,10 @@ type Latency struct {
 	P90Ms            float64 `json:"p90_ms"`
 	P99Ms            float64 `json:"p99_ms"`
 	MaxMs            float64 `json:"max_ms"`
+	// Each broker on its own (commit → received from it): which one makes
+	// the tail.
+	NATSP99Ms float64 `json:"nats_p99_ms"`
+	AMQPP99Ms float64 `json:"amqp_p99_ms"`
 	// The producers' timetable: how late commits started, and the rate
 	// they achieved over the measured window.
 	AchievedRate float64 `json:"achieved_rate_per_second"`

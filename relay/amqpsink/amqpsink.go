@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -39,6 +40,9 @@ type Config struct {
 	TLS *tls.Config
 	// Logger receives connection events. Default: discard.
 	Logger *slog.Logger
+
+	// wrapConn, in tests, wraps each TCP connection below the cork.
+	wrapConn func(net.Conn) net.Conn
 }
 
 // Sink is the relay's RabbitMQ target.
@@ -123,17 +127,30 @@ func (s *Sink) Close() error {
 	return nil
 }
 
-func (s *Sink) dial() (*amqp.Connection, error) {
-	return amqp.DialConfig(s.cfg.URL, amqp.Config{
+func (s *Sink) dial() (*amqp.Connection, *corkConn, error) {
+	var cc *corkConn
+	dial := amqp.DefaultDial(10 * time.Second)
+	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
 		Heartbeat:       10 * time.Second,
-		TLSClientConfig: s.cfg.TLS,
+		TLSClientConfig: s.cfg.TLS, // amqp091-go puts TLS above the cork: records are corked
 		Properties:      amqp.Table{"connection_name": "relayd"},
-		Dial:            amqp.DefaultDial(10 * time.Second),
+		Dial: func(network, addr string) (net.Conn, error) {
+			c, err := dial(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			if s.cfg.wrapConn != nil {
+				c = s.cfg.wrapConn(c)
+			}
+			cc = &corkConn{Conn: c}
+			return cc, nil
+		},
 	})
+	return conn, cc, err
 }
 
 func (s *Sink) connect() (*session, error) {
-	conn, err := s.dial()
+	conn, cork, err := s.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +163,9 @@ func (s *Sink) connect() (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	return newSession(conn, ch, s.confirmedLate), nil
+	sess := newSession(conn, ch, s.confirmedLate)
+	sess.cork = cork
+	return sess, nil
 }
 
 // lateTTL bounds how long a late confirm is remembered: far longer than the
@@ -245,6 +264,18 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		}
 		return
 	}
+	// The batch's publishes leave in one write (see corkConn), sent before
+	// the waiting starts.
+	deadline, _ := ctx.Deadline()
+	sess.cork.cork()
+	corked := true
+	uncork := func() {
+		if corked {
+			corked = false
+			sess.cork.uncork(deadline) //nolint:errcheck // a failed flush closes the connection: the waits below end as unknown
+		}
+	}
+	defer uncork()
 	waits := make([]*pending, len(msgs))
 	for i, m := range msgs {
 		if len(m.Topic) > 255 {
@@ -275,6 +306,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		}
 		waits[i] = p
 	}
+	uncork()
 	for i, p := range waits {
 		if p == nil {
 			continue
@@ -335,6 +367,7 @@ type pending struct {
 type session struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
+	cork *corkConn
 
 	mu       sync.Mutex
 	byTag    map[uint64]*pending

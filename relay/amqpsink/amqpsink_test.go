@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,6 +133,76 @@ func TestLongRoutingKeyIsPermanent(t *testing.T) {
 	sinktest.WaitArrived(t, e, ok)
 }
 
+// writeCounter counts the writes that reach a connection's socket, and
+// fails them while fail is set.
+type writeCounter struct {
+	net.Conn
+	writes *atomic.Int64
+	fail   *atomic.Bool
+}
+
+func (c writeCounter) Write(p []byte) (int, error) {
+	if c.fail != nil && c.fail.Load() {
+		return 0, errors.New("test: write refused")
+	}
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// A batch's publishes reach the socket in a few writes, not one each: at a
+// few rows a batch, a write per publish was the relay's largest cost.
+func TestBatchLeavesInFewWrites(t *testing.T) {
+	t.Parallel()
+	var writes atomic.Int64
+	e := setupWith(t, func(c *amqpsink.Config) {
+		amqpsink.WrapConn(c, func(c net.Conn) net.Conn { return writeCounter{Conn: c, writes: &writes} })
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	for _, n := range []int{1, 5, 200} {
+		msgs := sinktest.Messages(fmt.Sprintf("cork%d", n), n)
+		before := writes.Load()
+		sinktest.RequireAllNil(t, msgs, sinktest.Publish(t, e.sink, 20*time.Second, msgs))
+		// 200 messages of about 1.1 KiB: one write at the cork's 128 KiB,
+		// one at the end. A heartbeat may add one.
+		if got, most := writes.Load()-before, int64(3+n/100); got > most {
+			t.Errorf("%d publishes took %d writes, want at most %d", n, got, most)
+		}
+		sinktest.WaitArrived(t, e, msgs)
+	}
+}
+
+// A corked batch whose write fails ends as unknown at once, not at the
+// publish timeout, and the sink reconnects and delivers the retry.
+func TestFailedFlushIsUnknown(t *testing.T) {
+	t.Parallel()
+	var writes atomic.Int64
+	var fail atomic.Bool
+	e := setupWith(t, func(c *amqpsink.Config) {
+		amqpsink.WrapConn(c, func(c net.Conn) net.Conn { return writeCounter{Conn: c, writes: &writes, fail: &fail} })
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	msgs := sinktest.Messages("flushfail", 20)
+	fail.Store(true)
+	start := time.Now()
+	results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("failed flush resolved after %v, want at once", took)
+	}
+	sinktest.RequireAllUnavailable(t, msgs, results)
+	fail.Store(false)
+	// As the relay does: publish again until confirmed (the sink may not
+	// have noticed the lost connection yet: unknown again).
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		for _, err := range sinktest.Publish(t, e.sink, 20*time.Second, msgs) {
+			if err != nil {
+				return false
+			}
+		}
+		return true
+	}, "retry never confirmed")
+	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), msgs, 1)
+}
+
 // env is one test's exchange and queue, a proxy in front of RabbitMQ that
 // the sink connects through, and a reader of the queue. It is the
 // sinktest.Broker.
@@ -146,7 +218,10 @@ type env struct {
 
 var _ sinktest.Broker = (*env)(nil)
 
-func setup(t *testing.T) *env {
+func setup(t *testing.T) *env { t.Helper(); return setupWith(t, nil) }
+
+// setupWith is setup with the sink's Config adjusted by tune.
+func setupWith(t *testing.T, tune func(*amqpsink.Config)) *env {
 	t.Helper()
 	rawURL := testenv.AMQPURL(t)
 	name := testenv.Name("sinktest")
@@ -207,7 +282,11 @@ func setup(t *testing.T) *env {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	e.sink, err = amqpsink.New(ctx, amqpsink.Config{URL: u.String(), Exchange: e.exchange})
+	cfg := amqpsink.Config{URL: u.String(), Exchange: e.exchange}
+	if tune != nil {
+		tune(&cfg)
+	}
+	e.sink, err = amqpsink.New(ctx, cfg)
 	if err != nil {
 		t.Fatalf("amqpsink.New: %v", err)
 	}
