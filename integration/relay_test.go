@@ -109,10 +109,10 @@ func TestConcurrentProducersTwoRelays(t *testing.T) {
 	if got := e.committedIDs(); len(got) != len(committed) {
 		t.Fatalf("table has %d rows, producers committed %d", len(got), len(committed))
 	}
-	// RabbitMQ gets no copy twice — unless a confirm outlived
-	// RELAY_PUBLISH_TIMEOUT (a RabbitMQ swamped by the whole suite on two
-	// cores): the row is then retried, and the other relay may take it and
-	// publish a second copy. The bound: both relays' rows in flight.
+	// RabbitMQ gets no copy twice — unless a confirm came more than twice
+	// RELAY_PUBLISH_TIMEOUT late (a RabbitMQ swamped by the whole suite on
+	// two cores): the row is then retried, and the other relay may take it
+	// and publish a second copy. The bound: both relays' rows in flight.
 	dupes := e.checkExactlyOnce(committed, true)
 	if slow := confirmTimedOut(r1, r2); dupes > 0 && !slow {
 		t.Errorf("rabbitmq got %d duplicates, and no confirm outlived the publish timeout", dupes)
@@ -131,6 +131,34 @@ func TestConcurrentProducersTwoRelays(t *testing.T) {
 	for _, r := range []*proc{r1, r2} {
 		if !strings.Contains(r.out.String(), "relay started") {
 			t.Errorf("%s never started", r.name)
+		}
+	}
+}
+
+// Two relayd processes, one of them with every RabbitMQ confirm arriving
+// after its publish timeout (latency on the way back from RabbitMQ; its
+// publishes arrive at once). Its rows are retried, but held back a further
+// publish timeout, and each late confirm is recorded as the delivery when
+// it comes: the other relay, retrying those rows, finds them delivered. No
+// copy twice in RabbitMQ.
+func TestSlowConfirmsTwoRelays(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	px := newFaultProxy(t, "slow-confirms", hostOf(t, e.amqpURL))
+	slow := e.startRelay("relay-slow", "RELAY_AMQP_URL="+px.url(e.amqpURL), "RELAY_PUBLISH_TIMEOUT=2s")
+	fast := e.startRelay("relay-fast")
+	heal := px.inject("latency", map[string]any{"latency": 2500}, "downstream")
+	defer heal()
+
+	committed, _ := e.producers(context.Background(), 4, 4000, 5*time.Millisecond)
+	e.waitDelivered(2 * time.Minute)
+	e.checkExactlyOnce(committed, false)
+	if !confirmTimedOut(slow) || !strings.Contains(slow.out.String(), "late confirms recorded") {
+		t.Errorf("relay-slow recorded no late confirm: the test did not test it")
+	}
+	for _, r := range []*proc{slow, fast} {
+		if code := r.stop(30 * time.Second); code != 0 {
+			t.Errorf("%s exited %d after SIGTERM, want 0", r.name, code)
 		}
 	}
 }

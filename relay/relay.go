@@ -181,6 +181,10 @@ type Relay struct {
 	wake    kick
 	log     *slog.Logger
 
+	// late carries confirms that came after their batch gave up waiting
+	// (LateConfirmer) to recordLate.
+	late chan lateConfirm
+
 	// claimMu lets one claim of this relay run at a time (runBatch), and
 	// guards the state that places the claims' unkeyed walks: highWater
 	// and fullWalk (unix ns), see claimFloor; safe, seenXmin and tops, see
@@ -208,13 +212,79 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), log: cfg.Logger}
+	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), log: cfg.Logger,
+		late: make(chan lateConfirm, lateBuffer)}
 	for _, s := range cfg.Sinks {
 		i := targetIndex(s.Target())
 		r.sinks[i], r.enabled[i] = s, true
 		r.breaker[i] = &breaker{}
+		if lc, ok := s.(LateConfirmer); ok {
+			lc.OnLateConfirm(func(msgID string) {
+				select {
+				case r.late <- lateConfirm{ti: i, msgID: msgID}:
+				default:
+					// Full: this instance still knows (the sink does not
+					// publish it again); only other instances may.
+				}
+			})
+		}
 	}
 	return r, nil
+}
+
+// lateConfirm is a message a target confirmed after its batch gave up.
+type lateConfirm struct {
+	ti    int
+	msgID string
+}
+
+// lateBuffer is how many late confirms wait to be recorded at most.
+const lateBuffer = 1 << 14
+
+// recordLate records late confirms as deliveries as they come, in sets of
+// what has queued up: until then, only this instance knows the broker has
+// the row, and another one retrying it would publish a second copy. A set
+// that cannot be recorded is tried again, three times in all.
+func (r *Relay) recordLate(ctx context.Context) {
+	for {
+		var first lateConfirm
+		select {
+		case <-ctx.Done():
+			return
+		case first = <-r.late:
+		}
+		byTarget := [2][]string{}
+		byTarget[first.ti] = append(byTarget[first.ti], first.msgID)
+	more:
+		for n := 1; n < 1000; n++ {
+			select {
+			case c := <-r.late:
+				byTarget[c.ti] = append(byTarget[c.ti], c.msgID)
+			default:
+				break more
+			}
+		}
+		for ti, ids := range byTarget {
+			if len(ids) == 0 {
+				continue
+			}
+			for attempt := 1; ; attempt++ {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+				n, err := r.store.recordLate(rctx, r.pool, ti, ids, r.enabled)
+				cancel()
+				if err == nil {
+					r.log.Info("late confirms recorded", "target", string(Targets[ti]), "confirms", len(ids), "rows_marked", n)
+					break
+				}
+				if attempt == 3 {
+					r.log.Warn("late confirms not recorded: another instance may publish these rows again",
+						"target", string(Targets[ti]), "confirms", len(ids), "error", err.Error())
+					break
+				}
+				sleep(ctx, time.Second)
+			}
+		}
+	}
 }
 
 // Run relays until ctx is cancelled, then stops claiming, lets in-flight
@@ -222,9 +292,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 // returns nil. It returns an error only if the relay cannot run at all.
 func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Add(2 + r.cfg.Workers)
+	wg.Add(3 + r.cfg.Workers)
 	go func() { defer wg.Done(); r.listen(ctx) }()
 	go func() { defer wg.Done(); r.cleanup(ctx) }()
+	go func() { defer wg.Done(); r.recordLate(ctx) }()
 	for i := range r.cfg.Workers {
 		go func() { defer wg.Done(); r.work(ctx, i) }()
 	}
@@ -596,6 +667,12 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 				// The broker, not the row: retry, without using up attempts.
 				outcome[ti], errText[ti] = outcomeOutage, err.Error()
 				backoff[ti] = r.retryBackoff(c.attempts[ti] + 1)
+				if errors.Is(err, ErrAwaitingConfirm) {
+					// Its confirm may still come: leave this instance
+					// (recordLate) the time to record it before any
+					// instance publishes the row again.
+					backoff[ti] = max(backoff[ti], r.cfg.PublishTimeout)
+				}
 				r.cfg.Metrics.PublishFailed(t, err)
 			case r.cfg.MaxAttempts > 0 && c.attempts[ti]+1 >= int32(r.cfg.MaxAttempts):
 				outcome[ti] = outcomeParked

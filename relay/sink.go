@@ -103,6 +103,30 @@ type Sink interface {
 	Ready() error
 }
 
+// LateConfirmer is a Sink whose broker may confirm a message after Publish
+// gave up waiting for it (ErrAwaitingConfirm). The relay records such a
+// confirm as a delivery at once: otherwise another relay instance, retrying
+// the row, would publish a second copy.
+type LateConfirmer interface {
+	// OnLateConfirm has f called with the message id of every message
+	// confirmed after its Publish returned without a verdict. f must not
+	// block.
+	OnLateConfirm(f func(messageID string))
+}
+
+// ErrAwaitingConfirm marks a publish the broker had not answered by the
+// deadline on a connection that is still up: its confirm may yet come. It
+// always comes wrapped together with ErrUnavailable (see AwaitingConfirm):
+// the outcome is unknown, and the row is retried, but not before a further
+// PublishTimeout, so that a late confirm (LateConfirmer) can be recorded
+// first.
+var ErrAwaitingConfirm = errors.New("awaiting confirm")
+
+// AwaitingConfirm wraps err as ErrUnavailable and ErrAwaitingConfirm.
+func AwaitingConfirm(err error) error {
+	return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrAwaitingConfirm, err)
+}
+
 // ErrUnavailable marks a failure of the broker or the connection to it: the
 // outcome of the publish is unknown and it will be retried.
 var ErrUnavailable = errors.New("broker unavailable")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/schema"
 )
@@ -15,8 +16,11 @@ import (
 // once from the validated, quoted table identifier; values always travel as
 // parameters.
 type store struct {
-	claimSQL   string
-	recordSQL  string
+	claimSQL  string
+	recordSQL string
+	// lateSQL marks rows delivered to a target whose confirm came after
+	// their batch gave up waiting (indexed like Targets).
+	lateSQL    [2]string
 	cleanupSQL string
 	// cleanupDeliveredSQL trims the record of delivered ids.
 	cleanupDeliveredSQL string
@@ -68,6 +72,8 @@ WITH upd AS (
 INSERT INTO %[2]s (id, message_id, amqp_delivered_at, nats_delivered_at, done_at)
 SELECT id, message_id, amqp_at, nats_at, clock_timestamp() FROM del`, tbl, t.Delivered()),
 
+		lateSQL: [2]string{lateSQL(tbl, "amqp"), lateSQL(tbl, "nats")},
+
 		// Rows marked done in the outbox by relayd before migration 00005.
 		cleanupSQL: fmt.Sprintf(`
 DELETE FROM %[1]s WHERE id IN (
@@ -84,6 +90,20 @@ DELETE FROM %[1]s WHERE message_id IN (
 	SELECT message_id FROM %[1]s WHERE moved_at < now() - $1 * interval '1 millisecond'
 	ORDER BY moved_at LIMIT $2)`, t.Backfilled()),
 	}
+}
+
+// lateSQL marks the rows of message ids $1 delivered to target p, unless
+// they are already, and returns each row's id and whether each target has
+// it now. The rows are locked in id order, so that two instances recording
+// overlapping sets wait for each other instead of deadlocking; a row in a
+// batch in flight is waited for (its batch records first). A parked row is
+// unparked: the broker has it.
+func lateSQL(tbl, p string) string {
+	return fmt.Sprintf(`
+UPDATE %[1]s o SET %[2]s_delivered_at = clock_timestamp(), %[2]s_retry_at = NULL, %[2]s_parked_at = NULL, %[2]s_last_error = NULL
+FROM (SELECT id FROM %[1]s WHERE message_id = ANY ($1::uuid[]) AND %[2]s_delivered_at IS NULL AND done_at IS NULL ORDER BY id FOR UPDATE) l
+WHERE o.id = l.id
+RETURNING o.id, o.amqp_delivered_at IS NOT NULL, o.nats_delivered_at IS NOT NULL`, tbl, p)
 }
 
 // claimSQL claims a batch. Parameters: $1 and $2 whether amqp and nats are
@@ -339,6 +359,54 @@ func (b *batchRecord) add(c *claimed, outcome [2]int16, errText [2]string, backo
 		b.errText[i] = append(b.errText[i], errText[i])
 		b.backoff[i] = append(b.backoff[i], backoff[i].Milliseconds())
 	}
+}
+
+// recordLate records that target ti has the rows of msgIDs (their confirms
+// came after their batches gave up), in a transaction of its own: rows every
+// enabled target now has leave the outbox as a batch's do. It returns how
+// many rows it marked.
+func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, ti int, msgIDs []string, enabled [2]bool) (int, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '30s'"); err != nil {
+		return 0, err
+	}
+	rows, err := tx.Query(ctx, s.lateSQL[ti], msgIDs)
+	if err != nil {
+		return 0, err
+	}
+	done := newBatchRecord(0, enabled)
+	marked := 0
+	for rows.Next() {
+		var id int64
+		var has [2]bool
+		if err := rows.Scan(&id, &has[0], &has[1]); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		marked++
+		if (has[0] || !enabled[0]) && (has[1] || !enabled[1]) {
+			done.doneIDs = append(done.doneIDs, id)
+			done.doneNow[0] = append(done.doneNow[0], false)
+			done.doneNow[1] = append(done.doneNow[1], false)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(done.doneIDs) > 0 {
+		if _, err := tx.Exec(ctx, s.recordSQL, done.ids,
+			done.outcome[0], done.errText[0], done.backoff[0],
+			done.outcome[1], done.errText[1], done.backoff[1],
+			done.doneIDs, done.doneNow[0], done.doneNow[1]); err != nil {
+			return 0, err
+		}
+	}
+	return marked, tx.Commit(ctx)
 }
 
 // record writes a batch's outcomes and commits its transaction, in one

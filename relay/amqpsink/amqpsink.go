@@ -11,7 +11,10 @@
 // the reading goroutine only touches maps under a short lock, so it is never
 // that late short of a frozen process.) A closed channel or
 // connection resolves every pending publish as "unknown" (retry), and the
-// sink reconnects by itself with capped backoff.
+// sink reconnects by itself with capped backoff. A publish still unanswered
+// at its deadline on a live connection stays registered: its confirm, when
+// it comes, is reported to OnLateConfirm (the relay records the delivery)
+// and answers a retry of the same message on this sink.
 package amqpsink
 
 import (
@@ -60,12 +63,16 @@ type Sink struct {
 	// publishing it again would queue a second copy.
 	lateMu sync.Mutex
 	late   map[string]time.Time
+	onLate func(msgID string) // see OnLateConfirm
 
 	stop    chan struct{}
 	stopped chan struct{}
 }
 
-var _ relay.Sink = (*Sink)(nil)
+var (
+	_ relay.Sink          = (*Sink)(nil)
+	_ relay.LateConfirmer = (*Sink)(nil)
+)
 
 // New connects to RabbitMQ and returns a sink that stays connected until
 // Close: after a connection loss it reconnects with capped backoff. New
@@ -172,9 +179,19 @@ func (s *Sink) connect() (*session, error) {
 // relay's retry backoff reaches before the row is retried.
 const lateTTL = 15 * time.Minute
 
+// OnLateConfirm implements relay.LateConfirmer.
+func (s *Sink) OnLateConfirm(f func(msgID string)) {
+	s.lateMu.Lock()
+	defer s.lateMu.Unlock()
+	s.onLate = f
+}
+
 func (s *Sink) confirmedLate(msgID string) {
 	s.lateMu.Lock()
 	defer s.lateMu.Unlock()
+	if s.onLate != nil {
+		s.onLate(msgID)
+	}
 	now := time.Now()
 	if len(s.late)%1024 == 1023 {
 		for id, at := range s.late {
@@ -319,7 +336,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 				results[i] = err
 				continue
 			}
-			results[i] = relay.Unavailable(fmt.Errorf("amqp: no confirm: %w", ctx.Err()))
+			results[i] = relay.AwaitingConfirm(fmt.Errorf("amqp: no confirm: %w", ctx.Err()))
 		}
 	}
 }

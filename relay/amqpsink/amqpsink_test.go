@@ -1,7 +1,9 @@
 package amqpsink_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -200,6 +202,45 @@ func TestFailedFlushIsUnknown(t *testing.T) {
 		}
 		return true
 	}, "retry never confirmed")
+	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), msgs, 1)
+}
+
+// A confirm that comes after Publish gave up waiting is reported to
+// OnLateConfirm, and the publish said it may come (ErrAwaitingConfirm, as
+// well as unavailable): the relay records it, so that no instance publishes
+// the message again.
+func TestLateConfirmIsReported(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t)
+	var mu sync.Mutex
+	late := map[string]bool{}
+	e.sink.OnLateConfirm(func(id string) {
+		mu.Lock()
+		defer mu.Unlock()
+		late[id] = true
+	})
+	toxic, err := json.Marshal(map[string]any{"name": "slow", "type": "latency", "stream": "downstream",
+		"attributes": map[string]any{"latency": 1500}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.proxy.Toxics.AddToxicJson(bytes.NewReader(toxic)); err != nil {
+		t.Fatalf("add latency: %v", err)
+	}
+	msgs := sinktest.Messages("late", 10)
+	for i, err := range sinktest.Publish(t, e.sink, 300*time.Millisecond, msgs) {
+		if !errors.Is(err, relay.ErrAwaitingConfirm) || !errors.Is(err, relay.ErrUnavailable) {
+			t.Fatalf("%s: %v, want awaiting confirm (and unavailable)", msgs[i].MessageID, err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(late) == len(msgs)
+	}, "late confirms not reported")
+	if err := e.proxy.Toxics.RemoveToxic(context.Background(), "slow"); err != nil {
+		t.Fatal(err)
+	}
 	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), msgs, 1)
 }
 
