@@ -244,19 +244,23 @@ const lateBuffer = 1 << 14
 // recordLate records late confirms as deliveries as they come, in sets of
 // what has queued up: until then, only this instance knows the broker has
 // the row, and another one retrying it would publish a second copy. A set
-// that cannot be recorded is tried again, three times in all.
-func (r *Relay) recordLate(ctx context.Context) {
+// that cannot be recorded is tried again, three times in all. After stop
+// (the batches have finished), it records what is still queued and returns.
+func (r *Relay) recordLate(stop <-chan struct{}) {
 	for {
 		var first lateConfirm
+		stopping := false
 		select {
-		case <-ctx.Done():
-			return
+		case <-stop:
+			stopping = true
 		case first = <-r.late:
 		}
 		byTarget := [2][]string{}
-		byTarget[first.ti] = append(byTarget[first.ti], first.msgID)
+		if !stopping {
+			byTarget[first.ti] = append(byTarget[first.ti], first.msgID)
+		}
 	more:
-		for n := 1; n < 1000; n++ {
+		for n := 1; n < 1000 || stopping; n++ {
 			select {
 			case c := <-r.late:
 				byTarget[c.ti] = append(byTarget[c.ti], c.msgID)
@@ -265,25 +269,35 @@ func (r *Relay) recordLate(ctx context.Context) {
 			}
 		}
 		for ti, ids := range byTarget {
-			if len(ids) == 0 {
-				continue
-			}
-			for attempt := 1; ; attempt++ {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-				n, err := r.store.recordLate(rctx, r.pool, ti, ids, r.enabled)
-				cancel()
-				if err == nil {
-					r.log.Info("late confirms recorded", "target", string(Targets[ti]), "confirms", len(ids), "rows_marked", n)
-					break
-				}
-				if attempt == 3 {
-					r.log.Warn("late confirms not recorded: another instance may publish these rows again",
-						"target", string(Targets[ti]), "confirms", len(ids), "error", err.Error())
-					break
-				}
-				sleep(ctx, time.Second)
+			if len(ids) > 0 {
+				r.recordLateSet(ti, ids, stopping)
 			}
 		}
+		if stopping {
+			return
+		}
+	}
+}
+
+func (r *Relay) recordLateSet(ti int, ids []string, stopping bool) {
+	for attempt := 1; ; attempt++ {
+		limit := time.Minute
+		if stopping {
+			limit = 5 * time.Second // the process is on its way out
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), limit)
+		n, err := r.store.recordLate(ctx, r.pool, ti, ids, r.enabled)
+		cancel()
+		if err == nil {
+			r.log.Info("late confirms recorded", "target", string(Targets[ti]), "confirms", len(ids), "rows_marked", n)
+			return
+		}
+		if attempt == 3 || stopping {
+			r.log.Warn("late confirms not recorded: another instance may publish these rows again",
+				"target", string(Targets[ti]), "confirms", len(ids), "error", err.Error())
+			return
+		}
+		time.Sleep(time.Second)
 	}
 }
 
@@ -291,17 +305,20 @@ func (r *Relay) recordLate(ctx context.Context) {
 // batches finish (at most PublishTimeout plus a database round trip), and
 // returns nil. It returns an error only if the relay cannot run at all.
 func (r *Relay) Run(ctx context.Context) error {
+	stopLate, lateDone := make(chan struct{}), make(chan struct{})
+	go func() { defer close(lateDone); r.recordLate(stopLate) }()
 	var wg sync.WaitGroup
-	wg.Add(3 + r.cfg.Workers)
+	wg.Add(2 + r.cfg.Workers)
 	go func() { defer wg.Done(); r.listen(ctx) }()
 	go func() { defer wg.Done(); r.cleanup(ctx) }()
-	go func() { defer wg.Done(); r.recordLate(ctx) }()
 	for i := range r.cfg.Workers {
 		go func() { defer wg.Done(); r.work(ctx, i) }()
 	}
 	r.log.Info("relay started", "table", r.cfg.Table.String(), "targets", r.targetNames(),
 		"workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize)
 	wg.Wait()
+	close(stopLate) // the batches are done: what confirms came late, record now
+	<-lateDone
 	r.log.Info("relay stopped")
 	return nil
 }

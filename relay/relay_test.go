@@ -1138,6 +1138,8 @@ type lateSink struct {
 	onLate  func(string)
 	pending []string
 	early   bool // confirm before Publish returns (before the batch records)
+	// beforeEarly, when set, runs just before the early confirms.
+	beforeEarly func()
 }
 
 func (s *lateSink) OnLateConfirm(f func(string)) {
@@ -1155,6 +1157,9 @@ func (s *lateSink) Publish(_ context.Context, msgs []*Message, results []error) 
 	s.mu.Unlock()
 	s.setDown(errors.New("test: stalled"))
 	if s.early {
+		if s.beforeEarly != nil {
+			s.beforeEarly()
+		}
 		s.confirmAll()
 	}
 }
@@ -1210,5 +1215,29 @@ func TestLateConfirmIsRecordedBeforeAnyRetry(t *testing.T) {
 				t.Fatalf("the other instance published %d rows to RabbitMQ and %d to JetStream again, want none", n, m)
 			}
 		})
+	}
+}
+
+// Late confirms that came while the relay was stopping are recorded before
+// Run returns: the relay is told to stop, then the confirms come, during its
+// last batch.
+func TestLateConfirmsAtStopAreRecorded(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	stalled := &lateSink{fakeSink: newFake(TargetAMQP), early: true}
+	var cancel context.CancelFunc
+	stalled.beforeEarly = func() {
+		cancel()
+		time.Sleep(100 * time.Millisecond) // the relay has seen it
+	}
+	_, cancel, done := f.start(Config{Sinks: []Sink{stalled}, Workers: 1})
+	ids := f.insert(20, "orders.created") // after cancel is set: no batch before
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	if n := f.countDone(); n != len(ids) {
+		t.Fatalf("%d of %d rows recorded delivered when Run returned", n, len(ids))
 	}
 }
