@@ -119,11 +119,9 @@ func (e *env) connectNATS(url string, opts ...nats.Option) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{
+	testenv.CreateStream(e.t, ctx, e.js, jetstream.StreamConfig{
 		Name: e.stream, Subjects: []string{e.prefix + ">"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
-	}); err != nil {
-		t.Fatalf("create stream: %v", err)
-	}
+	})
 	t.Cleanup(func() { e.js.DeleteStream(context.Background(), e.stream) })
 }
 

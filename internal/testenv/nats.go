@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -37,13 +38,35 @@ func NewStream(t testing.TB, prefix string) *Stream {
 	}
 	id := Name(prefix)
 	s := &Stream{NC: nc, JS: js, Name: strings.ToUpper(id), Prefix: id + "."}
-	if s.Stream, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: s.Name, Subjects: []string{s.Prefix + ">"}}); err != nil {
-		t.Fatalf("create stream %s: %v", s.Name, err)
-	}
+	s.Stream = CreateStream(t, ctx, js, jetstream.StreamConfig{Name: s.Name, Subjects: []string{s.Prefix + ">"}})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		js.DeleteStream(ctx, s.Name) //nolint:errcheck // best effort: the name is the test's own
 	})
 	return s
+}
+
+// errCodeStoreCreate is JetStream's "error creating store for stream".
+const errCodeStoreCreate = 10049
+
+// CreateStream creates a stream, trying again (up to 5 times, 100 ms apart)
+// when the server fails to create its store. nats-server 2.9 removes an
+// account's stream directory when its last file-stored stream is deleted;
+// a stream created at that moment, by another test on the shared server,
+// fails with "could not create storage directory" (10049). Nothing about
+// the stream is wrong: the same create succeeds a moment later.
+func CreateStream(t testing.TB, ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) jetstream.Stream {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		s, err := js.CreateStream(ctx, cfg)
+		if err == nil {
+			return s
+		}
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeStoreCreate || attempt == 5 {
+			t.Fatalf("create stream %s: %v", cfg.Name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

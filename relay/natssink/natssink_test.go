@@ -229,11 +229,9 @@ func setup(t *testing.T, e *env, url string) *env {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{
+	testenv.CreateStream(t, ctx, e.js, jetstream.StreamConfig{
 		Name: e.stream, Subjects: []string{e.prefix + ">"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute,
-	}); err != nil {
-		t.Fatalf("create stream: %v", err)
-	}
+	})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
