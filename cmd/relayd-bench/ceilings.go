@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/internal/amqpio"
 )
 
 // In-flight windows of the ceilings: what relayd keeps in flight at its
@@ -349,8 +351,10 @@ func (b *bench) amqpPublish(ctx context.Context, cr *corner, n int, relaydProps 
 // faster than the broker, and measure the acks.
 func (b *bench) amqpConsume(ctx context.Context, cr *corner, n int) (Ceiling, error) {
 	c := Ceiling{Key: ceilAMQPConsume, Messages: n,
-		Name: fmt.Sprintf("RabbitMQ consume, prefetch %s, manual multiple-ack per %d messages (as the backfill acks), the messages above", thousands(consumePrefetch), consumeAckEvery)}
-	conn, err := amqp.Dial(b.o.AMQPURL)
+		Name: fmt.Sprintf("RabbitMQ consume, prefetch %s, manual multiple-ack per %d messages, 64 KiB reads (as the backfill acks and reads), the messages above", thousands(consumePrefetch), consumeAckEvery)}
+	// The backfill's connection (amqpio: 64 KiB reads), so that the
+	// ceiling gets what the backfill gets from it.
+	conn, err := amqp.DialConfig(b.o.AMQPURL, amqp.Config{Dial: amqpio.Dial(30*time.Second, nil, nil)})
 	if err != nil {
 		return c, err
 	}

@@ -29,6 +29,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -134,24 +135,13 @@ func (s *Sink) Close() error {
 	return nil
 }
 
-func (s *Sink) dial() (*amqp.Connection, *corkConn, error) {
-	var cc *corkConn
-	dial := amqp.DefaultDial(10 * time.Second)
+func (s *Sink) dial() (*amqp.Connection, *amqpio.Conn, error) {
+	var cc *amqpio.Conn
 	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
 		Heartbeat:       10 * time.Second,
-		TLSClientConfig: s.cfg.TLS, // amqp091-go puts TLS above the cork: records are corked
+		TLSClientConfig: s.cfg.TLS,
 		Properties:      amqp.Table{"connection_name": "relayd"},
-		Dial: func(network, addr string) (net.Conn, error) {
-			c, err := dial(network, addr)
-			if err != nil {
-				return nil, err
-			}
-			if s.cfg.wrapConn != nil {
-				c = s.cfg.wrapConn(c)
-			}
-			cc = &corkConn{Conn: c}
-			return cc, nil
-		},
+		Dial:            amqpio.Dial(10*time.Second, s.cfg.wrapConn, func(c *amqpio.Conn) { cc = c }),
 	})
 	return conn, cc, err
 }
@@ -281,15 +271,15 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		}
 		return
 	}
-	// The batch's publishes leave in one write (see corkConn), sent before
-	// the waiting starts.
+	// The batch's publishes leave in one write (see amqpio.Conn), sent
+	// before the waiting starts.
 	deadline, _ := ctx.Deadline()
-	sess.cork.cork()
+	sess.cork.Cork()
 	corked := true
 	uncork := func() {
 		if corked {
 			corked = false
-			sess.cork.uncork(deadline) //nolint:errcheck // a failed flush closes the connection: the waits below end as unknown
+			sess.cork.Uncork(deadline) //nolint:errcheck // a failed flush closes the connection: the waits below end as unknown
 		}
 	}
 	defer uncork()
@@ -384,7 +374,7 @@ type pending struct {
 type session struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
-	cork *corkConn
+	cork *amqpio.Conn
 
 	mu       sync.Mutex
 	byTag    map[uint64]*pending
