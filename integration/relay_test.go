@@ -145,7 +145,8 @@ func TestSlowConfirmsTwoRelays(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	px := newFaultProxy(t, "slow-confirms", hostOf(t, e.amqpURL))
-	slow := e.startRelay("relay-slow", "RELAY_AMQP_URL="+px.url(e.amqpURL), "RELAY_PUBLISH_TIMEOUT=2s")
+	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	slow := e.startRelay("relay-slow", "RELAY_AMQP_URL="+px.url(e.amqpURL), "RELAY_PUBLISH_TIMEOUT=2s", "RELAY_METRICS_ADDR="+metrics)
 	fast := e.startRelay("relay-fast")
 	heal := px.inject("latency", map[string]any{"latency": 2500}, "downstream")
 	defer heal()
@@ -155,6 +156,9 @@ func TestSlowConfirmsTwoRelays(t *testing.T) {
 	e.checkExactlyOnce(committed, false)
 	if !confirmTimedOut(slow) || !strings.Contains(slow.out.String(), "late confirms recorded") {
 		t.Errorf("relay-slow recorded no late confirm: the test did not test it")
+	}
+	if late := scrape(t, metrics, "relayd_late_confirms_total")["amqp"]; late == 0 {
+		t.Errorf("relayd_late_confirms_total{target=amqp} is 0 after late confirms")
 	}
 	for _, r := range []*proc{slow, fast} {
 		if code := r.stop(30 * time.Second); code != 0 {

@@ -25,6 +25,7 @@ type Relay struct {
 	parked       *prometheus.CounterVec
 	duplicates   prometheus.Counter
 	returned     prometheus.Counter
+	lateConfirms *prometheus.CounterVec
 	latency      *prometheus.HistogramVec
 	batch        prometheus.Histogram
 	lastProgress prometheus.Gauge
@@ -49,6 +50,9 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 		duplicates: f(prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "relayd_duplicates_total", Help: "JetStream PubAcks that said Duplicate (already stored; counted as delivered).",
 		})).(prometheus.Counter),
+		lateConfirms: f(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "relayd_late_confirms_total", Help: "Confirms that came after their batch gave up waiting, recorded as deliveries, per target.",
+		}, []string{"target"})).(*prometheus.CounterVec),
 		returned: f(prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "relayd_returned_total", Help: "Messages RabbitMQ returned as unroutable (not delivered; retried).",
 		})).(prometheus.Counter),
@@ -102,6 +106,11 @@ func (m *Relay) PublishFailed(t relay.Target, err error) {
 func (m *Relay) Parked(t relay.Target) {
 	m.parked.WithLabelValues(string(t)).Inc()
 	m.errors.WithLabelValues(string(t), "permanent").Inc()
+}
+
+// LateConfirmed implements relay.Observer.
+func (m *Relay) LateConfirmed(t relay.Target, n int) {
+	m.lateConfirms.WithLabelValues(string(t)).Add(float64(n))
 }
 
 // Duplicate counts a PubAck that said Duplicate.

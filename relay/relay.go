@@ -80,6 +80,9 @@ type Observer interface {
 	Published(t Target, createdAt time.Time)
 	PublishFailed(t Target, err error)
 	Parked(t Target)
+	// LateConfirmed: n confirms of t that came after their batch gave up
+	// waiting were recorded as deliveries.
+	LateConfirmed(t Target, n int)
 }
 
 type nopObserver struct{}
@@ -88,6 +91,7 @@ func (nopObserver) Batch(time.Duration, int)    {}
 func (nopObserver) Published(Target, time.Time) {}
 func (nopObserver) PublishFailed(Target, error) {}
 func (nopObserver) Parked(Target)               {}
+func (nopObserver) LateConfirmed(Target, int)   {}
 
 func (c *Config) applyDefaults() {
 	if c.Table == (schema.Table{}) {
@@ -289,6 +293,7 @@ func (r *Relay) recordLateSet(ti int, ids []string, stopping bool) {
 		n, err := r.store.recordLate(ctx, r.pool, ti, ids, r.enabled)
 		cancel()
 		if err == nil {
+			r.cfg.Metrics.LateConfirmed(Targets[ti], len(ids))
 			r.log.Info("late confirms recorded", "target", string(Targets[ti]), "confirms", len(ids), "rows_marked", n)
 			return
 		}
