@@ -71,6 +71,7 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 	for _, t := range relay.Targets {
 		m.published.WithLabelValues(string(t))
 		m.latency.WithLabelValues(string(t))
+		m.lateConfirms.WithLabelValues(string(t)) // 0 from the start, so that increase() sees the first
 	}
 	bi := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "relayd_build_info", Help: "Always 1; the labels say which build runs.",
