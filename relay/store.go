@@ -361,6 +361,14 @@ func (b *batchRecord) add(c *claimed, outcome [2]int16, errText [2]string, backo
 	}
 }
 
+// args are recordSQL's parameters for b.
+func (b *batchRecord) args() []any {
+	return []any{b.ids,
+		b.outcome[0], b.errText[0], b.backoff[0],
+		b.outcome[1], b.errText[1], b.backoff[1],
+		b.doneIDs, b.doneNow[0], b.doneNow[1]}
+}
+
 // recordLate records that target ti has the rows of msgIDs (their confirms
 // came after their batches gave up), in a transaction of its own: rows every
 // enabled target now has leave the outbox as a batch's do. It returns how
@@ -399,10 +407,7 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, ti int, msgI
 		return 0, err
 	}
 	if len(done.doneIDs) > 0 {
-		if _, err := tx.Exec(ctx, s.recordSQL, done.ids,
-			done.outcome[0], done.errText[0], done.backoff[0],
-			done.outcome[1], done.errText[1], done.backoff[1],
-			done.doneIDs, done.doneNow[0], done.doneNow[1]); err != nil {
+		if _, err := tx.Exec(ctx, s.recordSQL, done.args()...); err != nil {
 			return 0, err
 		}
 	}
@@ -413,10 +418,7 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, ti int, msgI
 // round trip.
 func (s *store) record(ctx context.Context, db batchSender, b *batchRecord) error {
 	q := &pgx.Batch{}
-	q.Queue(s.recordSQL, b.ids,
-		b.outcome[0], b.errText[0], b.backoff[0],
-		b.outcome[1], b.errText[1], b.backoff[1],
-		b.doneIDs, b.doneNow[0], b.doneNow[1])
+	q.Queue(s.recordSQL, b.args()...)
 	q.Queue("COMMIT")
 	br := db.SendBatch(ctx, q)
 	defer br.Close()
