@@ -53,7 +53,8 @@ type Config struct {
 	Queue   string
 	// TLS is used for amqps:// URLs. Default: system roots.
 	TLS *tls.Config
-	// Prefetch is how many deliveries are unacked at once. Default 1000.
+	// Prefetch is how many deliveries are unacked at once. Default
+	// DefaultPrefetch (4,096).
 	Prefetch int
 	// NATS is the connection to JetStream; the caller owns it. Required.
 	NATS *nats.Conn
@@ -120,7 +121,7 @@ var ErrOtherConsumers = errors.New("other consumers are attached to the queue")
 
 func (c *Config) applyDefaults() error {
 	if c.Prefetch == 0 {
-		c.Prefetch = 1000
+		c.Prefetch = DefaultPrefetch
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = 10 * time.Second

@@ -19,7 +19,19 @@ const (
 	batchMax  = 256
 	batchWait = 20 * time.Millisecond
 	parallel  = 4 // batches in flight at once
+
+	// DefaultPrefetch is Config.Prefetch's default: enough unacked
+	// deliveries for every parallel batch to be full, one more filling, and
+	// RabbitMQ streaming the next ones meanwhile. A prefetch below
+	// (parallel+1) × batchMax starves the pipeline: with 1,000 (the old
+	// default) the 200,000-message bench moved 10,000–15,000 msg/s, with
+	// 4,096 16,000–19,500 on the same machine.
+	DefaultPrefetch = 4 * parallel * batchMax
 )
+
+// testHookFlush, when set, sees the deliveries received and not yet
+// settled each time a batch is handed on, before it waits for a free slot.
+var testHookFlush func(inFlight int64)
 
 // errLost means the RabbitMQ connection went away mid-run: reconnect.
 var errLost = errors.New("amqp connection lost")
@@ -99,6 +111,9 @@ func (b *runner) session(ctx context.Context) error {
 		}
 		items := batch
 		batch = make([]amqp.Delivery, 0, batchMax)
+		if testHookFlush != nil {
+			testHookFlush(inFlight.Load())
+		}
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {

@@ -11,15 +11,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/internal/amqpio"
 )
 
 // In-flight windows of the ceilings: what relayd keeps in flight at its
-// defaults (4 workers × 500 rows; natssink's MaxPending 4096).
+// defaults (4 workers × 500 rows; natssink's MaxPending 4096; the
+// backfill's prefetch).
 const (
 	jsInFlight        = 4096
 	amqpInFlight      = 2000
-	consumePrefetch   = 1000
+	consumePrefetch   = backfill.DefaultPrefetch
 	consumeAckEvery   = 256 // the backfill's batch
 	pgClaimBatch      = 500
 	pgClaimWorkers    = 4

@@ -42,7 +42,7 @@ Flags:
 type backfillEnv struct {
 	Queue       string  `env:"RELAY_BACKFILL_QUEUE"`
 	DeadLetter  string  `env:"RELAY_BACKFILL_DEAD_LETTER_QUEUE"`
-	Prefetch    int     `env:"RELAY_BACKFILL_PREFETCH, default=1000"`
+	Prefetch    int     `env:"RELAY_BACKFILL_PREFETCH"` // 0: backfill.DefaultPrefetch
 	Limit       int64   `env:"RELAY_BACKFILL_LIMIT, default=0"`
 	Rate        float64 `env:"RELAY_BACKFILL_RATE, default=0"`
 	SubjectMap  string  `env:"RELAY_BACKFILL_SUBJECT_MAP"`
@@ -54,6 +54,9 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &be, Lookuper: env}); err != nil {
 		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
 		return exitUsage
+	}
+	if be.Prefetch == 0 {
+		be.Prefetch = backfill.DefaultPrefetch
 	}
 	fs := flag.NewFlagSet("backfill", flag.ContinueOnError)
 	queue := fs.String("queue", be.Queue, "the legacy queue to drain (required)")
