@@ -13,6 +13,8 @@ import (
 
 	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/relay/amqpsink"
 )
 
 // In-flight windows of the ceilings: what relayd keeps in flight at its
@@ -256,13 +258,12 @@ func (b *bench) jetstreamCeiling(ctx context.Context, n int) (Ceiling, error) {
 	return c, nil
 }
 
-// amqpPublishing is a message as relayd publishes it (persistent, a 36-char
-// message-id, a timestamp, content type application/octet-stream) or,
-// plain, persistent with a short message-id only.
+// amqpPublishing is a message as relayd publishes it (amqpsink.Publishing
+// of a row without headers: persistent, a 36-char message-id, a timestamp)
+// or, plain, persistent with a short message-id only.
 func (b *bench) amqpPublishing(i int, relaydProps bool, ts time.Time) amqp.Publishing {
 	if relaydProps {
-		return amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: newUUID(), Timestamp: ts,
-			ContentType: "application/octet-stream", Body: b.payload}
+		return amqpsink.Publishing(&relay.Message{MessageID: newUUID(), CreatedAt: ts, Payload: b.payload})
 	}
 	return amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint(i), Body: b.payload}
 }
@@ -276,7 +277,7 @@ func (b *bench) amqpPublish(ctx context.Context, cr *corner, n int, relaydProps 
 		Name: fmt.Sprintf("RabbitMQ publish, confirms, %s in flight, persistent, mandatory, topic exchange → durable queue; plain (short message-id only)", thousands(amqpInFlight))}
 	if relaydProps {
 		c.Key = ceilAMQPRelayd
-		c.Name = "RabbitMQ publish, the same with relayd's properties (36-char message-id, timestamp, content type)"
+		c.Name = "RabbitMQ publish, the same with relayd's properties (36-char message-id, timestamp)"
 	}
 	conn, err := amqp.Dial(b.o.AMQPURL)
 	if err != nil {

@@ -173,6 +173,71 @@ func TestBatchLeavesInFewWrites(t *testing.T) {
 	}
 }
 
+// writeRecorder keeps a copy of every byte written to the connection.
+type writeRecorder struct {
+	net.Conn
+	mu  *sync.Mutex
+	buf *bytes.Buffer
+}
+
+func (c writeRecorder) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.buf.Write(p)
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+// A row without headers goes out with at most 64 bytes of AMQP properties
+// (the property flags and list of its content header frame). RabbitMQ
+// keeps a message's properties as one Erlang binary; past 64 bytes it lives
+// off the process heap, reference-counted, and RabbitMQ then spent 20–25 %
+// more CPU per message and confirmed 20–25 % fewer a second (a throwaway
+// publisher, 100,000 persistent 1 KiB messages, 2,000 in flight: a UUID
+// message-id and a timestamp alone, 12,900–15,200/s; with content type
+// "application/octet-stream", 73 bytes, 10,300–11,300/s). The sink used to
+// send that content type by default.
+func TestPropertiesStaySmall(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var wire bytes.Buffer
+	e := setupWith(t, func(c *amqpsink.Config) {
+		amqpsink.WrapConn(c, func(c net.Conn) net.Conn { return writeRecorder{Conn: c, mu: &mu, buf: &wire} })
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	msgs := sinktest.Messages("props", 1)
+	msgs[0].Headers = nil
+	msgs[0].MessageID = "6f1c7a4e-0b55-4a8e-9d0e-3f3f8c2a9b10" // a UUID, as the outbox gives
+	msgs[0].Payload = bytes.Repeat([]byte("x"), 1024)
+	sinktest.RequireAllNil(t, msgs, sinktest.Publish(t, e.sink, 20*time.Second, msgs))
+
+	mu.Lock()
+	b := bytes.Clone(wire.Bytes())
+	mu.Unlock()
+	b = bytes.TrimPrefix(b, []byte("AMQP\x00\x00\x09\x01"))
+	var headers []int // property bytes of each content header frame
+	for len(b) >= 8 {
+		size := int(b[3])<<24 | int(b[4])<<16 | int(b[5])<<8 | int(b[6])
+		if len(b) < 8+size {
+			t.Fatalf("truncated frame: %d of %d bytes", len(b)-8, size)
+		}
+		if b[0] == 2 { // content header: class, weight, body size (12 bytes), then flags and properties
+			headers = append(headers, size-12)
+		}
+		b = b[8+size:]
+	}
+	if len(headers) != 1 {
+		t.Fatalf("%d content headers on the wire, want 1", len(headers))
+	}
+	if headers[0] > 64 {
+		t.Errorf("a row without headers has %d bytes of AMQP properties, want at most 64", headers[0])
+	}
+	want := amqpsink.Publishing(msgs[0])
+	if want.ContentType != "" || want.MessageId != msgs[0].MessageID || want.Timestamp.IsZero() || want.DeliveryMode != amqp.Persistent {
+		t.Errorf("properties of a row without headers: content type %q, message-id %q, timestamp %v, delivery mode %d",
+			want.ContentType, want.MessageId, want.Timestamp, want.DeliveryMode)
+	}
+}
+
 // A corked batch whose write fails ends as unknown at once, not at the
 // publish timeout, and the sink reconnects and delivers the retry.
 func TestFailedFlushIsUnknown(t *testing.T) {
