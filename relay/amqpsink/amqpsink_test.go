@@ -156,10 +156,7 @@ func (c writeCounter) Write(p []byte) (int, error) {
 func TestBatchLeavesInFewWrites(t *testing.T) {
 	t.Parallel()
 	var writes atomic.Int64
-	e := setupWith(t, func(c *amqpsink.Config) {
-		amqpsink.WrapConn(c, func(c net.Conn) net.Conn { return writeCounter{Conn: c, writes: &writes} })
-	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	e := setupWrapped(t, func(c net.Conn) net.Conn { return writeCounter{Conn: c, writes: &writes} })
 	for _, n := range []int{1, 5, 200} {
 		msgs := sinktest.Messages(fmt.Sprintf("cork%d", n), n)
 		before := writes.Load()
@@ -200,10 +197,7 @@ func TestPropertiesStaySmall(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	var wire bytes.Buffer
-	e := setupWith(t, func(c *amqpsink.Config) {
-		amqpsink.WrapConn(c, func(c net.Conn) net.Conn { return writeRecorder{Conn: c, mu: &mu, buf: &wire} })
-	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	e := setupWrapped(t, func(c net.Conn) net.Conn { return writeRecorder{Conn: c, mu: &mu, buf: &wire} })
 	msgs := sinktest.Messages("props", 1)
 	msgs[0].Headers = nil
 	msgs[0].MessageID = "6f1c7a4e-0b55-4a8e-9d0e-3f3f8c2a9b10" // a UUID, as the outbox gives
@@ -244,10 +238,7 @@ func TestFailedFlushIsUnknown(t *testing.T) {
 	t.Parallel()
 	var writes atomic.Int64
 	var fail atomic.Bool
-	e := setupWith(t, func(c *amqpsink.Config) {
-		amqpsink.WrapConn(c, func(c net.Conn) net.Conn { return writeCounter{Conn: c, writes: &writes, fail: &fail} })
-	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	e := setupWrapped(t, func(c net.Conn) net.Conn { return writeCounter{Conn: c, writes: &writes, fail: &fail} })
 	msgs := sinktest.Messages("flushfail", 20)
 	fail.Store(true)
 	start := time.Now()
@@ -411,6 +402,16 @@ func setupWith(t *testing.T, tune func(*amqpsink.Config)) *env {
 // setupReady is setup, then waits for the sink to be Ready, for the tests
 // of what comes after; the conformance suite's ReadyAfterNew checks that it
 // is Ready at once.
+// setupWrapped is setupReady with every connection the sink dials wrapped
+// by wrap, below the cork (wrap's conn sees the writes that reach the
+// socket).
+func setupWrapped(t *testing.T, wrap func(net.Conn) net.Conn) *env {
+	t.Helper()
+	e := setupWith(t, func(c *amqpsink.Config) { amqpsink.WrapConn(c, wrap) })
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	return e
+}
+
 func setupReady(t *testing.T) *env {
 	t.Helper()
 	e := setup(t)
