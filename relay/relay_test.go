@@ -1075,6 +1075,7 @@ func TestShortClaimsFloorFollowsCommittedTransactions(t *testing.T) {
 	var mu sync.Mutex
 	var floors []int64
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
+		r.quickWalk = time.Hour // only the floor may find the late row
 		r.testHookClaimed = func(_ int, floor int64) {
 			mu.Lock()
 			floors = append(floors, floor)
@@ -1126,6 +1127,88 @@ func TestShortClaimsFloorFollowsCommittedTransactions(t *testing.T) {
 	mu.Lock()
 	t.Logf("late row %d; floors %v", lateID, floors)
 	mu.Unlock()
+}
+
+// A row whose transaction took its id before a claim's snapshot but its
+// transaction id after it is one no snapshot shows coming: the floor rises
+// past it before it commits. At a steady rate (the walk from the oldest row
+// is cheap) that walk comes every quickWalk, so the row is taken within
+// about that, not at the next PollInterval (an hour here).
+func TestRowBehindTheFloorWithoutTransactionIDIsTakenSoon(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	var mu sync.Mutex
+	var floor int64
+	var claims int
+	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
+		r.testHookClaimed = func(_ int, fl int64) {
+			mu.Lock()
+			floor, claims = max(floor, fl), claims+1
+			mu.Unlock()
+		}
+	})
+	testenv.Eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return claims >= 3 }, "relay did not start")
+
+	// A producer's transaction takes an id and no transaction id yet
+	// (nextval assigns one only when it logs the sequence, every 32 values:
+	// then try again).
+	var gap pgx.Tx
+	var gapID int64
+	for attempt := 0; ; attempt++ {
+		tx, err := f.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var noXID bool
+		if err := tx.QueryRow(ctx, `SELECT nextval(pg_get_serial_sequence($1, 'id')), pg_current_xact_id_if_assigned() IS NULL`,
+			f.table.Ident()).Scan(&gapID, &noXID); err != nil {
+			t.Fatal(err)
+		}
+		if noXID {
+			gap = tx
+			break
+		}
+		tx.Rollback(ctx) //nolint:errcheck // try again
+		if attempt == 5 {
+			t.Fatal("nextval assigned a transaction id every time")
+		}
+	}
+	defer gap.Rollback(ctx) //nolint:errcheck // committed below
+	// Later rows commit and are delivered until the floor is past its id.
+	done := 0
+	testenv.Eventually(t, time.Minute, func() bool {
+		f.insert(1, "orders.created")
+		done++
+		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done }, "row not delivered")
+		mu.Lock()
+		defer mu.Unlock()
+		return floor > gapID
+	}, "the floor never passed row %d", gapID)
+
+	var gapMsg string
+	if err := gap.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+` (id, topic, payload) OVERRIDING SYSTEM VALUE
+		VALUES ($1, 'orders.gap', '\x00') RETURNING message_id::text`, gapID).Scan(&gapMsg); err != nil {
+		t.Fatal(err)
+	}
+	if err := gap.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	committed := time.Now()
+	// Other rows keep coming, as at a steady rate.
+	for {
+		if got, _ := n.count(gapMsg); got == 1 {
+			break
+		}
+		if time.Since(committed) > 5*time.Second {
+			t.Fatalf("row %d behind the floor not taken %v after its commit", gapID, time.Since(committed).Round(time.Millisecond))
+		}
+		f.insert(1, "orders.created")
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("row %d behind the floor taken %v after its commit", gapID, time.Since(committed).Round(time.Millisecond))
+	testenv.Eventually(t, 10*time.Second, func() bool { got, _ := a.count(gapMsg); return got == 1 }, "amqp never got the row behind the floor")
 }
 
 // lateSink stands for a broker whose confirms outlive the publish timeout:
