@@ -25,7 +25,7 @@ const (
 	// RabbitMQ streaming the next ones meanwhile. A prefetch below
 	// (parallel+1) × batchMax starves the pipeline: with 1,000 (the old
 	// default) the 200,000-message bench moved 10,000–15,000 msg/s, with
-	// 4,096 16,000–19,500 on the same machine.
+	// 4,096 14,000–19,500 on the same machine.
 	DefaultPrefetch = 4 * parallel * batchMax
 )
 
