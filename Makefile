@@ -27,7 +27,8 @@ test-short: ## unit tests only (no services needed)
 bench: ## measure relayd against this machine's ceilings (local services, 8–10 min): markdown table, bench-results.json
 	$(GO) run ./cmd/relayd-bench -version "$(VERSION)" -out bench-results.json
 
-lint: ## go vet and staticcheck
+lint: ## go.mod tidy, go vet and staticcheck
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
