@@ -105,4 +105,47 @@ SELECT 'moved-' || i, 'q', false FROM generate_series($1::int, $2::int) AS i`, f
 	if strings.Contains(plan, "Seq Scan") {
 		t.Fatalf("the lookup scans a whole table:\n%s", plan)
 	}
+	// The delivered table is read through its message_id index, which
+	// holds only the rows RabbitMQ may have (migration 00006): the lookup
+	// has to say so for Postgres to use it.
+	if !strings.Contains(plan, table.Name+"_delivered_message_id") {
+		t.Fatalf("the lookup does not read %s through its message_id index:\n%s", table.Delivered(), plan)
+	}
+}
+
+// Of the relay's delivered rows, the lookup knows those JetStream has and
+// RabbitMQ may have too: only they can be in the legacy queue.
+func TestKnownAsksAboutRowsTheRelaySentToRabbitMQ(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	ids := []string{
+		"0b7f6c1e-3c55-4f8e-9a51-000000000001", // both brokers
+		"0b7f6c1e-3c55-4f8e-9a51-000000000002", // JetStream only (RELAY_TARGETS=nats)
+		"0b7f6c1e-3c55-4f8e-9a51-000000000003", // RabbitMQ only (RELAY_TARGETS=amqp)
+		"0b7f6c1e-3c55-4f8e-9a51-000000000004", // JetStream; RabbitMQ's confirm never came
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent) VALUES
+		(1, $1, now(), now(), true), (2, $2, NULL, now(), false), (3, $3, now(), NULL, true), (4, $4, NULL, now(), true)`,
+		ids[0], ids[1], ids[2], ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	items := make([]*item, len(ids))
+	for i, id := range ids {
+		items[i] = &item{id: strings.ToUpper(id)}
+	}
+	known, err := (&runner{cfg: Config{DB: pool, Table: table}}).known(ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false, false, true} {
+		if known[items[i].id] != want {
+			t.Errorf("%s known: %v, want %v", items[i].id, known[items[i].id], want)
+		}
+	}
 }

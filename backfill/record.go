@@ -13,7 +13,10 @@ import (
 // known returns the ids JetStream already has or will get without the
 // backfill: delivered by the relay (recorded in the delivered table, or
 // still in the outbox delivered to JetStream or owed to it: the relay will
-// deliver those itself), or moved by an earlier backfill run.
+// deliver those itself), or moved by an earlier backfill run. Of the
+// delivered table it asks only about rows the relay sent to RabbitMQ too
+// (amqp_sent): only they can be in the legacy queue, and only they are in
+// its message_id index (migration 00006).
 func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, error) {
 	var uuids, all []string
 	for _, it := range items {
@@ -43,7 +46,7 @@ SELECT message_id::text FROM %s
 WHERE message_id = ANY($1::uuid[])
   AND (nats_delivered_at IS NOT NULL OR (done_at IS NULL AND nats_parked_at IS NULL))
 UNION ALL
-SELECT message_id::text FROM %s WHERE message_id = ANY($1::uuid[]) AND nats_delivered_at IS NOT NULL
+SELECT message_id::text FROM %s WHERE message_id = ANY($1::uuid[]) AND nats_delivered_at IS NOT NULL AND amqp_sent
 UNION ALL
 SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.Delivered(), b.cfg.Table.Backfilled()), uuids, all).
 		Query(func(rows pgx.Rows) error {

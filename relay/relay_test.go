@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -413,6 +414,71 @@ func TestPhaseChangeDoesNotResend(t *testing.T) {
 		if s := f.state(id); s.natsDelivered {
 			t.Fatalf("legacy-phase row %s recorded as delivered to nats", id)
 		}
+	}
+}
+
+// The delivered record says whether RabbitMQ may have the row: delivered
+// to it, or published to it at least once (an attempt, or an outage such as
+// a confirm that never came). Only such rows can be in the legacy queue, and
+// only they enter the message_id index that the backfill reads (migration
+// 00006): in the nats-only phase, rows RabbitMQ never saw stay out of it.
+func TestDeliveredRecordSaysWhetherRabbitMQMayHaveTheRow(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	ids := f.insert(4, "orders.created")
+	// History from the dual-write phase: RabbitMQ had ids[1]; ids[2] waited
+	// for a confirm that never came; ids[3] failed once.
+	for i, set := range []string{
+		"",
+		"amqp_delivered_at = now()",
+		"amqp_last_error = 'amqp: no confirm: context deadline exceeded'",
+		"amqp_attempts = 1, amqp_last_error = 'amqp: nacked by broker'",
+	} {
+		if set == "" {
+			continue
+		}
+		if _, err := f.pool.Exec(ctx, `UPDATE `+f.table.Ident()+` SET `+set+` WHERE message_id = $1`, ids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := newFake(TargetNATS)
+	_, cancel, done := f.start(Config{Sinks: []Sink{n}})
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == len(ids) }, "nats-only phase did not finish")
+	cancel()
+	<-done
+	want := map[string]bool{ids[0]: false, ids[1]: true, ids[2]: true, ids[3]: true}
+
+	// Dual write and legacy only: RabbitMQ has every row.
+	for _, sinks := range [][]Sink{{newFake(TargetAMQP), newFake(TargetNATS)}, {newFake(TargetAMQP)}} {
+		more := f.insert(3, "orders.created")
+		_, cancel, done := f.start(Config{Sinks: sinks})
+		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == len(want)+len(more) }, "phase did not finish")
+		cancel()
+		<-done
+		for _, id := range more {
+			want[id] = true
+		}
+	}
+
+	rows, err := f.pool.Query(ctx, `SELECT message_id::text, amqp_sent FROM `+f.table.Delivered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for rows.Next() {
+		var id string
+		var sent bool
+		if err := rows.Scan(&id, &sent); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = sent
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("amqp_sent by message id:\n got %v\nwant %v", got, want)
 	}
 }
 

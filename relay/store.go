@@ -44,6 +44,11 @@ func newStore(t schema.Table) *store {
 		// whether it was delivered in this batch) are deleted and their ids
 		// written to the delivered table: a delete and a narrow insert cost
 		// Postgres a fraction of rewriting the whole row (migration 00005).
+		// amqp_sent: RabbitMQ may have the row (delivered, or published
+		// at least once: an attempt, or an outage such as a confirm that
+		// never came, leaves an error). Only such rows can be in the legacy
+		// queue, so only they enter the message_id index the backfill reads
+		// (migration 00006).
 		// The caller tells the two apart from the claimed row versions,
 		// which this transaction holds locked, so they cannot have changed.
 		recordSQL: fmt.Sprintf(`
@@ -67,10 +72,11 @@ WITH upd AS (
 	WHERE o.id = d.id
 	RETURNING o.message_id, o.id,
 		CASE WHEN d.a THEN clock_timestamp() ELSE o.amqp_delivered_at END AS amqp_at,
-		CASE WHEN d.n THEN clock_timestamp() ELSE o.nats_delivered_at END AS nats_at
+		CASE WHEN d.n THEN clock_timestamp() ELSE o.nats_delivered_at END AS nats_at,
+		d.a OR o.amqp_delivered_at IS NOT NULL OR o.amqp_attempts > 0 OR o.amqp_last_error IS NOT NULL AS amqp_sent
 )
-INSERT INTO %[2]s (id, message_id, amqp_delivered_at, nats_delivered_at, done_at)
-SELECT id, message_id, amqp_at, nats_at, clock_timestamp() FROM del`, tbl, t.Delivered()),
+INSERT INTO %[2]s (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, done_at)
+SELECT id, message_id, amqp_at, nats_at, amqp_sent, clock_timestamp() FROM del`, tbl, t.Delivered()),
 
 		lateSQL: [2]string{lateSQL(tbl, "amqp"), lateSQL(tbl, "nats")},
 
