@@ -107,7 +107,7 @@ func TestOversizePayloadIsPermanent(t *testing.T) {
 	}
 }
 
-// The sink publishes with jetstream.WithExpectStream(Stream): the stream is
+// The sink publishes with Nats-Expected-Stream set to Stream: the stream is
 // named right, so the publish is stored, under the expected-stream header;
 // a sink naming another stream gets a permanent error and stores nothing.
 func TestExpectStream(t *testing.T) {
