@@ -37,16 +37,21 @@ func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, err
 	// One round trip: the transaction's statements go out together (a pgx
 	// batch; an error skips the rest, and the pool drops a connection left
 	// in a transaction).
+	//
+	// The uuids travel as text and Postgres casts them: pgx has no binary
+	// encoding of a Go string as a uuid, and its way there (an encode
+	// error formatted with fmt, then the text format) cost about 7 % of
+	// the backfill's CPU.
 	q := &pgx.Batch{}
 	for _, stmt := range knownBegin {
 		q.Queue(stmt)
 	}
 	q.Queue(fmt.Sprintf(`
 SELECT message_id::text FROM %s
-WHERE message_id = ANY($1::uuid[])
+WHERE message_id = ANY($1::text[]::uuid[])
   AND (nats_delivered_at IS NOT NULL OR (done_at IS NULL AND nats_parked_at IS NULL))
 UNION ALL
-SELECT message_id::text FROM %s WHERE message_id = ANY($1::uuid[]) AND nats_delivered_at IS NOT NULL AND amqp_sent
+SELECT message_id::text FROM %s WHERE message_id = ANY($1::text[]::uuid[]) AND nats_delivered_at IS NOT NULL AND amqp_sent
 UNION ALL
 SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.Delivered(), b.cfg.Table.Backfilled()), uuids, all).
 		Query(func(rows pgx.Rows) error {
