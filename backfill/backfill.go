@@ -280,6 +280,11 @@ func (b *runner) prepare(d amqp.Delivery) *item {
 	if it.derived {
 		it.msg.Header.Set(DerivedIDHeader, it.id)
 	}
+	// Nats-Msg-Id and Nats-Expected-Stream are set here rather than by
+	// jetstream.WithMsgID and WithExpectStream: the same headers, without
+	// the options' allocations per message.
+	it.msg.Header[jetstream.MsgIDHeader] = []string{it.id}
+	it.msg.Header[jetstream.ExpectedStreamHeader] = []string{b.cfg.Stream}
 	if size := int64(len(d.Body)) + 2048; size > b.cfg.NATS.MaxPayload() {
 		it.bad = fmt.Sprintf("message of %d bytes exceeds the NATS server's max_payload %d", len(d.Body), b.cfg.NATS.MaxPayload())
 	}
@@ -301,7 +306,8 @@ func (b *runner) mapKey(key string) string {
 
 // natsHeaders carries the AMQP headers and the useful properties over.
 func natsHeaders(d amqp.Delivery) nats.Header {
-	h := nats.Header{}
+	// Room for the properties below and the three headers prepare adds.
+	h := make(nats.Header, len(d.Headers)+8)
 	for k, v := range d.Headers {
 		h[k] = []string{headerValue(v)}
 	}

@@ -4,8 +4,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/internal/uuidtext"
 )
 
@@ -65,6 +68,41 @@ func TestNATSHeadersCarryPropertiesAndHeaders(t *testing.T) {
 	} {
 		if got := h.Get(k); got != want {
 			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+}
+
+// Every message goes out with its id as Nats-Msg-Id (JetStream drops a
+// repeat within the duplicate window) and the stream it must land in, a
+// derived id also as Relay-Derived-Id; a Nats-Msg-Id among the AMQP headers
+// does not win.
+func TestPrepareSetsIDAndExpectedStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs NATS")
+	}
+	nc, err := nats.Connect(testenv.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	b := &runner{cfg: Config{NATS: nc, Stream: "OUTBOX_X", SubjectPrefix: "outbox."}}
+	withID := b.prepare(amqp.Delivery{RoutingKey: "orders.x", MessageId: "m-1", Body: []byte("{}"),
+		Headers: amqp.Table{jetstream.MsgIDHeader: "forged"}})
+	derived := b.prepare(amqp.Delivery{RoutingKey: "orders.x", Body: []byte("{}")})
+	for _, c := range []struct {
+		it     *item
+		id     string
+		header string
+	}{{withID, "m-1", ""}, {derived, derived.id, derived.id}} {
+		h := c.it.msg.Header
+		if c.it.bad != "" || h.Get(jetstream.MsgIDHeader) != c.id || len(h.Values(jetstream.MsgIDHeader)) != 1 {
+			t.Errorf("%s: bad %q, Nats-Msg-Id %q, want %q", c.id, c.it.bad, h.Values(jetstream.MsgIDHeader), c.id)
+		}
+		if got := h.Get(jetstream.ExpectedStreamHeader); got != "OUTBOX_X" {
+			t.Errorf("%s: Nats-Expected-Stream %q, want OUTBOX_X", c.id, got)
+		}
+		if got := h.Get(DerivedIDHeader); got != c.header {
+			t.Errorf("%s: %s %q, want %q", c.id, DerivedIDHeader, got, c.header)
 		}
 	}
 }

@@ -289,7 +289,7 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	futures := make([]jetstream.PubAckFuture, len(toPublish))
 	errs := make([]error, len(toPublish))
 	for i, it := range toPublish {
-		futures[i], errs[i] = b.js.PublishMsgAsync(it.msg, jetstream.WithMsgID(it.id), jetstream.WithExpectStream(b.cfg.Stream))
+		futures[i], errs[i] = b.js.PublishMsgAsync(it.msg) // with its Nats-Msg-Id and Nats-Expected-Stream (prepare)
 	}
 	var moved []*item
 	for i, it := range toPublish {
