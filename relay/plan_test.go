@@ -54,7 +54,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	f.noAutovacuum()
 	st := newStore(f.table)
 	const (
-		claim  = `EXECUTE c(true, true, 500, false, 2000, 250, 0)`
+		claim  = `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{7,8}')`
 		record = `EXECUTE r('{1,2}', '{1,2}', '{x,y}', '{0,0}', '{1,2}', '{x,y}', '{0,0}', '{3,4}', '{t,t}', '{t,t}')`
 	)
 	plans := func(opts pgx.TxOptions) (claimScans, recordScans []string) {
@@ -69,7 +69,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 			tx.Rollback(ctx)                           //nolint:errcheck // nothing to keep
 		}()
 		for _, q := range []string{
-			`PREPARE c(boolean, boolean, int, boolean, int, int, bigint) AS ` + st.claimSQL,
+			`PREPARE c(boolean, boolean, int, boolean, int, int, bigint, bigint[]) AS ` + st.claimSQL,
 			`PREPARE r(bigint[], smallint[], text[], bigint[], smallint[], text[], bigint[], bigint[], boolean[], boolean[]) AS ` + st.recordSQL,
 		} {
 			if _, err := tx.Exec(ctx, q); err != nil {
@@ -101,5 +101,76 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 			}
 		}
 		t.Logf("%s table: record scans %v", size, recordScans)
+	}
+}
+
+// A keyed claim does not try to lock the rows this relay's other batches
+// hold ($8): with few keys most heads are in flight, and each claim tried
+// every one of them before reaching a free key. Here 60 of 100 keys' first
+// rows are locked by another transaction; the claim takes the 40 free heads
+// either way, and with the 60 passed as held it tries to lock only those.
+func TestKeyedClaimDoesNotTryHeldRows(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	f.noAutovacuum()
+	f.insertKeyed(100, 5)
+	other, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx) //nolint:errcheck // only held locks
+	var held []int64
+	if err := other.QueryRow(ctx, `SELECT array_agg(id) FROM (SELECT id FROM `+f.table.Ident()+` WHERE id IN (
+		SELECT min(id) FROM `+f.table.Ident()+` GROUP BY key ORDER BY 1 LIMIT 60) FOR UPDATE) l`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	st := newStore(f.table)
+	// tried is how many rows the claim tried to lock, and claimed how many
+	// it returned.
+	claim := func(held []int64) (tried, claimed float64) {
+		t.Helper()
+		tx, err := f.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // EXPLAIN ANALYZE locked rows: let them go
+		for _, q := range append(batchBegin[1:], `PREPARE c(boolean, boolean, int, boolean, int, int, bigint, bigint[]) AS `+st.claimSQL) {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		defer tx.Exec(ctx, `DEALLOCATE c`) //nolint:errcheck // rolled back next
+		ids := make([]string, len(held))
+		for i, id := range held {
+			ids[i] = fmt.Sprint(id)
+		}
+		var raw string
+		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE c(true, true, 500, false, 2000, 250, 0, '{`+strings.Join(ids, ",")+`}')`).Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		var doc []struct{ Plan map[string]any }
+		if err := json.Unmarshal([]byte(raw), &doc); err != nil {
+			t.Fatal(err)
+		}
+		var walk func(n map[string]any)
+		walk = func(n map[string]any) {
+			kids, _ := n["Plans"].([]any)
+			for _, k := range kids {
+				k := k.(map[string]any)
+				if n["Node Type"] == "LockRows" && k["Parent Relationship"] == "Outer" {
+					tried += k["Actual Rows"].(float64) * k["Actual Loops"].(float64)
+				}
+				walk(k)
+			}
+		}
+		walk(doc[0].Plan)
+		return tried, doc[0].Plan["Actual Rows"].(float64)
+	}
+	if tried, claimed := claim(nil); claimed != 40 || tried != 100 {
+		t.Fatalf("without held rows: claimed %v, tried to lock %v; want 40 of 100 (the test does not set up what it means to)", claimed, tried)
+	}
+	if tried, claimed := claim(held); claimed != 40 || tried != 40 {
+		t.Fatalf("with the 60 locked heads held: claimed %v, tried to lock %v; want 40 of 40", claimed, tried)
 	}
 }

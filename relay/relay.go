@@ -201,6 +201,12 @@ type Relay struct {
 	seenXmin  int64            // the newest claim snapshot's oldest running transaction
 	tops      []floorCandidate // short claims' tops, waiting for seenXmin
 
+	// heldMu guards held: the keyed rows this relay's batches in flight
+	// hold, from their claim until their transaction ends. Claims do not
+	// try to lock them (claimSQL).
+	heldMu sync.Mutex
+	held   map[int64]struct{}
+
 	// testHookAfterPublish, when set, runs after a batch's publishes and
 	// before its outcomes are recorded; testHookClaiming just before a
 	// claim and testHookClaimed after it, with the number of rows it took
@@ -232,7 +238,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), log: cfg.Logger,
-		late: make(chan lateConfirm, lateBuffer), quickWalk: quickWalkEvery}
+		late: make(chan lateConfirm, lateBuffer), quickWalk: quickWalkEvery, held: map[int64]struct{}{}}
 	for _, s := range cfg.Sinks {
 		i := targetIndex(s.Target())
 		r.sinks[i], r.enabled[i] = s, true
@@ -582,6 +588,7 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("begin: %w", err)
 	}
+	var held []int64 // the batch's keyed rows, in r.held until its transaction ends
 	defer func() {
 		// A transaction still open (or failed) here ends without a trace.
 		// A connection that cannot roll back is closed on release, which
@@ -592,6 +599,7 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 			cancel()
 		}
 		conn.Release()
+		r.unhold(held)
 	}()
 
 	// One claim at a time: a claim starts where the one before it ended.
@@ -605,12 +613,13 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 		r.testHookClaiming()
 	}
 	claimStart := time.Now()
-	rows, snap, err := r.store.claim(bctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor)
+	rows, snap, err := r.store.claim(bctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor, r.heldRows())
 	if err == nil {
 		if floor == 0 {
 			r.cheapWalk = len(rows) < r.cfg.BatchSize && time.Since(claimStart) < cheapWalkTook
 		}
 		r.advanceFloor(rows, floor, snap)
+		held = r.hold(rows)
 		if r.testHookClaimed != nil {
 			r.testHookClaimed(len(rows), floor)
 		}
@@ -635,6 +644,50 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	}
 	r.cfg.Metrics.Batch(time.Since(start), len(rows))
 	return len(rows), nil
+}
+
+// hold adds the keyed rows of a batch just claimed to r.held, and returns
+// them. Called with claimMu held, so the next claim sees them.
+func (r *Relay) hold(rows []*claimed) []int64 {
+	var ids []int64
+	for _, c := range rows {
+		if c.msg.HasKey {
+			ids = append(ids, c.msg.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	for _, id := range ids {
+		r.held[id] = struct{}{}
+	}
+	return ids
+}
+
+// unhold removes a batch's keyed rows from r.held once its transaction has
+// ended (committed or rolled back): other claims may lock them again.
+func (r *Relay) unhold(ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	for _, id := range ids {
+		delete(r.held, id)
+	}
+}
+
+// heldRows lists r.held for a claim.
+func (r *Relay) heldRows() []int64 {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	ids := make([]int64, 0, len(r.held))
+	for id := range r.held {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // publish sends each row to the targets it wants, all targets at once, and
