@@ -182,7 +182,8 @@ type Relay struct {
 	sinks   [2]Sink // indexed like Targets; nil when disabled
 	enabled [2]bool
 	breaker [2]*breaker
-	wake    kick
+	wake    kick // rows were committed (NOTIFY), or the listener reconnected
+	drain   kick // a worker's batch came back full: there may be more
 	log     *slog.Logger
 
 	// late carries confirms that came after their batch gave up waiting
@@ -237,7 +238,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), log: cfg.Logger,
+	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), drain: newKick(), log: cfg.Logger,
 		late: make(chan lateConfirm, lateBuffer), quickWalk: quickWalkEvery, held: map[int64]struct{}{}}
 	for _, s := range cfg.Sinks {
 		i := targetIndex(s.Target())
@@ -362,6 +363,14 @@ func (r *Relay) targetNames() []string {
 // work is one worker's loop: claim and publish batches back to back while
 // they come back full, otherwise wait for a kick (a NOTIFY, or a worker
 // that found a backlog) or the poll interval.
+//
+// A worker whose claim came back empty waits for a NOTIFY or the poll
+// interval only, not for other workers' full batches: its claim just found
+// that there is no work to spare. In a keyed backlog with few keys, every
+// key's next row is in flight in some batch, and each full batch woke an
+// idle worker into a claim that walked the keyed window to find nothing —
+// one wasted claim per batch. The worker that finishes a batch claims the
+// keys it freed itself.
 func (r *Relay) work(ctx context.Context, id int) {
 	log := r.log.With("worker", id)
 	errs := errlog.New(log, "relay batch")
@@ -388,7 +397,7 @@ func (r *Relay) work(ctx context.Context, id int) {
 			// Drain: there is probably more, for another worker too.
 			// (Half: keyed rows come at most BatchSize/2 a batch, see
 			// store.claim.)
-			r.wake.signal()
+			r.drain.signal()
 			continue
 		}
 		if n == 0 && took > 5*time.Millisecond {
@@ -397,10 +406,15 @@ func (r *Relay) work(ctx context.Context, id int) {
 			// do not repeat that walk on every NOTIFY.
 			sleep(ctx, 2*took)
 		}
+		drain := r.drain
+		if n == 0 {
+			drain = nil
+		}
 		t := time.NewTimer(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():
 		case <-r.wake:
+		case <-drain:
 		case <-t.C:
 		}
 		t.Stop()

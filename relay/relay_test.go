@@ -1062,6 +1062,35 @@ func TestNotifyWakesOneWorker(t *testing.T) {
 	t.Logf("%d claims, %d empty, for %d commits", claims.Load(), empty.Load()-before, commits)
 }
 
+// In a keyed backlog with few keys, every key's next row is in flight in
+// some batch: a full batch must not wake idle workers into claims that find
+// nothing (one wasted walk of the keyed window per batch). The worker that
+// finishes a batch claims the keys it freed; the others wait for a NOTIFY.
+func TestFullKeyedBatchesDoNotWakeWorkersWhoseClaimWasEmpty(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const keys, perKey = 5, 40
+	keyOf := f.insertKeyed(keys, perKey)
+	var claims, empty atomic.Int64
+	f.startWith(Config{Sinks: []Sink{newFake(TargetAMQP), newFake(TargetNATS)}, Workers: 8, BatchSize: 2 * keys, PollInterval: time.Hour},
+		func(r *Relay) {
+			r.testHookClaimed = func(rows int, _ int64) {
+				claims.Add(1)
+				if rows == 0 {
+					empty.Add(1)
+				}
+			}
+		})
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(keyOf) }, "keyed backlog not delivered")
+	// Every batch takes each key's next row: perKey full batches. At start
+	// each of the 8 workers claims once, and one more claims when LISTEN is
+	// up; those may come back empty.
+	if got := empty.Load(); got > 8+1+perKey/4 {
+		t.Errorf("%d empty claims of %d for %d full batches: full batches woke workers whose claim had found nothing", got, claims.Load(), perKey)
+	}
+	t.Logf("%d claims, %d empty", claims.Load(), empty.Load())
+}
+
 // A relay's claims run one at a time, each starting where the one before it
 // ended: claims running together start at the same floor, and each walks
 // over and tries to lock the rows the others are taking. Nothing is lost or
