@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -172,5 +173,54 @@ func TestKeyedClaimDoesNotTryHeldRows(t *testing.T) {
 	}
 	if tried, claimed := claim(held); claimed != 40 || tried != 40 {
 		t.Fatalf("with the 60 locked heads held: claimed %v, tried to lock %v; want 40 of 40", claimed, tried)
+	}
+}
+
+// A claim's rows come back in id order, whichever walk took them: keyed
+// rows for RabbitMQ, unkeyed ones, and rows only JetStream still wants. The
+// walks return one after the other (keyed first), and the statement does
+// not sort them: claim does.
+func TestClaimReturnsRowsInIDOrder(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	tbl := f.table.Ident()
+	// ids 1–3: RabbitMQ has them (n_u); 4–6 unkeyed (a_u); 7–9 keyed (a_k).
+	for _, q := range []string{
+		`INSERT INTO ` + tbl + ` (topic, payload) SELECT 't', '\x00' FROM generate_series(1, 6)`,
+		`INSERT INTO ` + tbl + ` (topic, payload, key) SELECT 't', '\x00', 'k' || g FROM generate_series(1, 3) g`,
+		`UPDATE ` + tbl + ` SET amqp_delivered_at = now() WHERE id IN (SELECT id FROM ` + tbl + ` ORDER BY id LIMIT 3)`,
+	} {
+		if _, err := f.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
+
+	rows, _, err := newStore(f.table).claim(ctx, conn, [2]bool{true, true}, 500, false, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	keyed, natsOnly := 0, 0
+	for _, c := range rows {
+		ids = append(ids, c.msg.ID)
+		if c.msg.HasKey {
+			keyed++
+		}
+		if !c.want[0] && c.want[1] {
+			natsOnly++
+		}
+	}
+	if len(rows) != 9 || keyed != 3 || natsOnly != 3 {
+		t.Fatalf("claimed %d rows (%d keyed, %d for JetStream only), want 9 (3, 3): the test does not cover every walk", len(rows), keyed, natsOnly)
+	}
+	if !slices.IsSorted(ids) {
+		t.Errorf("claimed ids %v, want them in id order", ids)
 	}
 }

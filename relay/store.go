@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -215,7 +217,7 @@ WITH h_a AS MATERIALIZED (%[5]s
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
 )
 SELECT *, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
-FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k) c ORDER BY id`,
+FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k) c`,
 		tbl, cols, claimable("amqp"), claimable("nats"),
 		heads("amqp", "$1::boolean"), heads("nats", "$2::boolean AND "+bound("a_k", "$6")),
 		bound("a_u", "$3 - (SELECT count(*) FROM a_k)"), natsFree)
@@ -300,6 +302,12 @@ func (s *store) claim(ctx context.Context, db batchSender, active [2]bool, limit
 		return nil, snap, fmt.Errorf("claim batch: %w", err)
 	}
 	rows.Close()
+	// The walks come back one after the other, each in id order; the batch
+	// is published in id order. Sorted here, not by the statement: an
+	// ORDER BY over the walks' rows, payloads and all, was a third of the
+	// claim's time in Postgres (EXPLAIN ANALYZE of 500 unkeyed rows: 1.25
+	// ms with it, 0.85 ms without).
+	slices.SortFunc(out, func(a, b *claimed) int { return cmp.Compare(a.msg.ID, b.msg.ID) })
 	if err := br.Close(); err != nil {
 		return nil, snap, fmt.Errorf("claim batch: %w", err)
 	}
