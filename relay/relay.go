@@ -579,7 +579,16 @@ func (r *Relay) advanceFloor(rows []*claimed, floor int64, snap snapshot) {
 // table was small, the record joined the batch's ids to a sequential scan
 // of the whole table, and kept doing so as it grew to hundreds of
 // megabytes (the latency benchmark: 45 ms a batch, most of Postgres's CPU).
-var batchBegin = []string{"BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan", "SET LOCAL enable_seqscan = off"}
+//
+// No sorts where an index or a hash does without: the claim's walks come in
+// id order from their indexes, and its keyed heads (each key's first row in
+// a window of 4 × the batch size) are hashed on the key. A plan made while
+// the outbox was small sorted the window by key instead, and a connection
+// keeps that plan through a backlog (see TestKeyedHeadsAreNotSortedByKey).
+//
+// The settings are one statement, transaction-local (set_config's true).
+var batchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), " +
+	"set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)"}
 
 // runBatch claims, publishes and records one batch, returning the number of
 // rows claimed. The batch runs to completion even when ctx is cancelled
