@@ -42,6 +42,48 @@ func planScans(t *testing.T, tx pgx.Tx, stmt, rel string) (scans []string) {
 	return scans
 }
 
+// beginClaim begins a transaction as a batch does (batchBegin's settings)
+// with the claim prepared as c; the caller rolls it back.
+func beginClaim(t *testing.T, f *fixture) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range append(batchBegin[1:], `PREPARE c(boolean, boolean, int, boolean, int, int, bigint, bigint[]) AS `+newStore(f.table).claimSQL) {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			tx.Rollback(ctx) //nolint:errcheck // failing anyway
+			t.Fatal(err)
+		}
+	}
+	return tx
+}
+
+// explainPlan runs EXPLAIN (opts, FORMAT JSON) stmt on tx and calls visit on
+// every node of the plan, parents before children.
+func explainPlan(t *testing.T, tx pgx.Tx, opts, stmt string, visit func(n map[string]any)) (root map[string]any) {
+	t.Helper()
+	var raw string
+	if err := tx.QueryRow(context.Background(), "EXPLAIN ("+opts+"FORMAT JSON) "+stmt).Scan(&raw); err != nil {
+		t.Fatalf("explain %s: %v", stmt, err)
+	}
+	var doc []struct{ Plan map[string]any }
+	if err := json.Unmarshal([]byte(raw), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(n map[string]any)
+	walk = func(n map[string]any) {
+		visit(n)
+		kids, _ := n["Plans"].([]any)
+		for _, k := range kids {
+			walk(k.(map[string]any))
+		}
+	}
+	walk(doc[0].Plan)
+	return doc[0].Plan
+}
+
 // The batch's statements read the outbox through its indexes, and the
 // record only the batch's rows, whatever the table's size when they were
 // planned. A plan is made once per connection from statistics an outbox
@@ -126,47 +168,29 @@ func TestKeyedClaimDoesNotTryHeldRows(t *testing.T) {
 		SELECT min(id) FROM `+f.table.Ident()+` GROUP BY key ORDER BY 1 LIMIT 60) FOR UPDATE) l`).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
-	st := newStore(f.table)
 	// tried is how many rows the claim tried to lock, and claimed how many
 	// it returned.
 	claim := func(held []int64) (tried, claimed float64) {
 		t.Helper()
-		tx, err := f.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck // EXPLAIN ANALYZE locked rows: let them go
-		for _, q := range append(batchBegin[1:], `PREPARE c(boolean, boolean, int, boolean, int, int, bigint, bigint[]) AS `+st.claimSQL) {
-			if _, err := tx.Exec(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
+		tx := beginClaim(t, f)
+		defer tx.Rollback(ctx)             //nolint:errcheck // EXPLAIN ANALYZE locked rows: let them go
 		defer tx.Exec(ctx, `DEALLOCATE c`) //nolint:errcheck // rolled back next
 		ids := make([]string, len(held))
 		for i, id := range held {
 			ids[i] = fmt.Sprint(id)
 		}
-		var raw string
-		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE c(true, true, 500, false, 2000, 250, 0, '{`+strings.Join(ids, ",")+`}')`).Scan(&raw); err != nil {
-			t.Fatal(err)
-		}
-		var doc []struct{ Plan map[string]any }
-		if err := json.Unmarshal([]byte(raw), &doc); err != nil {
-			t.Fatal(err)
-		}
-		var walk func(n map[string]any)
-		walk = func(n map[string]any) {
+		root := explainPlan(t, tx, "ANALYZE, ", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{`+strings.Join(ids, ",")+`}')`, func(n map[string]any) {
+			if n["Node Type"] != "LockRows" {
+				return
+			}
 			kids, _ := n["Plans"].([]any)
 			for _, k := range kids {
-				k := k.(map[string]any)
-				if n["Node Type"] == "LockRows" && k["Parent Relationship"] == "Outer" {
+				if k := k.(map[string]any); k["Parent Relationship"] == "Outer" {
 					tried += k["Actual Rows"].(float64) * k["Actual Loops"].(float64)
 				}
-				walk(k)
 			}
-		}
-		walk(doc[0].Plan)
-		return tried, doc[0].Plan["Actual Rows"].(float64)
+		})
+		return tried, root["Actual Rows"].(float64)
 	}
 	if tried, claimed := claim(nil); claimed != 40 || tried != 100 {
 		t.Fatalf("without held rows: claimed %v, tried to lock %v; want 40 of 100 (the test does not set up what it means to)", claimed, tried)
@@ -234,40 +258,18 @@ func TestKeyedHeadsAreNotSortedByKey(t *testing.T) {
 	ctx := context.Background()
 	f.noAutovacuum()
 	f.insertKeyed(100, 5)
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := beginClaim(t, f)
 	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
-	for _, q := range append(batchBegin[1:], `PREPARE c(boolean, boolean, int, boolean, int, int, bigint, bigint[]) AS `+newStore(f.table).claimSQL) {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var raw string
-	if err := tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE c(true, true, 500, false, 2000, 250, 0, '{}')`).Scan(&raw); err != nil {
-		t.Fatal(err)
-	}
-	var doc []struct{ Plan map[string]any }
-	if err := json.Unmarshal([]byte(raw), &doc); err != nil {
-		t.Fatal(err)
-	}
 	var sorts []string
 	hashed := 0
-	var walk func(n map[string]any)
-	walk = func(n map[string]any) {
+	explainPlan(t, tx, "", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{}')`, func(n map[string]any) {
 		if keys, ok := n["Sort Key"].([]any); ok {
 			sorts = append(sorts, fmt.Sprint(keys))
 		}
 		if n["Node Type"] == "Aggregate" && n["Strategy"] == "Hashed" {
 			hashed++
 		}
-		kids, _ := n["Plans"].([]any)
-		for _, k := range kids {
-			walk(k.(map[string]any))
-		}
-	}
-	walk(doc[0].Plan)
+	})
 	for _, s := range sorts {
 		if strings.Contains(s, ".key") || strings.Contains(s, "[key") {
 			t.Errorf("claim sorts by key: %v", sorts)
