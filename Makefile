@@ -24,7 +24,7 @@ test: ## run every test, with the race detector, against the real services
 test-short: ## unit tests only (no services needed)
 	$(GO) test -short -count=1 ./...
 
-bench: ## measure relayd against this machine's ceilings (local services, 6–10 min): markdown table, bench-results.json
+bench: ## measure relayd against this machine's ceilings (local services, 5–10 min): markdown table, bench-results.json
 	$(GO) run ./cmd/relayd-bench -version "$(VERSION)" -out bench-results.json
 
 lint: ## go.mod tidy, go vet and staticcheck
