@@ -377,7 +377,7 @@ func (r *Relay) work(ctx context.Context, id int) {
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		start := time.Now()
-		n, err := r.runBatch(ctx)
+		n, keyed, err := r.runBatch(ctx)
 		took := time.Since(start)
 		switch {
 		case err == nil:
@@ -398,6 +398,12 @@ func (r *Relay) work(ctx context.Context, id int) {
 			// (Half: keyed rows come at most BatchSize/2 a batch, see
 			// store.claim.)
 			r.drain.signal()
+			continue
+		}
+		if keyed > 0 {
+			// The batch's keys are free again: their next rows, if any,
+			// may go now, and no NOTIFY says so. Without this, a burst of
+			// a few keys' rows moved one row per key per PollInterval.
 			continue
 		}
 		if n == 0 && took > 5*time.Millisecond {
@@ -591,25 +597,25 @@ var batchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_
 	"set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)"}
 
 // runBatch claims, publishes and records one batch, returning the number of
-// rows claimed. The batch runs to completion even when ctx is cancelled
-// (soft stop); only its own timeout bounds it.
+// rows claimed and how many of them were keyed. The batch runs to completion
+// even when ctx is cancelled (soft stop); only its own timeout bounds it.
 //
 // Two round trips to Postgres for a batch: begin and claim in one, record
 // and commit in the other (pgx batches: the statements go out together and
 // run in order, and an error skips the rest). A round trip costs both sides
 // system calls and wake-ups, which at a few rows a batch are most of the
 // relay's and Postgres's work.
-func (r *Relay) runBatch(ctx context.Context) (int, error) {
+func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
 	start := time.Now()
 	act, ok := r.active(start)
 	if !ok {
-		return 0, errNoTarget
+		return 0, 0, errNoTarget
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+30*time.Second)
 	defer cancel()
 	conn, err := r.pool.Acquire(bctx)
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return 0, 0, fmt.Errorf("begin: %w", err)
 	}
 	var held []int64 // the batch's keyed rows, in r.held until its transaction ends
 	defer func() {
@@ -649,13 +655,13 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	}
 	r.claimMu.Unlock()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if len(rows) == 0 {
 		if _, err := conn.Exec(bctx, "COMMIT"); err != nil {
-			return 0, fmt.Errorf("commit empty claim: %w", err)
+			return 0, 0, fmt.Errorf("commit empty claim: %w", err)
 		}
-		return 0, nil
+		return 0, 0, nil
 	}
 
 	rec := r.publish(bctx, rows)
@@ -663,10 +669,10 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 		r.testHookAfterPublish()
 	}
 	if err := r.store.record(bctx, conn, rec); err != nil {
-		return len(rows), err
+		return len(rows), len(held), err
 	}
 	r.cfg.Metrics.Batch(time.Since(start), len(rows))
-	return len(rows), nil
+	return len(rows), len(held), nil
 }
 
 // hold adds the keyed rows of a batch just claimed to r.held, and returns

@@ -1467,3 +1467,18 @@ func TestLateConfirmsAtStopAreRecorded(t *testing.T) {
 		t.Fatalf("%d of %d rows recorded delivered when Run returned", n, len(ids))
 	}
 }
+
+// A burst of a few keys' rows drains at batch speed, with no NOTIFY or poll
+// after the first claim: a worker whose batch held keys claims again, for
+// their next rows. It waited for the next NOTIFY or PollInterval (an hour
+// here): one row per key per poll.
+func TestKeyedBurstDrainsWithoutPolls(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, nil)
+	keyOf := f.insertKeyed(3, 20)
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == len(keyOf) }, "keyed burst not drained")
+	checkKeyOrder(t, "amqp", a.confirmedOrder(), keyOf)
+	checkKeyOrder(t, "nats", n.confirmedOrder(), keyOf)
+}
