@@ -61,6 +61,29 @@ func readyz(addr string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// relayd runs on one P unless GOMAXPROCS says otherwise (cmd/relayd
+// procs.go): /metrics and the start line show the value in force.
+func TestGOMAXPROCSDefaultsToOne(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, tc := range []struct {
+		env  []string
+		want float64
+	}{{nil, 1}, {[]string{"GOMAXPROCS=2"}, 2}} {
+		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		r := e.startRelay(fmt.Sprintf("relay %v", tc.env), append([]string{"RELAY_METRICS_ADDR=" + addr}, tc.env...)...)
+		if got, ok := scrape(t, addr, "go_sched_gomaxprocs_threads")[""]; !ok || got != tc.want {
+			t.Errorf("env %v: go_sched_gomaxprocs_threads = %v (present %v), want %v", tc.env, got, ok, tc.want)
+		}
+		if want := fmt.Sprintf("gomaxprocs=%v", tc.want); !strings.Contains(r.out.String(), want) {
+			t.Errorf("env %v: start line lacks %s:\n%s", tc.env, want, r.out.String())
+		}
+		if code := r.stop(30 * time.Second); code != 0 {
+			t.Errorf("env %v: exit %d", tc.env, code)
+		}
+	}
+}
+
 // With NATS cut off and rows pending, the nats lag gauge rises with the age
 // of the oldest pending row while the amqp one stays near 0; /readyz fails.
 // Once NATS is back, both recover by themselves.

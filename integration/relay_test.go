@@ -394,6 +394,7 @@ func TestConfigErrorsExit2(t *testing.T) {
 	}{
 		{"bogus targets", []string{"RELAY_DATABASE_URL=postgres://u:secret@127.0.0.1/db", "RELAY_TARGETS=bogus"}, "RELAY_TARGETS"},
 		{"no database url", nil, "RELAY_DATABASE_URL"},
+		{"bad GOMAXPROCS", []string{"RELAY_DATABASE_URL=postgres://u:secret@127.0.0.1/db", "GOMAXPROCS=two"}, "GOMAXPROCS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(relaydBin, "run")

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"time"
 
@@ -342,7 +343,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); r.work(ctx, i) }()
 	}
 	r.log.Info("relay started", "table", r.cfg.Table.String(), "targets", r.targetNames(),
-		"workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize)
+		"workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "gomaxprocs", runtime.GOMAXPROCS(0))
 	wg.Wait()
 	close(stopLate) // the batches are done: what confirms came late, record now
 	<-lateDone

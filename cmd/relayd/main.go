@@ -53,7 +53,16 @@ variables; see README.md for the full table.
 `
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, envconfig.OsLookuper()))
+	env := envconfig.OsLookuper()
+	n, err := procs(env)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "relayd: config: %v\n", err)
+		os.Exit(exitUsage)
+	}
+	if n > 0 {
+		runtime.GOMAXPROCS(n)
+	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, env))
 }
 
 // run is main without the process: testable with arguments, writers and an
