@@ -23,7 +23,9 @@ func (b *bench) backfillRun(ctx context.Context, res *Results) error {
 	defer cr.close()
 
 	b.logf("backfill: filling the legacy queue with %s messages (RabbitMQ publish ceiling, second sample)", thousands(float64(n)))
+	restore := oneP()
 	c, err := b.amqpPublish(ctx, cr, n, true)
+	restore()
 	if err != nil {
 		return fmt.Errorf("fill the legacy queue: %w", err)
 	}
