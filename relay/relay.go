@@ -217,8 +217,9 @@ type Relay struct {
 	testHookClaiming     func()
 	testHookClaimed      func(rows int, floor int64)
 	// quickWalk is how often claims walk from the oldest row while that
-	// walk is cheap (see claimFloor); quickWalkEvery unless a test says.
-	quickWalk time.Duration
+	// walk is cheap, and cheapTook the longest such a walk may take (see
+	// claimFloor); quickWalkEvery and cheapWalkTook unless a test says.
+	quickWalk, cheapTook time.Duration
 }
 
 // quickWalkEvery is how often, at most, claims walk from the oldest row
@@ -240,7 +241,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), drain: newKick(), log: cfg.Logger,
-		late: make(chan lateConfirm, lateBuffer), quickWalk: quickWalkEvery, held: map[int64]struct{}{}}
+		late: make(chan lateConfirm, lateBuffer), quickWalk: quickWalkEvery, cheapTook: cheapWalkTook, held: map[int64]struct{}{}}
 	for _, s := range cfg.Sinks {
 		i := targetIndex(s.Target())
 		r.sinks[i], r.enabled[i] = s, true
@@ -646,7 +647,7 @@ func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
 	rows, snap, err := r.store.claim(bctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor, r.heldRows())
 	if err == nil {
 		if floor == 0 {
-			r.cheapWalk = len(rows) < r.cfg.BatchSize && time.Since(claimStart) < cheapWalkTook
+			r.cheapWalk = len(rows) < r.cfg.BatchSize && time.Since(claimStart) < r.cheapTook
 		}
 		r.advanceFloor(rows, floor, snap)
 		held = r.hold(rows)
