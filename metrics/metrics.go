@@ -29,6 +29,16 @@ type Relay struct {
 	latency      *prometheus.HistogramVec
 	batch        prometheus.Histogram
 	lastProgress prometheus.Gauge
+
+	// The per-target children of published and latency, looked up once:
+	// Published runs for every row and target, and WithLabelValues hashes
+	// the label and takes a lock each time.
+	targets []targetMetrics // by index in relay.Targets
+}
+
+type targetMetrics struct {
+	published prometheus.Counter
+	latency   prometheus.Observer
 }
 
 var _ relay.Observer = (*Relay)(nil)
@@ -69,8 +79,10 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 		})).(prometheus.Gauge),
 	}
 	for _, t := range relay.Targets {
-		m.published.WithLabelValues(string(t))
-		m.latency.WithLabelValues(string(t))
+		m.targets = append(m.targets, targetMetrics{
+			published: m.published.WithLabelValues(string(t)),
+			latency:   m.latency.WithLabelValues(string(t)),
+		})
 		m.lateConfirms.WithLabelValues(string(t)) // 0 from the start, so that increase() sees the first
 	}
 	bi := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -90,8 +102,13 @@ func (m *Relay) Batch(d time.Duration, _ int) {
 
 // Published implements relay.Observer.
 func (m *Relay) Published(t relay.Target, createdAt time.Time) {
-	m.published.WithLabelValues(string(t)).Inc()
-	m.latency.WithLabelValues(string(t)).Observe(time.Since(createdAt).Seconds())
+	for i, x := range relay.Targets {
+		if x == t {
+			m.targets[i].published.Inc()
+			m.targets[i].latency.Observe(time.Since(createdAt).Seconds())
+			return
+		}
+	}
 }
 
 // PublishFailed implements relay.Observer.
