@@ -33,7 +33,7 @@ type Relay struct {
 	// The per-target children of published and latency, looked up once:
 	// Published runs for every row and target, and WithLabelValues hashes
 	// the label and takes a lock each time.
-	targets []targetMetrics // by index in relay.Targets
+	targets map[relay.Target]targetMetrics
 }
 
 type targetMetrics struct {
@@ -78,11 +78,12 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 			Name: "relayd_last_progress_timestamp_seconds", Help: "Unix time of the last batch that recorded an outcome.",
 		})).(prometheus.Gauge),
 	}
+	m.targets = make(map[relay.Target]targetMetrics, len(relay.Targets))
 	for _, t := range relay.Targets {
-		m.targets = append(m.targets, targetMetrics{
+		m.targets[t] = targetMetrics{
 			published: m.published.WithLabelValues(string(t)),
 			latency:   m.latency.WithLabelValues(string(t)),
-		})
+		}
 		m.lateConfirms.WithLabelValues(string(t)) // 0 from the start, so that increase() sees the first
 	}
 	bi := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -102,12 +103,9 @@ func (m *Relay) Batch(d time.Duration, _ int) {
 
 // Published implements relay.Observer.
 func (m *Relay) Published(t relay.Target, createdAt time.Time) {
-	for i, x := range relay.Targets {
-		if x == t {
-			m.targets[i].published.Inc()
-			m.targets[i].latency.Observe(time.Since(createdAt).Seconds())
-			return
-		}
+	if tm, ok := m.targets[t]; ok {
+		tm.published.Inc()
+		tm.latency.Observe(time.Since(createdAt).Seconds())
 	}
 }
 
