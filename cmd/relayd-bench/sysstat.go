@@ -18,7 +18,7 @@ type cpuSnap struct {
 
 type procCPU struct {
 	comm  string
-	ticks uint64 // utime + stime
+	ticks uint64 // utime + stime (Postgres: + cutime + cstime, see procStat)
 }
 
 // clkTck is USER_HZ, 100 on every Linux that matters.
@@ -50,20 +50,38 @@ func takeCPUSnap() cpuSnap {
 		if err != nil {
 			continue
 		}
-		st := string(data)
-		open, end := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
-		if open < 0 || end < open {
-			continue
+		if p, ok := procStat(string(data)); ok {
+			s.procs[pid] = p
 		}
-		f := strings.Fields(st[end+1:])
-		if len(f) < 13 {
-			continue
-		}
-		ut, _ := strconv.ParseUint(f[11], 10, 64)
-		sy, _ := strconv.ParseUint(f[12], 10, 64)
-		s.procs[pid] = procCPU{comm: st[open+1 : end], ticks: ut + sy}
 	}
 	return s
+}
+
+// procStat reads a /proc/PID/stat line. A Postgres process's figure
+// includes its children's that have ended (cutime, cstime): the
+// postmaster's children are the backends, one per connection, and a
+// backend whose client disconnected before the second snapshot (the
+// backfill's, which exits before the bench looks) would otherwise take
+// its CPU with it.
+func procStat(st string) (procCPU, bool) {
+	open, end := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
+	if open < 0 || end < open {
+		return procCPU{}, false
+	}
+	f := strings.Fields(st[end+1:])
+	if len(f) < 15 {
+		return procCPU{}, false
+	}
+	p := procCPU{comm: st[open+1 : end]}
+	fields := f[11:13] // utime, stime
+	if p.comm == "postgres" {
+		fields = f[11:15] // and cutime, cstime
+	}
+	for _, v := range fields {
+		n, _ := strconv.ParseUint(v, 10, 64)
+		p.ticks += n
+	}
+	return p, true
 }
 
 // CPUSplit is where the machine's CPU went during a measurement.
@@ -83,8 +101,8 @@ type CPUSplit struct {
 }
 
 // cpuSplit compares two snapshots; processes that started in between count
-// from zero, processes that ended in between are not seen. ours are the
-// benchmark's relayd processes.
+// from zero, processes that ended in between are not seen (but for
+// Postgres's backends: procStat). ours are the benchmark's relayd processes.
 func cpuSplit(a, b cpuSnap, n int, ours ...*proc) *CPUSplit {
 	if b.total <= a.total || n == 0 {
 		return nil
