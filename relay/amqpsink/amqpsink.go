@@ -5,11 +5,11 @@
 // return it first: messages are published persistent and mandatory, and an
 // unroutable one comes back as basic.return BEFORE its ack. amqp091-go hands
 // returns and confirms over from its single reader goroutine in wire order,
-// and this package reads both on one goroutine of its own that does nothing
-// else, so a return is always seen before the ack of the same message.
-// (amqp091-go drops a notification its listener has not taken within 5 s;
-// the reading goroutine only touches maps under a short lock, so it is never
-// that late short of a frozen process.) A closed channel or
+// into buffers this package reads on one goroutine of its own, taking every
+// return already buffered before each confirm: a return is always seen
+// before the ack of the same message. (The buffers are there because
+// amqp091-go drops a notification its listener has not taken within 5 s, as
+// after a process was frozen that long.) A closed channel or
 // connection resolves every pending publish as "unknown" (retry), and the
 // sink reconnects by itself with capped backoff. A publish still unanswered
 // at its deadline on a live connection stays registered: its confirm, when
@@ -47,6 +47,9 @@ type Config struct {
 
 	// wrapConn, in tests, wraps each TCP connection below the cork.
 	wrapConn func(net.Conn) net.Conn
+	// beforeEvent, in tests, runs on the event goroutine before each
+	// return or confirm is applied (to hold that goroutine up).
+	beforeEvent func()
 }
 
 // Sink is the relay's RabbitMQ target.
@@ -160,7 +163,7 @@ func (s *Sink) connect() (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	sess := newSession(conn, ch, s.confirmedLate)
+	sess := newSession(conn, ch, s.confirmedLate, s.cfg.beforeEvent)
 	sess.cork = cork
 	return sess, nil
 }
@@ -393,21 +396,35 @@ type session struct {
 	dead     bool
 	err      error
 	lateOK   func(msgID string) // told of confirms that came after their publisher gave up
+	hook     func()             // Config.beforeEvent
 
 	done chan struct{} // closed when the channel or connection is gone
 }
 
-func newSession(conn *amqp.Connection, ch *amqp.Channel, lateOK func(string)) *session {
+// The buffers of the events amqp091-go hands over. Its reader goroutine
+// gives up on a notification the listener has not taken within 5 s and drops
+// it: a dropped return would count an unroutable message as delivered, a
+// dropped confirm would leave its publish unanswered until the session ends.
+// Into a buffer with room a send never waits, however late readEvents is (a
+// process frozen for longer: the timer has fired by the time it runs again).
+// Confirms outstanding on a session are at most the relay's batches in
+// flight times the batch size (4,000 by default): 65,536 of them (1 MiB) hold
+// that many times over. Past that, a full buffer makes the reader wait, as
+// an unbuffered channel always did.
+const (
+	confirmBuffer = 1 << 16
+	returnBuffer  = 1 << 10
+)
+
+func newSession(conn *amqp.Connection, ch *amqp.Channel, lateOK func(string), hook func()) *session {
 	s := &session{
-		conn: conn, ch: ch, lateOK: lateOK,
+		conn: conn, ch: ch, lateOK: lateOK, hook: hook,
 		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
 		early: map[uint64]bool{}, earlyRet: map[string]string{},
 		done: make(chan struct{}),
 	}
-	// Unbuffered on purpose: amqp091-go's reader goroutine blocks on each
-	// send until readEvents has it, so events arrive here in wire order.
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation))
-	returns := ch.NotifyReturn(make(chan amqp.Return))
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, confirmBuffer))
+	returns := ch.NotifyReturn(make(chan amqp.Return, returnBuffer))
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
@@ -430,6 +447,43 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 		}
 	}
 	defer end(errors.New("amqp channel closed"))
+	// Wire order from two buffers: the reader put a message's return into
+	// its buffer before it read the message's ack, so every return buffered
+	// when a confirm is taken is applied first, and every event buffered
+	// when the session ends is applied before it ends.
+	returnsFirst := func() {
+		for returns != nil {
+			select {
+			case r, ok := <-returns:
+				if !ok {
+					returns = nil
+					return
+				}
+				s.onReturn(r)
+			default:
+				return
+			}
+		}
+	}
+	confirm := func(c amqp.Confirmation) {
+		returnsFirst()
+		s.onConfirm(c)
+	}
+	buffered := func() {
+		for {
+			select {
+			case c, ok := <-confirms:
+				if !ok {
+					returnsFirst()
+					return
+				}
+				confirm(c)
+			default:
+				returnsFirst()
+				return
+			}
+		}
+	}
 	for {
 		select {
 		case r, ok := <-returns:
@@ -442,18 +496,21 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 			if !ok {
 				return
 			}
-			s.onConfirm(c)
+			confirm(c)
 		case e := <-chClosed:
 			chClosed = nil
+			buffered()
 			end(amqpErr("channel closed", e))
 		case e := <-connClosed:
 			connClosed = nil
+			buffered()
 			end(amqpErr("connection closed", e))
 		case b := <-blocked:
 			if b.Active {
 				// RabbitMQ stopped reading our publishes (resource alarm).
 				// Treat it as down: pending confirms resolve as unknown
 				// and the sink reconnects once the alarm clears.
+				buffered()
 				end(fmt.Errorf("amqp connection blocked: %s", b.Reason))
 			}
 		}
@@ -504,6 +561,9 @@ func (s *session) inFlight(msgID string) *pending {
 }
 
 func (s *session) onReturn(r amqp.Return) {
+	if s.hook != nil {
+		s.hook()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	reason := fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
@@ -515,6 +575,9 @@ func (s *session) onReturn(r amqp.Return) {
 }
 
 func (s *session) onConfirm(c amqp.Confirmation) {
+	if s.hook != nil {
+		s.hook()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p, ok := s.byTag[c.DeliveryTag]

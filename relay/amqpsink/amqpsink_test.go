@@ -300,6 +300,87 @@ func TestLateConfirmIsReported(t *testing.T) {
 	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), msgs, 1)
 }
 
+// The sink's event goroutine held up for longer than amqp091-go waits for a
+// listener (5 s, as in a process frozen that long) while confirms and returns
+// keep coming: none of them is lost, and each message still gets its own
+// verdict — the returned ones returned, the others confirmed.
+func TestEventsSurviveAStalledListener(t *testing.T) {
+	t.Parallel()
+	var once sync.Once
+	e := setupWith(t, func(c *amqpsink.Config) {
+		amqpsink.BeforeEvent(c, func() { once.Do(func() { time.Sleep(6 * time.Second) }) })
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	msgs := sinktest.Messages("stall", 30)
+	unroutable := map[string]bool{}
+	for i, m := range msgs {
+		if i%3 == 1 {
+			m.Topic = "unbound.stall"
+			unroutable[m.MessageID] = true
+		}
+	}
+	results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
+	requireRouting(t, msgs, results, unroutable)
+}
+
+// While the event goroutine is held up, returns and confirms wait in their
+// buffers side by side; a message's return is still applied before its
+// confirm, batch after batch.
+func TestReturnBeforeConfirmThroughTheBuffers(t *testing.T) {
+	t.Parallel()
+	var stall atomic.Bool
+	e := setupWith(t, func(c *amqpsink.Config) {
+		amqpsink.BeforeEvent(c, func() {
+			if stall.CompareAndSwap(true, false) {
+				time.Sleep(200 * time.Millisecond)
+			}
+		})
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	for round := range 5 {
+		msgs := sinktest.Messages(fmt.Sprintf("order%d", round), 60)
+		unroutable := map[string]bool{}
+		for i, m := range msgs {
+			if i%2 == 1 {
+				m.Topic = "unbound.order"
+				unroutable[m.MessageID] = true
+			}
+		}
+		stall.Store(true) // the batch's first event waits while the rest queue up
+		results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
+		requireRouting(t, msgs, results, unroutable)
+	}
+}
+
+// Confirms that came before the connection was lost count, even when the
+// event goroutine was held up and finds the loss at the same time as them:
+// the session applies what was buffered before it ends. (Failing them as
+// unknown would have the relay publish confirmed messages again.)
+func TestConfirmsBufferedBeforeALossCount(t *testing.T) {
+	t.Parallel()
+	var once sync.Once
+	e := setupWith(t, func(c *amqpsink.Config) {
+		amqpsink.BeforeEvent(c, func() { once.Do(func() { time.Sleep(3 * time.Second) }) })
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	msgs := sinktest.Messages("lossbuf", 30)
+	done := make(chan []error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		results := make([]error, len(msgs))
+		e.sink.Publish(ctx, msgs, results)
+		done <- results
+	}()
+	time.Sleep(2 * time.Second) // every confirm is in by now; the first is held up
+	e.Down(t)
+	for i, err := range <-done {
+		if err != nil {
+			t.Errorf("%s: %v, want confirmed (its confirm came before the loss)", msgs[i].MessageID, err)
+		}
+	}
+}
+
 // env is one test's exchange and queue, a proxy in front of RabbitMQ that
 // the sink connects through, and a reader of the queue. It is the
 // sinktest.Broker.
