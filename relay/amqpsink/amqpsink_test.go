@@ -55,13 +55,7 @@ func TestUnroutableIsReturned(t *testing.T) {
 	t.Parallel()
 	e := setupReady(t)
 	msgs := sinktest.Messages("mixed", 30)
-	unroutable := map[string]bool{}
-	for i, m := range msgs {
-		if i%3 == 1 {
-			m.Topic = "unbound.mixed" // the queue binds sinktest.# only
-			unroutable[m.MessageID] = true
-		}
-	}
+	unroutable := makeUnroutable(msgs, func(i int) bool { return i%3 == 1 })
 	results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
 	requireRouting(t, msgs, results, unroutable)
 
@@ -83,13 +77,7 @@ func TestConcurrentReturns(t *testing.T) {
 	var wg sync.WaitGroup
 	for w := range 8 {
 		msgs := sinktest.Messages(fmt.Sprintf("cret%d", w), 150)
-		unroutable := map[string]bool{}
-		for i, m := range msgs {
-			if (i+w)%3 == 0 {
-				m.Topic = "unbound.conc"
-				unroutable[m.MessageID] = true
-			}
-		}
+		unroutable := makeUnroutable(msgs, func(i int) bool { return (i+w)%3 == 0 })
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -101,6 +89,19 @@ func TestConcurrentReturns(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// makeUnroutable gives the messages pick chooses a topic no queue is bound to
+// (the queue binds sinktest.# only) and returns their ids.
+func makeUnroutable(msgs []*relay.Message, pick func(i int) bool) map[string]bool {
+	unroutable := map[string]bool{}
+	for i, m := range msgs {
+		if pick(i) {
+			m.Topic = "unbound." + m.Topic
+			unroutable[m.MessageID] = true
+		}
+	}
+	return unroutable
 }
 
 func requireRouting(t *testing.T, msgs []*relay.Message, results []error, unroutable map[string]bool) {
@@ -312,13 +313,7 @@ func TestEventsSurviveAStalledListener(t *testing.T) {
 	})
 	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
 	msgs := sinktest.Messages("stall", 30)
-	unroutable := map[string]bool{}
-	for i, m := range msgs {
-		if i%3 == 1 {
-			m.Topic = "unbound.stall"
-			unroutable[m.MessageID] = true
-		}
-	}
+	unroutable := makeUnroutable(msgs, func(i int) bool { return i%3 == 1 })
 	results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
 	requireRouting(t, msgs, results, unroutable)
 }
@@ -339,13 +334,7 @@ func TestReturnBeforeConfirmThroughTheBuffers(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
 	for round := range 5 {
 		msgs := sinktest.Messages(fmt.Sprintf("order%d", round), 60)
-		unroutable := map[string]bool{}
-		for i, m := range msgs {
-			if i%2 == 1 {
-				m.Topic = "unbound.order"
-				unroutable[m.MessageID] = true
-			}
-		}
+		unroutable := makeUnroutable(msgs, func(i int) bool { return i%2 == 1 })
 		stall.Store(true) // the batch's first event waits while the rest queue up
 		results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
 		requireRouting(t, msgs, results, unroutable)
