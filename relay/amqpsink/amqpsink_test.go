@@ -308,10 +308,9 @@ func TestLateConfirmIsReported(t *testing.T) {
 func TestEventsSurviveAStalledListener(t *testing.T) {
 	t.Parallel()
 	var once sync.Once
-	e := setupWith(t, func(c *amqpsink.Config) {
+	e := setupReadyWith(t, func(c *amqpsink.Config) {
 		amqpsink.BeforeEvent(c, func() { once.Do(func() { time.Sleep(6 * time.Second) }) })
 	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
 	msgs := sinktest.Messages("stall", 30)
 	unroutable := makeUnroutable(msgs, func(i int) bool { return i%3 == 1 })
 	results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
@@ -324,14 +323,13 @@ func TestEventsSurviveAStalledListener(t *testing.T) {
 func TestReturnBeforeConfirmThroughTheBuffers(t *testing.T) {
 	t.Parallel()
 	var stall atomic.Bool
-	e := setupWith(t, func(c *amqpsink.Config) {
+	e := setupReadyWith(t, func(c *amqpsink.Config) {
 		amqpsink.BeforeEvent(c, func() {
 			if stall.CompareAndSwap(true, false) {
 				time.Sleep(200 * time.Millisecond)
 			}
 		})
 	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
 	for round := range 5 {
 		msgs := sinktest.Messages(fmt.Sprintf("order%d", round), 60)
 		unroutable := makeUnroutable(msgs, func(i int) bool { return i%2 == 1 })
@@ -348,10 +346,9 @@ func TestReturnBeforeConfirmThroughTheBuffers(t *testing.T) {
 func TestConfirmsBufferedBeforeALossCount(t *testing.T) {
 	t.Parallel()
 	var once sync.Once
-	e := setupWith(t, func(c *amqpsink.Config) {
+	e := setupReadyWith(t, func(c *amqpsink.Config) {
 		amqpsink.BeforeEvent(c, func() { once.Do(func() { time.Sleep(3 * time.Second) }) })
 	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
 	msgs := sinktest.Messages("lossbuf", 30)
 	done := make(chan []error, 1)
 	go func() {
@@ -469,22 +466,23 @@ func setupWith(t *testing.T, tune func(*amqpsink.Config)) *env {
 	return e
 }
 
-// setupReady is setup, then waits for the sink to be Ready, for the tests
-// of what comes after; the conformance suite's ReadyAfterNew checks that it
-// is Ready at once.
 // setupWrapped is setupReady with every connection the sink dials wrapped
 // by wrap, below the cork (wrap's conn sees the writes that reach the
 // socket).
 func setupWrapped(t *testing.T, wrap func(net.Conn) net.Conn) *env {
 	t.Helper()
-	e := setupWith(t, func(c *amqpsink.Config) { amqpsink.WrapConn(c, wrap) })
-	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
-	return e
+	return setupReadyWith(t, func(c *amqpsink.Config) { amqpsink.WrapConn(c, wrap) })
 }
 
-func setupReady(t *testing.T) *env {
+// setupReady is setup, then waits for the sink to be Ready, for the tests
+// of what comes after; the conformance suite's ReadyAfterNew checks that it
+// is Ready at once.
+func setupReady(t *testing.T) *env { t.Helper(); return setupReadyWith(t, nil) }
+
+// setupReadyWith is setupWith, then waits for the sink to be Ready.
+func setupReadyWith(t *testing.T, tune func(*amqpsink.Config)) *env {
 	t.Helper()
-	e := setup(t)
+	e := setupWith(t, tune)
 	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
 	return e
 }
