@@ -405,8 +405,9 @@ type session struct {
 // gives up on a notification the listener has not taken within 5 s and drops
 // it: a dropped return would count an unroutable message as delivered, a
 // dropped confirm would leave its publish unanswered until the session ends.
-// Into a buffer with room a send never waits, however late readEvents is (a
-// process frozen for longer: the timer has fired by the time it runs again).
+// A listener is that late only when the process was frozen, and then the
+// 5 s have passed by the time the reader runs again. A send into a buffer
+// with room does not wait at all, however late readEvents is.
 // Confirms outstanding on a session are at most the relay's batches in
 // flight times the batch size (4,000 by default): 65,536 of them (1 MiB) hold
 // that many times over. Past that, a full buffer makes the reader wait, as
