@@ -474,15 +474,14 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 		for {
 			select {
 			case c, ok := <-confirms:
-				if !ok {
-					returnsFirst()
-					return
+				if ok {
+					confirm(c)
+					continue
 				}
-				confirm(c)
 			default:
-				returnsFirst()
-				return
 			}
+			returnsFirst()
+			return
 		}
 	}
 	for {
