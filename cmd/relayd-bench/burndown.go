@@ -31,7 +31,11 @@ func (b *bench) burndowns(ctx context.Context, res *Results) error {
 			if r.keys > 0 {
 				keyed = fmt.Sprintf(" over %s keys", thousands(float64(r.keys)))
 			}
-			b.logf("burn-down: %s rows%s, RELAY_TARGETS=%s, %d instance(s)", thousands(float64(b.o.BurnRows)), keyed, r.targets, instances)
+			rows := b.o.BurnRows
+			if r.keys > 0 {
+				rows = b.o.BurnKeyedRows
+			}
+			b.logf("burn-down: %s rows%s, RELAY_TARGETS=%s, %d instance(s)", thousands(float64(rows)), keyed, r.targets, instances)
 			bd, note, err := b.burndown(ctx, r.targets, instances, r.keys)
 			if err != nil {
 				return fmt.Errorf("%s ×%d%s: %w", r.targets, instances, keyed, err)
@@ -47,9 +51,10 @@ func (b *bench) burndowns(ctx context.Context, res *Results) error {
 	return nil
 }
 
-// burndown fills an outbox with BurnRows rows (null keys, or keys distinct
-// keys taking turns), starts instances relayd processes at their default
-// settings and times them from start until every row is done.
+// burndown fills an outbox with BurnRows rows of null keys, or BurnKeyedRows
+// rows of keys distinct keys taking turns, starts instances relayd processes
+// at their default settings and times them from start until every row is
+// done.
 //
 // Both ends of the time come from Postgres's clock: the start just before
 // the processes start, the end the last row's done_at in the delivered
@@ -58,6 +63,9 @@ func (b *bench) burndowns(ctx context.Context, res *Results) error {
 // 3-second run read 0–100 ms long, an error of up to 3 %.
 func (b *bench) burndown(ctx context.Context, targets string, instances, keys int) (bd Burndown, note string, err error) {
 	n := b.o.BurnRows
+	if keys > 0 {
+		n = b.o.BurnKeyedRows
+	}
 	bd = Burndown{Targets: targets, Instances: instances, Rows: n, Keys: keys}
 	ts := strings.Split(targets, ",")
 	has := func(t string) bool {

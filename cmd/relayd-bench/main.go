@@ -58,6 +58,7 @@ type options struct {
 	Payload         int           // message size in bytes
 	CeilingMsgs     int           // messages (rows) per ceiling measurement
 	BurnRows        int           // rows per burn-down run
+	BurnKeyedRows   int           // rows per keyed burn-down run
 	BurnTargets     []string      // RELAY_TARGETS of the burn-down runs
 	BurnInstances   []int         // relayd processes of the burn-down runs
 	BurnKeys        int           // distinct keys of the keyed burn-down runs (0: none)
@@ -88,10 +89,15 @@ func defaultOptions(smoke bool) options {
 		Log:            os.Stderr,
 	}
 	if smoke {
-		o.CeilingMsgs, o.BurnRows, o.BackfillMsgs = 5000, 5000, 5000
+		o.CeilingMsgs, o.BurnRows, o.BurnKeyedRows, o.BackfillMsgs = 5000, 5000, 5000, 5000
 		o.LatencyWarmup, o.LatencyDuration = time.Second, 5*time.Second
 	} else {
-		o.CeilingMsgs, o.BurnRows, o.BackfillMsgs = 200_000, 200_000, 200_000
+		// The keyed burn-down and the plain RabbitMQ publish ceiling are
+		// the bench's own additions to what issue #8 asks for, and run
+		// half as many rows: on a slow day (every service a third of its
+		// usual speed) the whole bench took 8m47s, and it must stay under
+		// 10 minutes from a clean clone, build included.
+		o.CeilingMsgs, o.BurnRows, o.BurnKeyedRows, o.BackfillMsgs = 200_000, 200_000, 100_000, 200_000
 		o.LatencyWarmup, o.LatencyDuration = 5*time.Second, 60*time.Second
 	}
 	return o
