@@ -12,17 +12,35 @@ import (
 // a frame and a write per run instead of per message, for the backfill and
 // for RabbitMQ. Requeues go out at once, one by one. A multiple-ack never
 // covers a delivery still in flight: the run stops at the first unsettled
-// tag.
+// tag. Nor one held unacked (hold): past the first, acks go one by one.
 type acker struct {
 	ch amqp.Acknowledger
 
 	mu      sync.Mutex
-	next    uint64            // lowest tag not yet settled
-	settled map[uint64]func() // settled tags above next: an ack's callback, or nil for a requeue already sent
+	next    uint64                // lowest tag not yet settled
+	settled map[uint64]settlement // settled tags above next
+	// holding: a delivery below next is held unacked, and a multiple-ack
+	// would ack it too.
+	holding bool
 }
 
+// settlement is how a tag was settled: acked (done, called once the ack
+// went out), requeued (already sent) or held.
+type settlement struct {
+	done func()
+	kind settleKind
+}
+
+type settleKind uint8
+
+const (
+	settleAck settleKind = iota
+	settleRequeue
+	settleHold
+)
+
 func newAcker(ch amqp.Acknowledger) *acker {
-	return &acker{ch: ch, next: 1, settled: map[uint64]func(){}}
+	return &acker{ch: ch, next: 1, settled: map[uint64]settlement{}}
 }
 
 // ack acks d once every earlier delivery is settled too, then calls done
@@ -53,7 +71,7 @@ func (a *acker) ackAll(ss []settled) {
 		if done == nil {
 			done = func() {}
 		}
-		a.settled[s.d.DeliveryTag] = done
+		a.settled[s.d.DeliveryTag] = settlement{done: done, kind: settleAck}
 	}
 	a.advance()
 }
@@ -63,33 +81,58 @@ func (a *acker) requeue(d amqp.Delivery) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	err := a.ch.Nack(d.DeliveryTag, false, true)
-	a.settled[d.DeliveryTag] = nil
+	a.settled[d.DeliveryTag] = settlement{kind: settleRequeue}
 	a.advance()
 	return err
 }
 
+// hold leaves d unacked for as long as the channel lasts (it goes back to
+// the queue when the channel closes), without holding up the acks of the
+// deliveries after it.
+func (a *acker) hold(d amqp.Delivery) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.settled[d.DeliveryTag] = settlement{kind: settleHold}
+	a.advance()
+}
+
 func (a *acker) advance() {
-	var last uint64
+	var last uint64 // the multiple-ack's tag
 	var done []func()
+	type one struct {
+		tag  uint64
+		done func()
+	}
+	var single []one // past a held delivery
 	for {
-		fn, ok := a.settled[a.next]
+		s, ok := a.settled[a.next]
 		if !ok {
 			break
 		}
 		delete(a.settled, a.next)
-		if fn != nil {
+		switch {
+		case s.kind == settleHold:
+			a.holding = true
+		case s.kind == settleAck && a.holding:
+			single = append(single, one{a.next, s.done})
+		case s.kind == settleAck:
 			last = a.next
-			done = append(done, fn)
+			done = append(done, s.done)
 		}
 		a.next++
 	}
-	if last == 0 {
-		return
+	if last != 0 {
+		if err := a.ch.Ack(last, true); err != nil {
+			return // channel gone: redelivered on reconnect, skipped by the record or deduped by JetStream
+		}
+		for _, fn := range done {
+			fn()
+		}
 	}
-	if err := a.ch.Ack(last, true); err != nil {
-		return // channel gone: redelivered on reconnect, skipped by the record or deduped by JetStream
-	}
-	for _, fn := range done {
-		fn()
+	for _, o := range single {
+		if err := a.ch.Ack(o.tag, false); err != nil {
+			return // as above
+		}
+		o.done()
 	}
 }

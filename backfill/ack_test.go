@@ -51,3 +51,35 @@ func TestAckerNeverCoversUnsettled(t *testing.T) {
 		t.Fatalf("done callbacks for %v, want 1, 2, 3, 6", acked)
 	}
 }
+
+// A delivery held unacked (JetStream refuses it for good, no dead-letter
+// queue) does not hold up the acks of the deliveries after it: a
+// multiple-ack would ack it too, so from there on they go one by one.
+func TestAckerHoldDoesNotBlockLaterAcks(t *testing.T) {
+	r := &recAck{}
+	a := newAcker(r)
+	d := func(tag uint64) amqp.Delivery { return amqp.Delivery{DeliveryTag: tag} }
+	acked := map[uint64]bool{}
+	ack := func(tag uint64) { a.ack(d(tag), func() { acked[tag] = true }) }
+
+	ack(1)
+	ack(2)       // acked as they come: no hold yet
+	a.hold(d(3)) // 3 stays unacked
+	ack(5)       // 4 in flight: nothing yet
+	ack(4)       // 4 and 5, each on its own
+	a.ackAll([]settled{{d(6), func() { acked[6] = true }}, {d(7), func() { acked[7] = true }}})
+	a.requeue(d(8))
+	ack(9)
+	want := []string{"ack 1 true", "ack 2 true", "ack 4 false", "ack 5 false", "ack 6 false", "ack 7 false", "nack 8 false true", "ack 9 false"}
+	if !reflect.DeepEqual(r.calls, want) {
+		t.Fatalf("calls %v, want %v", r.calls, want)
+	}
+	for _, tag := range []uint64{1, 2, 4, 5, 6, 7, 9} {
+		if !acked[tag] {
+			t.Errorf("no done callback for %d", tag)
+		}
+	}
+	if acked[3] || len(acked) != 7 {
+		t.Errorf("done callbacks for %v, want 1, 2, 4–7, 9", acked)
+	}
+}

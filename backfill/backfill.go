@@ -345,12 +345,30 @@ func headerValue(v any) string {
 	}
 }
 
+// brokerHeaders are the headers RabbitMQ adds to a message on its way: a
+// quorum queue's count of deliveries (on each redelivery), dead-lettering's
+// history, and the federation/shovel hop. They say what happened to the
+// message, not what it is, and stay out of its derived id.
+var brokerHeaders = map[string]bool{
+	"x-delivery-count":       true,
+	"x-death":                true,
+	"x-first-death-exchange": true,
+	"x-first-death-queue":    true,
+	"x-first-death-reason":   true,
+	"x-last-death-exchange":  true,
+	"x-last-death-queue":     true,
+	"x-last-death-reason":    true,
+	"x-received-from":        true,
+}
+
 // DeriveID is the id of a message that has no message-id: a UUID (version
 // 8, RFC 9562) built from the SHA-256 of its routing key, timestamp, type,
-// correlation id, content type, headers (sorted by name) and body. The same
-// message always gets the same id, so a rerun after a crash publishes it with
-// the same Nats-Msg-Id. Two messages identical in all of these are treated
-// as one.
+// correlation id, content type, headers (sorted by name; not those RabbitMQ
+// adds on the way, brokerHeaders) and body. The same message always gets the
+// same id — redelivered, dead-lettered and consumed again — so a rerun after
+// a crash publishes it with the same Nats-Msg-Id, and an inbox reading the
+// legacy queue finds the id of its backfilled copy. Two messages identical in
+// all of these are treated as one.
 func DeriveID(d amqp.Delivery) string {
 	h := sha256.New()
 	field := func(s string) { fmt.Fprintf(h, "%d:%s;", len(s), s) }
@@ -365,7 +383,9 @@ func DeriveID(d amqp.Delivery) string {
 	field(d.ContentType)
 	keys := make([]string, 0, len(d.Headers))
 	for k := range d.Headers {
-		keys = append(keys, k)
+		if !brokerHeaders[k] {
+			keys = append(keys, k)
+		}
 	}
 	sort.Strings(keys)
 	for _, k := range keys {

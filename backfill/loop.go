@@ -74,14 +74,16 @@ func (b *runner) session(ctx context.Context) error {
 	if err := ch.Qos(b.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("%w: %w", errLost, err)
 	}
-	var dlq *amqp.Channel
+	var dlq *deadLetter
 	if b.cfg.DeadLetterQueue != "" {
-		if dlq, err = conn.Channel(); err != nil {
+		dch, err := conn.Channel()
+		if err != nil {
 			return fmt.Errorf("%w: %w", errLost, err)
 		}
-		if err := dlq.Confirm(false); err != nil {
+		if err := dch.Confirm(false); err != nil {
 			return fmt.Errorf("%w: %w", errLost, err)
 		}
+		dlq = &deadLetter{ch: dch, returns: dch.NotifyReturn(make(chan amqp.Return, 64))}
 	}
 	const tag = "relayd-backfill"
 	deliveries, err := ch.ConsumeWithContext(ctx, b.cfg.Queue, tag, false, false, false, false, nil)
@@ -92,10 +94,12 @@ func (b *runner) session(ctx context.Context) error {
 	acks := newAcker(ch)
 
 	var (
-		wg          sync.WaitGroup
-		sem         = make(chan struct{}, parallel)
-		inFlight    atomic.Int64 // deliveries received and not yet settled
-		reserved    int64        // deliveries taken toward Limit
+		wg       sync.WaitGroup
+		sem      = make(chan struct{}, parallel)
+		inFlight atomic.Int64 // deliveries received and not yet settled
+		// reserved: deliveries taken toward Limit — counting what earlier
+		// sessions of the run settled (what they had not is redelivered).
+		reserved    = b.moved.Load() + b.already.Load() + b.dead.Load()
 		batch       = make([]amqp.Delivery, 0, batchMax)
 		flushT      = time.NewTimer(time.Hour)
 		checkT      = time.NewTicker(250 * time.Millisecond)
@@ -242,7 +246,7 @@ func (b *runner) heldCount() int {
 // process settles one batch: skip what JetStream already has, publish the
 // rest, record and ack what JetStream acked, dead-letter or hold what it
 // refuses for good, requeue the rest.
-func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, dlq *amqp.Channel) {
+func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, dlq *deadLetter) {
 	items := make([]*item, len(ds))
 	for i, d := range ds {
 		items[i] = b.prepare(d)
@@ -361,11 +365,54 @@ func (b *runner) permanent(ctx context.Context, it *item, err error) string {
 	return ""
 }
 
+// deadLetter is the session's channel to the dead-letter queue, in confirm
+// mode, with its returns.
+type deadLetter struct {
+	ch      *amqp.Channel
+	returns <-chan amqp.Return
+	mu      sync.Mutex // one publish at a time: a return is its publish's
+}
+
+// publish puts pub in queue and waits for RabbitMQ to take it: confirmed,
+// and not returned. Mandatory, so a queue deleted since the start comes
+// back as a return — which RabbitMQ follows with an ack: that ack alone
+// would have the source acked and the message gone from both brokers.
+func (d *deadLetter) publish(ctx context.Context, queue string, pub amqp.Publishing) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dc, err := d.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, pub)
+	if err != nil {
+		return err
+	}
+	ok, err := dc.WaitContext(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("nacked")
+	}
+	// amqp091-go hands a return to its listener before it reads the
+	// confirm that follows it: if this publish came back, it is buffered.
+	for {
+		select {
+		case r := <-d.returns:
+			if r.MessageId == pub.MessageId {
+				return fmt.Errorf("returned: %d %s", r.ReplyCode, r.ReplyText)
+			}
+			// An earlier publish's, whose wait gave up: requeued already.
+		default:
+			return nil
+		}
+	}
+}
+
 // refuse parks a message JetStream will never take: in the dead-letter
-// queue (then ack), or held unacked for the rest of the run.
-func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *amqp.Channel) {
+// queue (then ack), or held unacked for the rest of the session (the acks
+// of the messages after it go out one by one).
+func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadLetter) {
 	b.log.Warn("backfill: JetStream refuses message for good", "message_id", it.id, "routing_key", it.d.RoutingKey, "reason", reason)
 	if dlq == nil {
+		it.acks.hold(it.d)
 		b.mu.Lock()
 		seen := b.seenHeld[it.id]
 		b.seenHeld[it.id] = true
@@ -385,15 +432,7 @@ func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *amqp.
 		DeliveryMode: amqp.Persistent, CorrelationId: it.d.CorrelationId, MessageId: it.d.MessageId,
 		Timestamp: it.d.Timestamp, Type: it.d.Type, AppId: it.d.AppId, Body: it.d.Body,
 	}
-	dc, err := dlq.PublishWithDeferredConfirmWithContext(ctx, "", b.cfg.DeadLetterQueue, true, false, pub)
-	if err == nil {
-		var ok bool
-		ok, err = dc.WaitContext(ctx)
-		if err == nil && !ok {
-			err = errors.New("nacked")
-		}
-	}
-	if err != nil {
+	if err := dlq.publish(ctx, b.cfg.DeadLetterQueue, pub); err != nil {
 		b.log.Error("backfill: dead-letter publish failed; requeueing", "message_id", it.id, "error", err.Error())
 		b.requeue(it)
 		return

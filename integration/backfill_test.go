@@ -291,6 +291,71 @@ func TestBackfillDeadLetters(t *testing.T) {
 	}
 }
 
+// Without a dead-letter queue, a message JetStream will never take is held
+// unacked until the run ends, and the messages after it still move and are
+// acked: more of them than the prefetch, so a held delivery that held up
+// the acks behind it would stall the run.
+func TestBackfillHoldsARefusedMessageAndMovesTheRest(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var msgs []amqp.Publishing
+	for i := range 200 {
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("ok-%d", i), Body: []byte("small"), DeliveryMode: amqp.Persistent})
+	}
+	big := amqp.Publishing{MessageId: "too-big", Body: make([]byte, int(e.nc.MaxPayload())+1), DeliveryMode: amqp.Persistent}
+	msgs = append(msgs[:10], append([]amqp.Publishing{big}, msgs[10:]...)...)
+	e.legacyPublish(msgs, "orders.held")
+
+	cmd := e.backfillCmd("--prefetch", "16")
+	var out []byte
+	var err error
+	done := make(chan struct{})
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		cmd.Process.Kill() //nolint:errcheck // the test fails anyway
+		<-done
+		t.Fatalf("backfill still running after 90 s (stalled behind the held message?):\n%s", out)
+	}
+	if err != nil {
+		t.Fatalf("backfill: %v\n%s", err, out)
+	}
+	sum := decodeSummary(t, out)
+	if sum.Moved != 200 || sum.Failed != 1 {
+		t.Fatalf("summary %+v: want 200 moved, 1 failed", sum)
+	}
+	ids := e.streamIDs()
+	for i := range 200 {
+		if ids[fmt.Sprintf("ok-%d", i)] != 1 {
+			t.Fatalf("ok-%d in the stream %d times", i, ids[fmt.Sprintf("ok-%d", i)])
+		}
+	}
+	if ids["too-big"] != 0 {
+		t.Fatal("the oversize message is in the stream")
+	}
+	// Only the held message went back to the queue.
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	var back []string
+	for {
+		d, ok, err := ch.Get(e.queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		back = append(back, d.MessageId)
+	}
+	if len(back) != 1 || back[0] != "too-big" {
+		t.Fatalf("back in the queue: %v, want just too-big", back)
+	}
+}
+
 // --dry-run reports and changes nothing: same queue, same stream.
 func TestBackfillDryRunChangesNothing(t *testing.T) {
 	t.Parallel()
@@ -354,6 +419,66 @@ func TestBackfillRefusesOtherConsumers(t *testing.T) {
 	if sum := decodeSummary(t, out); sum.Moved != 1 {
 		t.Fatalf("summary %+v, want 1 moved", sum)
 	}
+}
+
+// --limit counts the whole run, not each RabbitMQ connection: a cut
+// mid-run, and the run still stops at the limit.
+func TestBackfillLimitHoldsAcrossAConnectionCut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	u, err := url.Parse(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()), "amqp", "127.0.0.1:0", u.Host)
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Stop)
+	u.Host = proxy.Listen
+
+	const total, limit = 3000, 1000
+	var msgs []amqp.Publishing
+	for i := range total {
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("l-%05d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
+	}
+	e.legacyPublish(msgs, "orders.limit")
+
+	cmd := e.backfillCmd("--limit", fmt.Sprint(limit), "--rate", "1000", "--prefetch", "50")
+	cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+u.String())
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+
+	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() >= 300 }, "stuck before the cut:\n%s", out.String())
+	proxy.Stop() // the connection drops; unacked deliveries return to the queue
+	time.Sleep(500 * time.Millisecond)
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("backfill: %v\n%s", err, out.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("backfill still running after 60 s:\n%s", out.String())
+	}
+	sum := decodeSummary(t, []byte(out.String()))
+	// Moved before the cut and not acked, skipped after it: already.
+	if sum.Moved+sum.AlreadyDelivered != limit {
+		t.Fatalf("handled %d across the cut, want the limit, %d (summary %+v)", sum.Moved+sum.AlreadyDelivered, limit, sum)
+	}
+	if n := e.streamCount(); n != limit {
+		t.Fatalf("stream holds %d, want %d", n, limit)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { n, _ := e.queueDepth(e.queue); return n == total-limit },
+		"queue does not hold the %d beyond the limit", total-limit)
 }
 
 // The backfill rides out a RabbitMQ connection cut (through a proxy), a
