@@ -8,6 +8,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/relayd/relayd/internal/headers"
 )
 
 // ErrInvalidMessage matches, with errors.Is, every [ValidationError].
@@ -75,11 +77,14 @@ func topicReason(topic string) string {
 const msgIDHeader = "Nats-Msg-Id"
 
 // ValidateHeaders reports whether h can be published as NATS and AMQP
-// headers: keys must be non-empty UTF-8 with no ':', whitespace or control
-// characters, and must not be "Nats-Msg-Id" in any case (the relay sets it
-// from the message id); values must be UTF-8 with no '\r', '\n' or NUL. The
-// relay applies the same check to rows written with plain SQL. The error is
-// a *[ValidationError] with Index -1.
+// headers: keys must be what NATS takes (printable ASCII, no spaces, none of
+// "()/,:;<=>?@[\]{} or the double quote), at most 255 bytes (an AMQP short
+// string), and not "Nats-Msg-Id" in any case (the relay sets it from the
+// message id); values must be UTF-8 with no '\r', '\n' or NUL, and at most
+// 255 bytes for content-type and correlation-id (they set the AMQP
+// properties). The relay parks a row written with plain SQL whose headers a
+// broker refuses, for that broker, with the reason. The error is a
+// *[ValidationError] with Index -1.
 func ValidateHeaders(h map[string]string) error {
 	reason := headersReason(h)
 	if reason == "" {
@@ -91,14 +96,10 @@ func ValidateHeaders(h map[string]string) error {
 func headersReason(h map[string]string) string {
 	// Sorted, so that the same map always gives the same error.
 	for _, k := range slices.Sorted(maps.Keys(h)) {
-		switch {
-		case k == "":
-			return "empty key"
-		case !utf8.ValidString(k):
-			return fmt.Sprintf("key %q is not valid UTF-8", k)
-		case strings.IndexFunc(k, func(r rune) bool { return r == ':' || unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
-			return fmt.Sprintf("key %q contains ':', whitespace or a control character", k)
-		case strings.EqualFold(k, msgIDHeader):
+		if reason := headers.NATSKeyReason(k); reason != "" {
+			return reason
+		}
+		if strings.EqualFold(k, msgIDHeader) {
 			return fmt.Sprintf("key %q is reserved: the relay sets it from the message id", k)
 		}
 		v := h[k]
@@ -107,6 +108,9 @@ func headersReason(h map[string]string) string {
 			return fmt.Sprintf("value of %q is not valid UTF-8", k)
 		case strings.ContainsAny(v, "\r\n\x00"):
 			return fmt.Sprintf("value of %q contains CR, LF or NUL", k)
+		}
+		if reason := headers.AMQPReason(k, v); reason != "" {
+			return reason
 		}
 	}
 	return ""

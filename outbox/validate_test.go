@@ -115,6 +115,17 @@ func TestValidateHeaders(t *testing.T) {
 		{"LF in value", map[string]string{"k": "a\nb"}, false},
 		{"NUL in value", map[string]string{"k": "a\x00b"}, false},
 		{"invalid utf-8 value", map[string]string{"k": "\xff"}, false},
+		// What NATS refuses in a key (nats.go: ErrBadHeaderMsg for the
+		// whole message), and what does not fit an AMQP short string.
+		{"slash in key", map[string]string{"x-trace/id": "v"}, false},
+		{"equals in key", map[string]string{"a=b": "v"}, false},
+		{"non-ASCII key", map[string]string{"café": "v"}, false},
+		{"NATS's punctuation otherwise", map[string]string{"a-b_c.d~e!f#g$h%i&j'k*l+m^n`o|p": "v"}, true},
+		{"key of 255 bytes", map[string]string{strings.Repeat("k", 255): "v"}, true},
+		{"key of 256 bytes", map[string]string{strings.Repeat("k", 256): "v"}, false},
+		{"content-type of 256 bytes", map[string]string{"content-type": strings.Repeat("a", 256)}, false},
+		{"Correlation-Id of 256 bytes", map[string]string{"Correlation-Id": strings.Repeat("a", 256)}, false},
+		{"other value of 4 KiB", map[string]string{"k": strings.Repeat("a", 4096)}, true},
 	} {
 		err := ValidateHeaders(tc.h)
 		if tc.ok != (err == nil) {

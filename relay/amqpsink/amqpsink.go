@@ -30,6 +30,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -205,6 +206,28 @@ func (s *Sink) takeLate(msgID string) bool {
 	return ok && time.Since(at) <= lateTTL
 }
 
+// closeWait bounds the close handshake: a connection RabbitMQ has blocked
+// (a resource alarm) is not read, and its close-ok would not come until the
+// alarm clears — Close, and relayd's exit, would wait that long.
+const closeWait = 5 * time.Second
+
+// close ends the session's connection: the close handshake, and if that
+// takes closeWait, the socket. (amqp091-go's CloseDeadline is not enough:
+// each heartbeat RabbitMQ sends moves the socket's read deadline on.)
+func (s *session) close() {
+	done := make(chan struct{})
+	go func() {
+		s.conn.Close() //nolint:errcheck // closed either way
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(closeWait):
+		s.cork.Close() //nolint:errcheck // the handshake ends with the socket
+		<-done
+	}
+}
+
 // supervise keeps a session up until Close.
 func (s *Sink) supervise(sess *session) {
 	defer close(s.stopped)
@@ -221,13 +244,13 @@ func (s *Sink) supervise(sess *session) {
 			select {
 			case <-s.stop:
 				s.drop(sess, errors.New("sink closed"))
-				sess.conn.Close()
+				sess.close()
 				return
 			case <-sess.done:
 			}
 			s.drop(sess, sess.err)
 			s.log.Warn("amqp connection lost", "error", errString(sess.err))
-			sess.conn.Close()
+			sess.close()
 		}
 		backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
 		select {
@@ -290,6 +313,10 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 	for i, m := range msgs {
 		if len(m.Topic) > 255 {
 			results[i] = relay.Permanent("amqp: routing key longer than 255 bytes")
+			continue
+		}
+		if reason := badHeaders(m.Headers); reason != "" {
+			results[i] = relay.Permanent("amqp: headers: %s", reason)
 			continue
 		}
 		pub := Publishing(m)
@@ -364,6 +391,11 @@ func Publishing(m *relay.Message) amqp.Publishing {
 		}
 	}
 	return p
+}
+
+// badHeaders says why RabbitMQ cannot take one of h's headers, or "".
+func badHeaders(h map[string]string) string {
+	return headers.First(h, headers.AMQPReason)
 }
 
 // ErrReturned is a message RabbitMQ could not route to any queue.
@@ -535,17 +567,20 @@ func (s *session) publish(ctx context.Context, exchange, key, msgID string, pub 
 	p := &pending{msgID: msgID, done: make(chan struct{})}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.dead {
-		p.resolve(relay.Unavailable(s.err))
-		return p, nil
-	}
 	if r, ok := s.earlyRet[msgID]; ok {
 		delete(s.earlyRet, msgID)
 		p.returned = r
 	}
+	// Its confirm may have come before it was registered here (another
+	// batch's flush sent its frames) — and the connection died since: the
+	// confirm is the verdict, not the death.
 	if ack, ok := s.early[dc.DeliveryTag]; ok {
 		delete(s.early, dc.DeliveryTag)
 		p.confirm(ack)
+		return p, nil
+	}
+	if s.dead {
+		p.resolve(relay.Unavailable(s.err))
 		return p, nil
 	}
 	s.byTag[dc.DeliveryTag] = p

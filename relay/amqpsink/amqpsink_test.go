@@ -136,6 +136,37 @@ func TestLongRoutingKeyIsPermanent(t *testing.T) {
 	sinktest.WaitArrived(t, e, ok)
 }
 
+// A header RabbitMQ cannot take — a key over 255 bytes, or a content-type or
+// correlation-id value over 255 bytes (an AMQP short string) — is permanent.
+// amqp091-go would find out only while writing the frames and close the
+// connection, failing every publish on it, batch after batch.
+func TestHeaderOverShortStringIsPermanent(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t)
+	long := strings.Repeat("a", 256)
+	for name, h := range map[string]map[string]string{
+		"key of 256 bytes":            {long: "v"},
+		"content-type of 256 bytes":   {"content-type": long},
+		"Correlation-Id of 256 bytes": {"Correlation-Id": long},
+	} {
+		msgs := sinktest.Messages("shortstr", 3)
+		msgs[1].Headers = h
+		results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
+		var pe *relay.PermanentError
+		if !errors.As(results[1], &pe) || errors.Is(results[1], relay.ErrUnavailable) {
+			t.Fatalf("%s: result %v (%T), want a *relay.PermanentError", name, results[1], results[1])
+		}
+		ok := []*relay.Message{msgs[0], msgs[2]}
+		sinktest.RequireAllNil(t, ok, []error{results[0], results[2]})
+		sinktest.WaitArrived(t, e, ok)
+	}
+	// A long value in any other header fits a field table (a long string).
+	msgs := sinktest.Messages("longstr", 1)
+	msgs[0].Headers = map[string]string{"x-note": strings.Repeat("a", 4096)}
+	sinktest.RequireAllNil(t, msgs, sinktest.Publish(t, e.sink, 20*time.Second, msgs))
+	sinktest.WaitArrived(t, e, msgs)
+}
+
 // writeCounter counts the writes that reach a connection's socket, and
 // fails them while fail is set.
 type writeCounter struct {
@@ -517,5 +548,32 @@ func (e *env) Up(t *testing.T) {
 	t.Helper()
 	if err := e.proxy.Start(); err != nil {
 		t.Fatalf("restart proxy on %s: %v", e.proxy.Listen, err)
+	}
+}
+
+// Close does not wait on a broker that stopped reading the connection (as
+// RabbitMQ does with a connection it blocks during a resource alarm): the
+// close handshake gives up after its deadline, so relayd can exit.
+func TestCloseIsBoundedWhenTheBrokerStopsReading(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t)
+	// Nothing the sink sends reaches RabbitMQ from here on; RabbitMQ itself
+	// would end the connection only after missing its heartbeats (20 s).
+	toxic, err := json.Marshal(map[string]any{"name": "deaf", "type": "timeout", "stream": "upstream",
+		"attributes": map[string]any{"timeout": 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.proxy.Toxics.AddToxicJson(bytes.NewReader(toxic)); err != nil {
+		t.Fatalf("add timeout: %v", err)
+	}
+	start := time.Now()
+	closed := make(chan struct{})
+	go func() { e.sink.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Logf("closed in %v", time.Since(start).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatal("Sink.Close still waiting after 10 s on a connection the broker does not read")
 	}
 }

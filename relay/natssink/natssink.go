@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/outbox"
 	"github.com/relayd/relayd/relay"
 )
@@ -114,6 +115,10 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			results[i] = relay.Permanent("nats: topic is not a valid subject: %v", err)
 			continue
 		}
+		if reason := badHeaders(m.Headers); reason != "" {
+			results[i] = relay.Permanent("nats: headers: %s", reason)
+			continue
+		}
 		if size := int64(len(m.Payload)) + headerSize(m.Headers); size > maxPayload {
 			results[i] = relay.Permanent("nats: message of %d bytes exceeds the server's max_payload %d", size, maxPayload)
 			continue
@@ -186,12 +191,17 @@ const (
 	errCodeStreamMismatch = 10060 // expected stream does not match
 )
 
+// badHeaders says why NATS refuses one of h's keys, or "".
+func badHeaders(h map[string]string) string {
+	return headers.First(h, func(k, _ string) string { return headers.NATSKeyReason(k) })
+}
+
 func classify(err error) error {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.As(err, &apiErr) && (apiErr.ErrorCode == errCodeMaxMsgSize || apiErr.ErrorCode == errCodeStreamMismatch):
 		return relay.Permanent("nats: %v", err)
-	case errors.Is(err, nats.ErrMaxPayload):
+	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadHeaderMsg):
 		return relay.Permanent("nats: %v", err)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("nats: %w", err) // a per-message refusal: retry later

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/natssink"
@@ -64,6 +65,44 @@ func TestInvalidSubjectIsPermanent(t *testing.T) {
 		}
 		if results[1] != nil {
 			t.Errorf("valid message in the same batch as topic %q: %v, want nil", topic, results[1])
+		}
+	}
+}
+
+// A header key nats.go refuses (it fails the whole message) is permanent:
+// the row is parked with the reason, not retried as an outage for ever; the
+// batch's other messages are published.
+func TestHeaderKeyNATSRefusesIsPermanent(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	for _, key := range []string{"x-trace/id", "a=b", "café", "a b", "{k}"} {
+		msgs := sinktest.Messages("badheader", 3)
+		msgs[1].Headers = map[string]string{"ok": "1", key: "v"}
+		results := sinktest.Publish(t, e.sink, 10*time.Second, msgs)
+		var pe *relay.PermanentError
+		if !errors.As(results[1], &pe) || errors.Is(results[1], relay.ErrUnavailable) || !strings.Contains(pe.Error(), key) {
+			t.Errorf("header key %q: result %v (%T), want a *relay.PermanentError naming the key", key, results[1], results[1])
+		}
+		ok := []*relay.Message{msgs[0], msgs[2]}
+		sinktest.RequireAllNil(t, ok, []error{results[0], results[2]})
+		sinktest.WaitArrived(t, e, ok)
+	}
+}
+
+// The sink's rule for header keys is nats.go's: every byte, in a key of its
+// own, is refused by one exactly when it is by the other.
+func TestNATSKeyRuleMatchesTheClient(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	for c := 1; c < 256; c++ {
+		key := "k" + string([]byte{byte(c)})
+		err := e.nc.PublishMsg(&nats.Msg{Subject: "keyrule", Header: nats.Header{key: {"v"}}})
+		clientRefuses := errors.Is(err, nats.ErrBadHeaderMsg)
+		if err != nil && !clientRefuses {
+			t.Fatalf("key %q: %v", key, err)
+		}
+		if ours := headers.NATSKeyReason(key) != ""; ours != clientRefuses {
+			t.Errorf("key %q: refused by the sink's rule %v, by nats.go %v", key, ours, clientRefuses)
 		}
 	}
 }

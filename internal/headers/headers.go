@@ -1,0 +1,79 @@
+// Package headers holds what each broker accepts in a message's headers, for
+// the outbox package (a producer learns at insert time) and for the sinks (a
+// row written with plain SQL is parked for the broker that refuses it, with
+// the reason, rather than retried for ever).
+package headers
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// natsForbidden are the printable ASCII characters nats.go refuses in a
+// header key (isHeaderKeyValid); it takes 33–126 but these.
+const natsForbidden = "\"()/,:;<=>?@[\\]{}"
+
+// NATSKeyReason says why NATS refuses k as a header key, or "". nats.go
+// refuses the whole message (ErrBadHeaderMsg) for one such key.
+func NATSKeyReason(k string) string {
+	if k == "" {
+		return "empty key"
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 33 || c > 126 || strings.IndexByte(natsForbidden, c) >= 0 {
+			return fmt.Sprintf("key %q: NATS takes printable ASCII without spaces or any of %s", k, natsForbidden)
+		}
+	}
+	return ""
+}
+
+// maxShortString is AMQP 0-9-1's limit on a short string: a field-table key,
+// and the content-type and correlation-id properties.
+const maxShortString = 255
+
+// AMQPReason says why RabbitMQ cannot take header k with value v, or "": a
+// key over 255 bytes, or a content-type or correlation-id value over 255
+// bytes (the relay copies those into the AMQP properties). amqp091-go finds
+// out only while writing the frames, and closes the whole connection.
+func AMQPReason(k, v string) string {
+	if len(k) > maxShortString {
+		return fmt.Sprintf("key %.20q… is %d bytes: AMQP takes at most %d", k, len(k), maxShortString)
+	}
+	if IsAMQPProperty(k) && len(v) > maxShortString {
+		return fmt.Sprintf("value of %q is %d bytes: as an AMQP property it takes at most %d", k, len(v), maxShortString)
+	}
+	return ""
+}
+
+// IsAMQPProperty says whether header k also sets an AMQP property: the
+// content-type or correlation-id (amqpsink.Publishing).
+func IsAMQPProperty(k string) bool {
+	switch k {
+	case "content-type", "Content-Type", "correlation-id", "Correlation-Id":
+		return true
+	}
+	return false
+}
+
+// First is reason's verdict on the first of h's headers it refuses, in key
+// order (the same row always gives the same reason), or "".
+func First(h map[string]string, reason func(k, v string) string) string {
+	bad := false
+	for k, v := range h {
+		if reason(k, v) != "" {
+			bad = true
+			break
+		}
+	}
+	if !bad {
+		return "" // the common case: no sort, no allocation
+	}
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		if r := reason(k, h[k]); r != "" {
+			return r
+		}
+	}
+	return ""
+}
