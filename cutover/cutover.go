@@ -114,6 +114,10 @@ func Check(ctx context.Context, cfg Config) (Result, error) {
 			quiet = first.backoff[n-1]
 		}
 		if cfg.Conservative {
+			if first.maxAck < 1 {
+				// Unlimited (-1): the bound would be 0, no quiet at all.
+				return Result{}, fmt.Errorf("cutover: the conservative quiet interval is AckWait × (MaxAckPending + 1), and consumer %q has no MaxAckPending limit (%d): give the quiet interval", cfg.Consumer, first.maxAck)
+			}
 			quiet = first.ackWait * time.Duration(first.maxAck+1)
 		}
 	}

@@ -174,3 +174,28 @@ func TestCheckNamesEachFailingCondition(t *testing.T) {
 		t.Fatalf("conservative quiet period %v, want AckWait x (MaxAckPending+1) = 1001s", res.QuietPeriod)
 	}
 }
+
+// --conservative waits AckWait × (MaxAckPending + 1); a consumer without an
+// ack-pending limit (-1) has no such bound, and the check says so rather
+// than watch for 0 s.
+func TestConservativeNeedsAnAckPendingLimit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	ns := testenv.NewStream(t, "cons")
+	if _, err := ns.Stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "unlimited", AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: time.Second, MaxAckPending: -1}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := cutover.Config{DB: pool, Table: table, JS: ns.JS, Stream: ns.Name, Consumer: "unlimited", Poll: 100 * time.Millisecond, Conservative: true}
+	res, err := cutover.Check(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "MaxAckPending") {
+		t.Fatalf("Check = %+v, %v; want an error about MaxAckPending", res, err)
+	}
+	// With the interval given, the check runs.
+	cfg.QuietPeriod = 300 * time.Millisecond
+	if res, err := cutover.Check(ctx, cfg); err != nil || !res.OK || res.QuietPeriod != cfg.QuietPeriod {
+		t.Fatalf("Check with a quiet period = %+v, %v; want OK over 300ms", res, err)
+	}
+}

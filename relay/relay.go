@@ -39,7 +39,8 @@ type Config struct {
 	Table schema.Table
 	// Sinks are the enabled targets, at most one per Target. Required.
 	Sinks []Sink
-	// BatchSize is how many rows one worker claims at a time. Default 500.
+	// BatchSize is how many rows one worker claims at a time, 2 to 10,000
+	// (at most half of them keyed). Default 500.
 	BatchSize int
 	// Workers is how many batches are in flight at once. Default 8.
 	Workers int
@@ -154,8 +155,10 @@ func (c *Config) validate() error {
 		seen[s.Target()] = true
 	}
 	switch {
-	case c.BatchSize < 1 || c.BatchSize > 10000:
-		return fmt.Errorf("relay: BatchSize %d out of range 1..10000", c.BatchSize)
+	case c.BatchSize < 2 || c.BatchSize > 10000:
+		// At least 2: a batch takes at most half (and at least 1) keyed
+		// rows, and with 1 a keyed row would leave no room for unkeyed ones.
+		return fmt.Errorf("relay: BatchSize %d out of range 2..10000", c.BatchSize)
 	case c.Workers < 1 || c.Workers > 256:
 		return fmt.Errorf("relay: Workers %d out of range 1..256", c.Workers)
 	case c.PublishTimeout < 0, c.PollInterval < 0, c.RetryMin < 0, c.Retention < 0, c.CleanupInterval < 0:

@@ -52,7 +52,7 @@ type backfillEnv struct {
 func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	var be backfillEnv
 	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &be, Lookuper: env}); err != nil {
-		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+		fmt.Fprintf(stderr, "relayd: config: %v\n", envError[backfillEnv](err))
 		return exitUsage
 	}
 	if be.Prefetch == 0 {
@@ -76,17 +76,28 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		fmt.Fprintln(stderr, "relayd backfill: --queue (or RELAY_BACKFILL_QUEUE) is required")
 		return exitUsage
 	}
+	for _, c := range []struct {
+		bad  bool
+		name string
+		want string
+		val  any
+	}{
+		{*prefetch < 0 || *prefetch > 65535, "--prefetch (or RELAY_BACKFILL_PREFETCH)", "1..65535 (0: the default)", *prefetch},
+		{*limit < 0, "--limit (or RELAY_BACKFILL_LIMIT)", "0 (all) or more", *limit},
+		{*rateFlag < 0, "--rate (or RELAY_BACKFILL_RATE)", "0 (no cap) or more", *rateFlag},
+	} {
+		if c.bad {
+			fmt.Fprintf(stderr, "relayd backfill: %s: %v is out of range: want %s\n", c.name, c.val, c.want)
+			return exitUsage
+		}
+	}
 	smap, err := parseSubjectMap(*subjectMap)
 	if err != nil {
 		fmt.Fprintf(stderr, "relayd backfill: --subject-map: %v\n", err)
 		return exitUsage
 	}
-	// The AMQP URL is checked here: the amqp target may be off for the relay.
-	if u, ok := env.Lookup("RELAY_AMQP_URL"); ok {
-		if err := checkURL(u, "amqp", "amqps"); err != nil {
-			fmt.Fprintf(stderr, "relayd: config: RELAY_AMQP_URL: %v\n", err)
-			return exitUsage
-		}
+	if !amqpURLOK(env, stderr) {
+		return exitUsage
 	}
 	ss, code := openSession(stderr, env, 4, true)
 	if ss == nil {

@@ -6,11 +6,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -82,7 +84,7 @@ func badVar(name, format string, args ...any) error {
 func loadConfig(ctx context.Context, l envconfig.Lookuper) (*config, error) {
 	var c config
 	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: l}); err != nil {
-		return nil, envError(err)
+		return nil, envError[config](err)
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -92,7 +94,7 @@ func loadConfig(ctx context.Context, l envconfig.Lookuper) (*config, error) {
 
 // envError rewrites go-envconfig's errors into one line that starts with the
 // variable's name.
-func envError(err error) error {
+func envError[T any](err error) error {
 	msg := err.Error()
 	if errors.Is(err, envconfig.ErrMissingRequired) {
 		if i := strings.LastIndex(msg, ": "); i >= 0 {
@@ -102,7 +104,7 @@ func envError(err error) error {
 	// Parse errors start with the Go field's name: name the variable.
 	msg = strings.ReplaceAll(msg, "\n", " ")
 	if field, rest, ok := strings.Cut(msg, ": "); ok {
-		if f, ok := reflect.TypeFor[config]().FieldByName(field); ok {
+		if f, ok := reflect.TypeFor[T]().FieldByName(field); ok {
 			name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
 			return badVar(name, "invalid value: %s", rest)
 		}
@@ -172,7 +174,7 @@ func (c *config) validate() error {
 		val, min int
 		max      int
 	}{
-		{"RELAY_BATCH_SIZE", c.BatchSize, 1, 10000},
+		{"RELAY_BATCH_SIZE", c.BatchSize, 2, 10000}, // see relay.Config.BatchSize
 		{"RELAY_WORKERS", c.Workers, 1, 256},
 		{"RELAY_MAX_ATTEMPTS", c.MaxAttempts, 0, 1000000},
 	} {
@@ -266,11 +268,41 @@ func (c *config) amqpTLS() (*tls.Config, error) {
 	return tc, nil
 }
 
-// redact returns a URL fit for logs: the password is replaced.
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparseable URL)"
+// amqpURLOK checks RELAY_AMQP_URL for a command that reads the legacy queue
+// whatever the relay's targets (config.validate checks it only with the
+// amqp target on); if it is bad, it says so on stderr without the URL —
+// amqp091-go's own parse error quotes the whole URL, password and all.
+func amqpURLOK(env envconfig.Lookuper, stderr io.Writer) bool {
+	u, ok := env.Lookup("RELAY_AMQP_URL")
+	if !ok {
+		return true
 	}
-	return u.Redacted()
+	if err := checkURL(u, "amqp", "amqps"); err != nil {
+		fmt.Fprintf(stderr, "relayd: config: RELAY_AMQP_URL: %v\n", err)
+		return false
+	}
+	return true
+}
+
+// redact returns a URL fit for logs — or a NATS server list, URLs separated
+// by commas: each password is replaced, and so is a NATS token (the user
+// part of a nats:// URL without a password).
+func redact(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			parts[i] = "(unparseable URL)"
+			continue
+		}
+		if u.User != nil {
+			if _, ok := u.User.Password(); ok {
+				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			} else if slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) {
+				u.User = url.User("xxxxx")
+			}
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
 }

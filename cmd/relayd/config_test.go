@@ -49,6 +49,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"RELAY_NATS_STREAM": "a.b"}, "RELAY_NATS_STREAM"},
 		{map[string]string{"RELAY_AMQP_EXCHANGE": ""}, "RELAY_AMQP_EXCHANGE"},
 		{map[string]string{"RELAY_BATCH_SIZE": "0"}, "RELAY_BATCH_SIZE"},
+		{map[string]string{"RELAY_BATCH_SIZE": "1"}, "RELAY_BATCH_SIZE"},
 		{map[string]string{"RELAY_BATCH_SIZE": "many"}, "RELAY_BATCH_SIZE"},
 		{map[string]string{"RELAY_WORKERS": "1000"}, "RELAY_WORKERS"},
 		{map[string]string{"RELAY_PUBLISH_TIMEOUT": "10"}, "RELAY_PUBLISH_TIMEOUT"},
@@ -105,13 +106,27 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"run", "--bogus"}, base(), exitUsage, "flag provided but not defined"},
 		{[]string{"run"}, map[string]string{"RELAY_TARGETS": "bogus", "RELAY_DATABASE_URL": "postgres://x"}, exitUsage, "RELAY_TARGETS"},
 		{[]string{"run"}, map[string]string{}, exitUsage, "RELAY_DATABASE_URL"},
+		// backfill's own settings: exit 2, naming the flag and variable,
+		// before any connection is tried.
+		{[]string{"backfill", "--queue", "q", "--prefetch", "70000"}, base(), exitUsage, "--prefetch (or RELAY_BACKFILL_PREFETCH): 70000 is out of range"},
+		{[]string{"backfill", "--queue", "q"}, with(base(), "RELAY_BACKFILL_PREFETCH", "-1"), exitUsage, "--prefetch (or RELAY_BACKFILL_PREFETCH): -1 is out of range"},
+		{[]string{"backfill", "--queue", "q"}, with(base(), "RELAY_BACKFILL_PREFETCH", "abc"), exitUsage, "RELAY_BACKFILL_PREFETCH: invalid value"},
+		{[]string{"backfill", "--queue", "q", "--limit", "-1"}, base(), exitUsage, "--limit (or RELAY_BACKFILL_LIMIT): -1 is out of range"},
+		{[]string{"backfill", "--queue", "q", "--rate", "-1"}, base(), exitUsage, "--rate (or RELAY_BACKFILL_RATE): -1 is out of range"},
+		// A bad AMQP URL, checked even with the amqp target off, and not
+		// echoed (it holds the password).
+		{[]string{"backfill", "--queue", "q"}, with(with(base(), "RELAY_TARGETS", "nats"), "RELAY_AMQP_URL", "amqp://u:pa%zzword@h/"), exitUsage, "RELAY_AMQP_URL: is not a valid URL"},
+		{[]string{"cutover", "check", "--consumer", "c", "--queue", "q"}, with(with(base(), "RELAY_TARGETS", "nats"), "RELAY_AMQP_URL", "amqp://u:pa%zzword@h/"), exitUsage, "RELAY_AMQP_URL: is not a valid URL"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(tc.args, &stdout, &stderr, envconfig.MapLookuper(tc.env))
 		if code != tc.code || !strings.Contains(stdout.String()+stderr.String(), tc.out) {
 			t.Errorf("relayd %v: exit %d, output %q; want exit %d and %q", tc.args, code, stdout.String()+stderr.String(), tc.code, tc.out)
 		}
-		if tc.code == exitUsage && len(tc.args) > 0 && tc.args[0] == "run" && tc.env != nil {
+		if strings.Contains(stdout.String()+stderr.String(), "pa%zzword") {
+			t.Errorf("relayd %v: the password is in the output: %q", tc.args, stderr.String())
+		}
+		if tc.code == exitUsage && len(tc.args) > 0 && tc.args[0] != "migrate" && tc.env != nil {
 			if lines := strings.Count(strings.TrimSpace(stderr.String()), "\n"); lines != 0 {
 				t.Errorf("relayd %v: %d lines on stderr, want 1", tc.args, lines+1)
 			}
@@ -120,9 +135,25 @@ func TestRunExitCodes(t *testing.T) {
 }
 
 func TestRedact(t *testing.T) {
-	if got := redact("amqp://guest:hunter2@rabbit:5672/"); strings.Contains(got, "hunter2") {
-		t.Fatalf("redact kept the password: %s", got)
+	for in, want := range map[string]string{
+		"amqp://guest:hunter2@rabbit:5672/": "amqp://guest:xxxxx@rabbit:5672/",
+		"amqp://guest@rabbit:5672/":         "amqp://guest@rabbit:5672/",
+		// A NATS server list: every password; a token alone.
+		"nats://u:pw1@a:4222,nats://u:pw2@b:4222": "nats://u:xxxxx@a:4222,nats://u:xxxxx@b:4222",
+		"nats://s3cr3t@nats:4222":                 "nats://xxxxx@nats:4222",
+		"tls://s3cr3t@nats:4222, nats://b:4222":   "tls://xxxxx@nats:4222,nats://b:4222",
+		"nats://127.0.0.1:4222":                   "nats://127.0.0.1:4222",
+		"amqp://u:pa%zz@h/":                       "(unparseable URL)",
+	} {
+		if got := redact(in); got != want {
+			t.Errorf("redact(%q) = %q, want %q", in, got, want)
+		}
 	}
+}
+
+func with(env map[string]string, k, v string) map[string]string {
+	env[k] = v
+	return env
 }
 
 func FuzzConfigTargets(f *testing.F) {

@@ -64,6 +64,9 @@ func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 		fmt.Fprintln(stderr, "relayd cutover check: --quiet-period and --timeout must be positive")
 		return exitUsage
 	}
+	if *queue != "" && !amqpURLOK(env, stderr) {
+		return exitUsage
+	}
 	ss, code := openSession(stderr, env, 2, true)
 	if ss == nil {
 		return code
