@@ -22,6 +22,7 @@ type acker struct {
 	// holding: a delivery below next is held unacked, and a multiple-ack
 	// would ack it too.
 	holding bool
+	held    int // deliveries held
 }
 
 // settlement is how a tag was settled: acked (done, called once the ack
@@ -93,7 +94,16 @@ func (a *acker) hold(d amqp.Delivery) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.settled[d.DeliveryTag] = settlement{kind: settleHold}
+	a.held++
 	a.advance()
+}
+
+// heldCount is how many deliveries are held: each takes one of the
+// channel's prefetch.
+func (a *acker) heldCount() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.held
 }
 
 func (a *acker) advance() {

@@ -119,6 +119,11 @@ func (s Summary) Handled() int64 { return s.Moved + s.AlreadyDelivered + s.DeadL
 // AllowOtherConsumers is not set.
 var ErrOtherConsumers = errors.New("other consumers are attached to the queue")
 
+// ErrHeldFull is returned when the messages JetStream refuses for good, held
+// unacked for want of a dead-letter queue, take the whole prefetch: RabbitMQ
+// delivers nothing more, and the run could not finish.
+var ErrHeldFull = errors.New("refused messages hold the prefetch")
+
 func (c *Config) applyDefaults() error {
 	if c.Prefetch == 0 {
 		c.Prefetch = DefaultPrefetch

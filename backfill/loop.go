@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -172,6 +173,12 @@ func (b *runner) session(ctx context.Context) error {
 			flush()
 			if b.cfg.Limit > 0 && reserved >= b.cfg.Limit && inFlight.Load() == 0 {
 				stop(nil)
+				continue
+			}
+			// Held messages take the whole prefetch: RabbitMQ delivers
+			// nothing more, and the queue would never drain.
+			if n := acks.heldCount(); n >= b.cfg.Prefetch {
+				stop(fmt.Errorf("%w: %d messages JetStream refuses for good hold the whole prefetch (%d); rerun with --dead-letter-queue", ErrHeldFull, n, b.cfg.Prefetch))
 				continue
 			}
 			// Drained: nothing ready on the broker and nothing of ours in
@@ -380,6 +387,7 @@ type deadLetter struct {
 func (d *deadLetter) publish(ctx context.Context, queue string, pub amqp.Publishing) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.staleReturns()
 	dc, err := d.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, pub)
 	if err != nil {
 		return err
@@ -395,13 +403,32 @@ func (d *deadLetter) publish(ctx context.Context, queue string, pub amqp.Publish
 	// confirm that follows it: if this publish came back, it is buffered.
 	for {
 		select {
-		case r := <-d.returns:
-			if r.MessageId == pub.MessageId {
+		case r, ok := <-d.returns:
+			if !ok {
+				return errors.New("dead-letter channel closed")
+			}
+			// Another publish's — one whose wait gave up, its message
+			// requeued — unless the same message.
+			if r.MessageId == pub.MessageId && bytes.Equal(r.Body, pub.Body) {
 				return fmt.Errorf("returned: %d %s", r.ReplyCode, r.ReplyText)
 			}
-			// An earlier publish's, whose wait gave up: requeued already.
 		default:
 			return nil
+		}
+	}
+}
+
+// staleReturns drops the returns of publishes whose wait gave up (their
+// messages were requeued), so that the buffer does not fill.
+func (d *deadLetter) staleReturns() {
+	for {
+		select {
+		case _, ok := <-d.returns:
+			if !ok {
+				return // the channel is closed: the publish says so
+			}
+		default:
+			return
 		}
 	}
 }

@@ -421,6 +421,71 @@ func TestBackfillRefusesOtherConsumers(t *testing.T) {
 	}
 }
 
+// Without a dead-letter queue, refused messages that fill the whole
+// prefetch would stall the run (RabbitMQ delivers nothing more, the queue
+// never drains): it stops, saying to use --dead-letter-queue, with every
+// message in the stream or back in the queue.
+func TestBackfillStopsWhenHeldMessagesFillThePrefetch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	big := make([]byte, int(e.nc.MaxPayload())+1)
+	var msgs []amqp.Publishing
+	for i := range 30 {
+		m := amqp.Publishing{MessageId: fmt.Sprintf("m-%02d", i), Body: []byte("small"), DeliveryMode: amqp.Persistent}
+		if i%3 == 0 {
+			m.MessageId, m.Body = fmt.Sprintf("big-%02d", i), big
+		}
+		msgs = append(msgs, m)
+	}
+	e.legacyPublish(msgs, "orders.heldfull")
+
+	cmd := e.backfillCmd("--prefetch", "4")
+	var out []byte
+	var err error
+	done := make(chan struct{})
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		cmd.Process.Kill() //nolint:errcheck // the test fails anyway
+		<-done
+		t.Fatalf("backfill still running after 90 s:\n%s", out)
+	}
+	if err == nil || !strings.Contains(string(out), "--dead-letter-queue") {
+		t.Fatalf("backfill: %v; want a failure naming --dead-letter-queue:\n%s", err, out)
+	}
+	// Every message once: in the stream (the small ones moved) or back in
+	// the queue; no oversize one in the stream.
+	seen := map[string]int{}
+	for id, n := range e.streamIDs() {
+		seen[id] += n
+		if strings.HasPrefix(id, "big-") {
+			t.Errorf("%s in the stream", id)
+		}
+	}
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	testenv.Eventually(t, 10*time.Second, func() bool { n, _ := e.queueDepth(e.queue); return n+len(seen) >= len(msgs) }, "messages missing after the run")
+	for {
+		d, ok, err := ch.Get(e.queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		seen[d.MessageId]++
+	}
+	for _, m := range msgs {
+		if seen[m.MessageId] != 1 {
+			t.Errorf("%s: %d times in the stream and the queue, want 1", m.MessageId, seen[m.MessageId])
+		}
+	}
+}
+
 // --limit counts the whole run, not each RabbitMQ connection: a cut
 // mid-run, and the run still stops at the limit.
 func TestBackfillLimitHoldsAcrossAConnectionCut(t *testing.T) {
@@ -470,15 +535,18 @@ func TestBackfillLimitHoldsAcrossAConnectionCut(t *testing.T) {
 		t.Fatalf("backfill still running after 60 s:\n%s", out.String())
 	}
 	sum := decodeSummary(t, []byte(out.String()))
-	// Moved before the cut and not acked, skipped after it: already.
+	// Moved before the cut and not acked, skipped after it: already. (An
+	// ack written but lost in the cut counts its message twice, once moved
+	// and once already: the stream may hold a few fewer than the limit.)
 	if sum.Moved+sum.AlreadyDelivered != limit {
 		t.Fatalf("handled %d across the cut, want the limit, %d (summary %+v)", sum.Moved+sum.AlreadyDelivered, limit, sum)
 	}
-	if n := e.streamCount(); n != limit {
-		t.Fatalf("stream holds %d, want %d", n, limit)
+	n := int(e.streamCount())
+	if n > limit || n < limit-100 {
+		t.Fatalf("stream holds %d, want the limit, %d, or a few fewer", n, limit)
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool { n, _ := e.queueDepth(e.queue); return n == total-limit },
-		"queue does not hold the %d beyond the limit", total-limit)
+	testenv.Eventually(t, 10*time.Second, func() bool { q, _ := e.queueDepth(e.queue); return q == total-n },
+		"queue does not hold the %d not moved", total-n)
 }
 
 // The backfill rides out a RabbitMQ connection cut (through a proxy), a
