@@ -290,7 +290,11 @@ func amqpURLOK(env envconfig.Lookuper, stderr io.Writer) bool {
 func redact(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
+		p = strings.TrimSpace(p)
+		if !strings.Contains(p, "://") {
+			p = "nats://" + p // nats.go takes a server without a scheme as nats://
+		}
+		u, err := url.Parse(p)
 		if err != nil {
 			parts[i] = "(unparseable URL)"
 			continue

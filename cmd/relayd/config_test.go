@@ -143,6 +143,7 @@ func TestRedact(t *testing.T) {
 		"nats://s3cr3t@nats:4222":                 "nats://xxxxx@nats:4222",
 		"tls://s3cr3t@nats:4222, nats://b:4222":   "tls://xxxxx@nats:4222,nats://b:4222",
 		"nats://127.0.0.1:4222":                   "nats://127.0.0.1:4222",
+		"nats://a:4222,u:pw@b:4222":               "nats://a:4222,nats://u:xxxxx@b:4222",
 		"amqp://u:pa%zz@h/":                       "(unparseable URL)",
 	} {
 		if got := redact(in); got != want {
