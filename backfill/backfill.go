@@ -15,6 +15,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -23,6 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -35,6 +38,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/time/rate"
 
+	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/outbox"
 	"github.com/relayd/relayd/schema"
 )
@@ -281,6 +285,13 @@ func (b *runner) prepare(d amqp.Delivery) *item {
 		it.bad = fmt.Sprintf("routing key %q is not a valid subject: %v", key, err)
 		return it
 	}
+	// A header key NATS refuses would fail the publish every time (nats.go
+	// refuses the whole message), and a Nats- header would tell JetStream
+	// what to do with it (Nats-Rollup purges the subject): refused for good.
+	if reason := badHeaderKey(d.Headers); reason != "" {
+		it.bad = "header " + reason
+		return it
+	}
 	it.msg = &nats.Msg{Subject: it.subject, Data: d.Body, Header: natsHeaders(d)}
 	if it.derived {
 		it.msg.Header.Set(DerivedIDHeader, it.id)
@@ -307,6 +318,29 @@ func (b *runner) mapKey(key string) string {
 		return key
 	}
 	return b.cfg.SubjectMap[best] + strings.TrimPrefix(key, best)
+}
+
+// badHeaderKey says why one of t's keys cannot be a NATS header, or "" —
+// the first in key order, so a message always gets the same reason.
+// Nats-Msg-Id and Nats-Expected-Stream are not refused: prepare sets them.
+func badHeaderKey(t amqp.Table) string {
+	reason := func(k string) string {
+		if k == jetstream.MsgIDHeader || k == jetstream.ExpectedStreamHeader {
+			return ""
+		}
+		return cmp.Or(headers.NATSKeyReason(k), headers.NATSReservedReason(k))
+	}
+	for k := range t {
+		if reason(k) == "" {
+			continue
+		}
+		for _, k := range slices.Sorted(maps.Keys(t)) {
+			if r := reason(k); r != "" {
+				return r
+			}
+		}
+	}
+	return ""
 }
 
 // natsHeaders carries the AMQP headers and the useful properties over.

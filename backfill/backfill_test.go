@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -88,6 +89,36 @@ func TestNATSHeadersCarryPropertiesAndHeaders(t *testing.T) {
 // repeat within the duplicate window) and the stream it must land in, a
 // derived id also as Relay-Derived-Id; a Nats-Msg-Id among the AMQP headers
 // does not win.
+// A header key NATS refuses (nats.go fails the whole publish, every time)
+// or a Nats- header that would steer JetStream (Nats-Rollup purges the
+// subject) makes the message refused for good, with the reason: dead-
+// lettered or held, not requeued for ever. Nats-Msg-Id is overwritten.
+func TestPrepareRefusesHeadersNATSCannotTake(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs NATS")
+	}
+	nc, err := nats.Connect(testenv.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	b := &runner{cfg: Config{NATS: nc, Stream: "OUTBOX_X", SubjectPrefix: "outbox."}}
+	for key, refused := range map[string]bool{
+		"x/trace":              true,
+		"café":                 true,
+		"Nats-Rollup":          true,
+		"nats-expected-stream": true,
+		"Nats-Msg-Id":          false,
+		"__TypeId__":           false,
+		"x-death":              false,
+	} {
+		it := b.prepare(amqp.Delivery{RoutingKey: "orders.x", MessageId: "m-1", Body: []byte("{}"), Headers: amqp.Table{key: "v", "ok": "1"}})
+		if got := it.bad != ""; got != refused || (refused && !strings.Contains(it.bad, key)) {
+			t.Errorf("header %q: bad %q, want refused %v naming it", key, it.bad, refused)
+		}
+	}
+}
+
 func TestPrepareSetsIDAndExpectedStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs NATS")

@@ -357,6 +357,8 @@ func (b *runner) permanent(ctx context.Context, it *item, err error) string {
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
 		return "message exceeds the NATS server's max_payload"
+	case errors.Is(err, nats.ErrBadHeaderMsg):
+		return "a header NATS refuses"
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10054:
 		return "message exceeds the stream's maximum message size"
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10060:

@@ -72,15 +72,11 @@ func topicReason(topic string) string {
 	return ""
 }
 
-// msgIDHeader is the NATS header JetStream deduplicates on; the relay sets it
-// from the message id.
-const msgIDHeader = "Nats-Msg-Id"
-
 // ValidateHeaders reports whether h can be published as NATS and AMQP
 // headers: keys must be what NATS takes (printable ASCII, no spaces, none of
 // "()/,:;<=>?@[\]{} or the double quote), at most 255 bytes (an AMQP short
-// string), and not "Nats-Msg-Id" in any case (the relay sets it from the
-// message id); values must be UTF-8 with no '\r', '\n' or NUL, and at most
+// string), and not start with "Nats-" in any case (those headers control
+// JetStream; the relay sets Nats-Msg-Id from the message id); values must be UTF-8 with no '\r', '\n' or NUL, and at most
 // 255 bytes for content-type and correlation-id (they set the AMQP
 // properties). The relay parks a row written with plain SQL whose headers a
 // broker refuses, for that broker, with the reason. The error is a
@@ -99,8 +95,8 @@ func headersReason(h map[string]string) string {
 		if reason := headers.NATSKeyReason(k); reason != "" {
 			return reason
 		}
-		if strings.EqualFold(k, msgIDHeader) {
-			return fmt.Sprintf("key %q is reserved: the relay sets it from the message id", k)
+		if reason := headers.NATSReservedReason(k); reason != "" {
+			return reason
 		}
 		v := h[k]
 		switch {

@@ -29,6 +29,17 @@ func NATSKeyReason(k string) string {
 	return ""
 }
 
+// NATSReservedReason says why k may not be set by a message, or "": the
+// Nats- headers tell JetStream what to do with a publish (Nats-Rollup purges
+// a subject, Nats-Expected-* make it conditional, Nats-TTL expires it) and
+// the relay sets the ones it uses, Nats-Msg-Id above all.
+func NATSReservedReason(k string) string {
+	if len(k) >= 5 && strings.EqualFold(k[:5], "nats-") {
+		return fmt.Sprintf("key %q is reserved: Nats- headers control JetStream, and the relay sets Nats-Msg-Id from the message id", k)
+	}
+	return ""
+}
+
 // maxShortString is AMQP 0-9-1's limit on a short string: a field-table key,
 // and the content-type and correlation-id properties.
 const maxShortString = 255

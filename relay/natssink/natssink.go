@@ -10,6 +10,7 @@
 package natssink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -202,7 +203,7 @@ const (
 
 // badHeaders says why NATS refuses one of h's keys, or "".
 func badHeaders(h map[string]string) string {
-	return headers.First(h, func(k, _ string) string { return headers.NATSKeyReason(k) })
+	return headers.First(h, func(k, _ string) string { return cmp.Or(headers.NATSKeyReason(k), headers.NATSReservedReason(k)) })
 }
 
 func classify(err error) error {

@@ -69,13 +69,15 @@ func TestInvalidSubjectIsPermanent(t *testing.T) {
 	}
 }
 
-// A header key nats.go refuses (it fails the whole message) is permanent:
+// A header key nats.go refuses (it fails the whole message), or a Nats-
+// header that would steer JetStream (Nats-Rollup purges the subject), is
+// permanent:
 // the row is parked with the reason, not retried as an outage for ever; the
 // batch's other messages are published.
 func TestHeaderKeyNATSRefusesIsPermanent(t *testing.T) {
 	t.Parallel()
 	e := setupReady(t, setupEmbedded(t))
-	for _, key := range []string{"x-trace/id", "a=b", "café", "a b", "{k}"} {
+	for _, key := range []string{"x-trace/id", "a=b", "café", "a b", "{k}", "Nats-Rollup", "Nats-Msg-Id"} {
 		msgs := sinktest.Messages("badheader", 3)
 		msgs[1].Headers = map[string]string{"ok": "1", key: "v"}
 		results := sinktest.Publish(t, e.sink, 10*time.Second, msgs)
