@@ -96,9 +96,11 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 }
 
 // Batch implements relay.Observer.
-func (m *Relay) Batch(d time.Duration, _ int) {
+func (m *Relay) Batch(d time.Duration, _ int, progressed bool) {
 	m.batch.Observe(d.Seconds())
-	m.lastProgress.SetToCurrentTime()
+	if progressed {
+		m.lastProgress.SetToCurrentTime()
+	}
 }
 
 // Published implements relay.Observer.
