@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/nats-io/nats.go"
@@ -89,11 +90,24 @@ func newPool(ctx context.Context, cfg *config, maxConns int32) (*pgxpool.Pool, e
 	if err != nil {
 		return nil, err
 	}
-	if err := pool.Ping(cctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("postgres: %w", err)
+	// Postgres may still be starting (a compose or pod start): retry until
+	// RELAY_STARTUP_TIMEOUT — unless Postgres itself answered with an error
+	// (authentication, no such database), which waiting does not fix.
+	for {
+		err := pool.Ping(cctx)
+		if err == nil {
+			return pool, nil
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || cctx.Err() != nil {
+			pool.Close()
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+		select {
+		case <-cctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
-	return pool, nil
 }
 
 func serve(ctx context.Context, cfg *config, log *slog.Logger) error {

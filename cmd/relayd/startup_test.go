@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/relayd/relayd/internal/testenv"
+)
+
+// relayd waits up to RELAY_STARTUP_TIMEOUT for a Postgres that is not
+// listening yet (a compose or pod start), and fails at once when Postgres
+// answers with an error that waiting cannot fix.
+func TestStartupWaitsForPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	u, err := url.Parse(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A port nothing listens on until the proxy starts on it.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	proxy := toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()), "pg", addr, u.Host)
+	t.Cleanup(proxy.Stop)
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		if err := proxy.Start(); err != nil {
+			t.Errorf("start proxy: %v", err)
+		}
+	}()
+	late := *u
+	late.Host = addr
+	cfg := &config{DatabaseURL: late.String(), PublishTimeout: 10 * time.Second, StartupTimeout: 20 * time.Second}
+	start := time.Now()
+	pool, err := newPool(context.Background(), cfg, 2)
+	if err != nil {
+		t.Fatalf("newPool with Postgres up after 1.5 s: %v", err)
+	}
+	pool.Close()
+	if waited := time.Since(start); waited < time.Second {
+		t.Fatalf("connected after %v, before the proxy started", waited)
+	}
+
+	// No such database: Postgres says so, and waiting would not help.
+	bad := *u
+	bad.Path = "/no_such_database_relayd"
+	cfg.DatabaseURL = bad.String()
+	start = time.Now()
+	if _, err := newPool(context.Background(), cfg, 2); err == nil || !strings.Contains(err.Error(), "no_such_database_relayd") {
+		t.Fatalf("newPool to a missing database: %v, want Postgres's error", err)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("a missing database took %v to report, want at once", waited)
+	}
+}
