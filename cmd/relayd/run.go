@@ -153,7 +153,19 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 				return err
 			}
 			sctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
-			err = amqpsink.EnsureExchange(sctx, cfg.AMQPURL, tlsCfg, cfg.AMQPExchange, cfg.Provision)
+			// RabbitMQ may still be starting: retry what a refused or
+			// reset connection fails, until RELAY_STARTUP_TIMEOUT.
+			for {
+				err = amqpsink.EnsureExchange(sctx, cfg.AMQPURL, tlsCfg, cfg.AMQPExchange, cfg.Provision)
+				var netErr *net.OpError
+				if err == nil || !errors.As(err, &netErr) || sctx.Err() != nil {
+					break
+				}
+				select {
+				case <-sctx.Done():
+				case <-time.After(500 * time.Millisecond):
+				}
+			}
 			if err != nil {
 				cancel()
 				return err
