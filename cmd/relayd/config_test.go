@@ -50,6 +50,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"RELAY_AMQP_EXCHANGE": ""}, "RELAY_AMQP_EXCHANGE"},
 		{map[string]string{"RELAY_BATCH_SIZE": "0"}, "RELAY_BATCH_SIZE"},
 		{map[string]string{"RELAY_BATCH_SIZE": "1"}, "RELAY_BATCH_SIZE"},
+		{map[string]string{"RELAY_PUBLISH_TIMEOUT": "30s"}, "RELAY_SHUTDOWN_TIMEOUT"},
 		{map[string]string{"RELAY_BATCH_SIZE": "many"}, "RELAY_BATCH_SIZE"},
 		{map[string]string{"RELAY_WORKERS": "1000"}, "RELAY_WORKERS"},
 		{map[string]string{"RELAY_PUBLISH_TIMEOUT": "10"}, "RELAY_PUBLISH_TIMEOUT"},
