@@ -96,11 +96,9 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 }
 
 // Batch implements relay.Observer.
-func (m *Relay) Batch(d time.Duration, _ int, progressed bool) {
+func (m *Relay) Batch(d time.Duration, _ int) {
 	m.batch.Observe(d.Seconds())
-	if progressed {
-		m.lastProgress.SetToCurrentTime()
-	}
+	m.lastProgress.SetToCurrentTime()
 }
 
 // Published implements relay.Observer.
@@ -141,12 +139,12 @@ func Reason(err error) string {
 		return "permanent"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
-	case errors.Is(err, amqpsink.ErrNacked): // unavailable too
-		return "nacked"
 	case errors.Is(err, relay.ErrUnavailable):
 		return "unavailable"
 	case errors.Is(err, amqpsink.ErrReturned):
 		return "returned"
+	case errors.Is(err, amqpsink.ErrNacked):
+		return "nacked"
 	default:
 		return "rejected"
 	}

@@ -56,19 +56,3 @@ func TestPublishedPerTarget(t *testing.T) {
 		t.Errorf("latency histograms for %d targets, want 2", seen)
 	}
 }
-
-// Progress is a batch that delivered or parked a row: one whose every
-// publish failed (a broker blackholed, or full) is timed but leaves
-// relayd_last_progress_timestamp_seconds where it was, so that
-// RelaydNoProgress fires while the relay goes round without delivering.
-func TestProgressIsABatchThatSettledARow(t *testing.T) {
-	m := NewRelay(prometheus.NewRegistry(), "test")
-	m.Batch(time.Millisecond, 10, false)
-	if got := testutil.ToFloat64(m.lastProgress); got != 0 {
-		t.Fatalf("last progress %v after a batch that settled nothing, want 0", got)
-	}
-	m.Batch(time.Millisecond, 10, true)
-	if got := testutil.ToFloat64(m.lastProgress); got < float64(time.Now().Add(-time.Minute).Unix()) {
-		t.Fatalf("last progress %v after a batch that settled rows, want about now", got)
-	}
-}

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/relay/amqpsink"
 )
 
 func TestOutboxGauges(t *testing.T) {
@@ -107,7 +106,6 @@ func TestReason(t *testing.T) {
 	}{
 		{relay.Permanent("x"), "permanent"},
 		{relay.Unavailable(errTest("down")), "unavailable"},
-		{relay.Unavailable(amqpsink.ErrNacked), "nacked"},
 		{errTest("whatever"), "rejected"},
 	} {
 		if got := Reason(tc.err); got != tc.want {

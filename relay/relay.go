@@ -78,9 +78,7 @@ type Config struct {
 // Observer is told what the relay does; the metrics package implements it.
 // Methods are called from several goroutines.
 type Observer interface {
-	// Batch: a batch of rows took d; progressed says whether it delivered
-	// or parked any row (a batch whose every publish failed did not).
-	Batch(d time.Duration, rows int, progressed bool)
+	Batch(d time.Duration, rows int)
 	Published(t Target, createdAt time.Time)
 	PublishFailed(t Target, err error)
 	Parked(t Target)
@@ -91,11 +89,11 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) Batch(time.Duration, int, bool) {}
-func (nopObserver) Published(Target, time.Time)    {}
-func (nopObserver) PublishFailed(Target, error)    {}
-func (nopObserver) Parked(Target)                  {}
-func (nopObserver) LateConfirmed(Target, int)      {}
+func (nopObserver) Batch(time.Duration, int)    {}
+func (nopObserver) Published(Target, time.Time) {}
+func (nopObserver) PublishFailed(Target, error) {}
+func (nopObserver) Parked(Target)               {}
+func (nopObserver) LateConfirmed(Target, int)   {}
 
 func (c *Config) applyDefaults() {
 	if c.Table == (schema.Table{}) {
@@ -678,7 +676,7 @@ func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
 	if err := r.store.record(bctx, conn, rec); err != nil {
 		return len(rows), len(held), err
 	}
-	r.cfg.Metrics.Batch(time.Since(start), len(rows), rec.progressed())
+	r.cfg.Metrics.Batch(time.Since(start), len(rows))
 	return len(rows), len(held), nil
 }
 

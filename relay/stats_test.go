@@ -140,30 +140,3 @@ func TestStatsStayOnIndexesWithoutPlannerStatistics(t *testing.T) {
 		t.Errorf("stats queries planned as sequential scans of the outbox: %v", found)
 	}
 }
-
-// A batch progressed when it delivered or parked a row for any target; one
-// whose every publish failed (outage, or a retry) did not.
-func TestBatchProgressed(t *testing.T) {
-	row := func(id int64) *claimed { return &claimed{msg: Message{ID: id}, want: [2]bool{true, true}} }
-	none := [2]string{}
-	nob := [2]time.Duration{}
-	for _, tc := range []struct {
-		name     string
-		outcomes [][2]int16
-		want     bool
-	}{
-		{"every publish down", [][2]int16{{outcomeOutage, outcomeOutage}, {outcomeOutage, outcomeOutage}}, false},
-		{"retries only", [][2]int16{{outcomeRetry, outcomeOutage}}, false},
-		{"one target delivered", [][2]int16{{outcomeDelivered, outcomeOutage}}, true},
-		{"parked", [][2]int16{{outcomeParked, outcomeRetry}}, true},
-		{"done", [][2]int16{{outcomeOutage, outcomeOutage}, {outcomeDelivered, outcomeDelivered}}, true},
-	} {
-		b := newBatchRecord(len(tc.outcomes), [2]bool{true, true})
-		for i, o := range tc.outcomes {
-			b.add(row(int64(i+1)), o, none, nob)
-		}
-		if got := b.progressed(); got != tc.want {
-			t.Errorf("%s: progressed %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}

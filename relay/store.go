@@ -385,22 +385,6 @@ func (b *batchRecord) add(c *claimed, outcome [2]int16, errText [2]string, backo
 	}
 }
 
-// progressed says whether the batch delivered or parked any row for any
-// target: what on-call calls progress (relayd_last_progress_timestamp_seconds).
-func (b *batchRecord) progressed() bool {
-	if len(b.doneIDs) > 0 {
-		return true
-	}
-	for i := range 2 {
-		for _, o := range b.outcome[i] {
-			if o == outcomeDelivered || o == outcomeParked {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // args are recordSQL's parameters for b.
 func (b *batchRecord) args() []any {
 	return []any{b.ids,

@@ -401,10 +401,7 @@ func badHeaders(h map[string]string) string {
 // ErrReturned is a message RabbitMQ could not route to any queue.
 var ErrReturned = errors.New("amqp: returned unroutable")
 
-// ErrNacked is a message RabbitMQ refused to take responsibility for: a
-// queue at its max-length with overflow reject-publish, or a queue process
-// failing. The broker's condition, not the message's: a publish nacked
-// comes back unavailable too, and does not use up the row's attempts.
+// ErrNacked is a message RabbitMQ refused to take responsibility for.
 var ErrNacked = errors.New("amqp: nacked by broker")
 
 // pending is one published message awaiting its confirm.
@@ -652,7 +649,7 @@ func (p *pending) confirm(ack bool) {
 	case p.returned != "":
 		p.resolve(fmt.Errorf("%w: %s", ErrReturned, p.returned))
 	case !ack:
-		p.resolve(relay.Unavailable(ErrNacked))
+		p.resolve(ErrNacked)
 	default:
 		p.resolve(nil)
 	}

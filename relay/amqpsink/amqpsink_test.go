@@ -167,41 +167,6 @@ func TestHeaderOverShortStringIsPermanent(t *testing.T) {
 	sinktest.WaitArrived(t, e, msgs)
 }
 
-// A nack — here a queue at its max-length with overflow reject-publish — is
-// RabbitMQ's condition, not the message's: unavailable (the row's attempts
-// are not used up), and still labelled nacked.
-func TestNackIsUnavailable(t *testing.T) {
-	t.Parallel()
-	e := setupReady(t)
-	conn, err := amqp.Dial(testenv.AMQPURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := e.queue + "_full"
-	if _, err := ch.QueueDeclare(full, false, true, false, false, amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(full, sinktest.TopicPrefix+"full.#", e.exchange, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	msgs := sinktest.Messages("nack", 2)
-	for _, m := range msgs {
-		m.Topic = sinktest.TopicPrefix + "full." + m.Topic
-	}
-	res := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
-	if res[0] != nil {
-		t.Fatalf("first message, room in the queue: %v", res[0])
-	}
-	if !errors.Is(res[1], relay.ErrUnavailable) || !errors.Is(res[1], amqpsink.ErrNacked) {
-		t.Fatalf("second message, queue full: %v (%T), want unavailable and nacked", res[1], res[1])
-	}
-}
-
 // writeCounter counts the writes that reach a connection's socket, and
 // fails them while fail is set.
 type writeCounter struct {

@@ -192,15 +192,6 @@ const (
 	errCodeStreamMismatch = 10060 // expected stream does not match
 )
 
-// JetStream API error codes of a server or stream out of room: the broker's
-// condition, not the message's. Counted against a row's attempts, a stream
-// full for an hour (DiscardNew at its limits) would park every row.
-const (
-	errCodeInsufficientResources = 10023 // insufficient resources
-	errCodeStorageExceeded       = 10047 // insufficient storage resources available
-	errCodeStoreFailed           = 10077 // the store refused: maximum messages, bytes or per-subject messages exceeded
-)
-
 // badHeaders says why NATS refuses one of h's keys, or "".
 func badHeaders(h map[string]string) string {
 	return headers.First(h, func(k, _ string) string { return cmp.Or(headers.NATSKeyReason(k), headers.NATSReservedReason(k)) })
@@ -213,9 +204,6 @@ func classify(err error) error {
 		return relay.Permanent("nats: %v", err)
 	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadHeaderMsg):
 		return relay.Permanent("nats: %v", err)
-	case errors.As(err, &apiErr) && (apiErr.ErrorCode == errCodeInsufficientResources ||
-		apiErr.ErrorCode == errCodeStorageExceeded || apiErr.ErrorCode == errCodeStoreFailed):
-		return relay.Unavailable(fmt.Errorf("nats: %w", err))
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("nats: %w", err) // a per-message refusal: retry later
 	default:

@@ -193,29 +193,6 @@ func TestSubjectWithoutStreamIsPermanent(t *testing.T) {
 	}
 }
 
-// A stream out of room (DiscardNew at its message limit) refuses with the
-// broker's condition, not the message's: unavailable, not a failure that
-// uses up the row's attempts and parks it after a long enough outage.
-func TestStreamFullIsUnavailable(t *testing.T) {
-	t.Parallel()
-	e := setupReady(t, setupEmbedded(t))
-	ctx := context.Background()
-	name := e.stream + "_FULL"
-	prefix := "full." + e.prefix
-	testenv.CreateStream(t, ctx, e.js, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ">"},
-		Storage: jetstream.FileStorage, MaxMsgs: 2, Discard: jetstream.DiscardNew})
-	full, err := natssink.New(natssink.Config{Conn: e.nc, Stream: name, SubjectPrefix: prefix, AckTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs := sinktest.Messages("full", 3)
-	sinktest.RequireAllNil(t, msgs[:2], sinktest.Publish(t, full, 10*time.Second, msgs[:2]))
-	res := sinktest.Publish(t, full, 10*time.Second, msgs[2:])
-	if !errors.Is(res[0], relay.ErrUnavailable) || relay.IsPermanent(res[0]) {
-		t.Fatalf("publish to a full stream: %v (%T), want unavailable", res[0], res[0])
-	}
-}
-
 // env is one test's stream, the sink's connection and a reader of the
 // stream; for an embedded server, the server too. It is the
 // sinktest.Broker.
