@@ -202,17 +202,21 @@ func (c *config) validate() error {
 	if c.RetryMax < c.RetryMin {
 		return badVar("RELAY_RETRY_MAX", "%s is below RELAY_RETRY_MIN %s", c.RetryMax, c.RetryMin)
 	}
-	// A batch in flight at SIGTERM waits up to the publish timeout for its
-	// confirms, then records them: cut shorter, its confirmed rows are
-	// published again.
-	if c.ShutdownGrace <= c.PublishTimeout {
-		return badVar("RELAY_SHUTDOWN_TIMEOUT", "%s must exceed RELAY_PUBLISH_TIMEOUT %s: in-flight batches wait that long for their confirms", c.ShutdownGrace, c.PublishTimeout)
-	}
 	if err := c.logLevel.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return badVar("RELAY_LOG_LEVEL", "%q: want debug, info, warn or error", c.LogLevel)
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return badVar("RELAY_LOG_FORMAT", "%q: want text or json", c.LogFormat)
+	}
+	return nil
+}
+
+// validateRun checks what only `relayd run` uses. A batch in flight at
+// SIGTERM waits up to the publish timeout for its confirms, then records
+// them: cut shorter, its confirmed rows are published again.
+func (c *config) validateRun() error {
+	if c.ShutdownGrace <= c.PublishTimeout {
+		return badVar("RELAY_SHUTDOWN_TIMEOUT", "%s must exceed RELAY_PUBLISH_TIMEOUT %s: in-flight batches wait that long for their confirms", c.ShutdownGrace, c.PublishTimeout)
 	}
 	return nil
 }

@@ -50,7 +50,6 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"RELAY_AMQP_EXCHANGE": ""}, "RELAY_AMQP_EXCHANGE"},
 		{map[string]string{"RELAY_BATCH_SIZE": "0"}, "RELAY_BATCH_SIZE"},
 		{map[string]string{"RELAY_BATCH_SIZE": "1"}, "RELAY_BATCH_SIZE"},
-		{map[string]string{"RELAY_PUBLISH_TIMEOUT": "30s"}, "RELAY_SHUTDOWN_TIMEOUT"},
 		{map[string]string{"RELAY_BATCH_SIZE": "many"}, "RELAY_BATCH_SIZE"},
 		{map[string]string{"RELAY_WORKERS": "1000"}, "RELAY_WORKERS"},
 		{map[string]string{"RELAY_PUBLISH_TIMEOUT": "10"}, "RELAY_PUBLISH_TIMEOUT"},
@@ -107,6 +106,10 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"run", "--bogus"}, base(), exitUsage, "flag provided but not defined"},
 		{[]string{"run"}, map[string]string{"RELAY_TARGETS": "bogus", "RELAY_DATABASE_URL": "postgres://x"}, exitUsage, "RELAY_TARGETS"},
 		{[]string{"run"}, map[string]string{}, exitUsage, "RELAY_DATABASE_URL"},
+		{[]string{"run"}, with(base(), "RELAY_PUBLISH_TIMEOUT", "30s"), exitUsage, "RELAY_SHUTDOWN_TIMEOUT: 30s must exceed RELAY_PUBLISH_TIMEOUT"},
+		// Only run waits for in-flight batches: backfill takes the same
+		// publish timeout (and fails later, here, on its missing --queue).
+		{[]string{"backfill"}, with(base(), "RELAY_PUBLISH_TIMEOUT", "30s"), exitUsage, "--queue"},
 		// backfill's own settings: exit 2, naming the flag and variable,
 		// before any connection is tried.
 		{[]string{"backfill", "--queue", "q", "--prefetch", "70000"}, base(), exitUsage, "--prefetch (or RELAY_BACKFILL_PREFETCH): 70000 is out of range"},

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -54,6 +55,10 @@ func cmdRun(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int
 	if cfg == nil {
 		return code
 	}
+	if err := cfg.validateRun(); err != nil {
+		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+		return exitUsage
+	}
 	log := newLogger(cfg, stderr)
 	ctx, stop := signalContext(log)
 	defer stop()
@@ -90,24 +95,37 @@ func newPool(ctx context.Context, cfg *config, maxConns int32) (*pgxpool.Pool, e
 	if err != nil {
 		return nil, err
 	}
-	// Postgres may still be starting (a compose or pod start): retry until
-	// RELAY_STARTUP_TIMEOUT — unless Postgres itself answered with an error
-	// (authentication, no such database), which waiting does not fix.
+	// Postgres may still be starting (a compose or pod start, a restart or
+	// crash recovery): retry until RELAY_STARTUP_TIMEOUT — unless Postgres
+	// itself answered with an error that waiting does not fix
+	// (authentication, no such database). The error reported is the last
+	// real one, not the deadline's.
+	var last error
 	for {
 		err := pool.Ping(cctx)
 		if err == nil {
 			return pool, nil
 		}
+		if cctx.Err() == nil || last == nil {
+			last = err
+		}
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || cctx.Err() != nil {
+		if (errors.As(err, &pgErr) && !startingUp(pgErr)) || cctx.Err() != nil {
 			pool.Close()
-			return nil, fmt.Errorf("postgres: %w", err)
+			return nil, fmt.Errorf("postgres: %w", last)
 		}
 		select {
 		case <-cctx.Done():
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// startingUp says whether Postgres refused a connection for now only: it is
+// starting up, shutting down or recovering (SQLSTATE class 57P: 57P01
+// admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now).
+func startingUp(e *pgconn.PgError) bool {
+	return strings.HasPrefix(e.Code, "57P")
 }
 
 func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
@@ -158,12 +176,15 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			for {
 				err = amqpsink.EnsureExchange(sctx, cfg.AMQPURL, tlsCfg, cfg.AMQPExchange, cfg.Provision)
 				var netErr *net.OpError
-				if err == nil || !errors.As(err, &netErr) || sctx.Err() != nil {
+				if err == nil || !errors.As(err, &netErr) {
 					break
 				}
 				select {
 				case <-sctx.Done():
 				case <-time.After(500 * time.Millisecond):
+				}
+				if sctx.Err() != nil {
+					break // with the last dial's error
 				}
 			}
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/relayd/relayd/internal/testenv"
@@ -64,5 +65,29 @@ func TestStartupWaitsForPostgres(t *testing.T) {
 	}
 	if waited := time.Since(start); waited > 5*time.Second {
 		t.Fatalf("a missing database took %v to report, want at once", waited)
+	}
+
+	// Nothing ever listens: after the timeout, the error is the last
+	// real one, not the deadline's.
+	l, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	never := *u
+	never.Host = l.Addr().String()
+	l.Close()
+	cfg.DatabaseURL, cfg.StartupTimeout = never.String(), 1500*time.Millisecond
+	if _, err := newPool(context.Background(), cfg, 2); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("newPool with nothing listening: %v, want the refused connection", err)
+	}
+}
+
+// Postgres starting up, shutting down or recovering (SQLSTATE class 57P)
+// is worth waiting for; its other errors are not.
+func TestStartingUp(t *testing.T) {
+	for code, want := range map[string]bool{"57P03": true, "57P01": true, "57P02": true, "3D000": false, "28P01": false, "28000": false} {
+		if got := startingUp(&pgconn.PgError{Code: code}); got != want {
+			t.Errorf("startingUp(%s) = %v, want %v", code, got, want)
+		}
 	}
 }
