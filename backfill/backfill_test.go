@@ -89,11 +89,10 @@ func TestNATSHeadersCarryPropertiesAndHeaders(t *testing.T) {
 // repeat within the duplicate window) and the stream it must land in, a
 // derived id also as Relay-Derived-Id; a Nats-Msg-Id among the AMQP headers
 // does not win.
-// A header key NATS refuses (nats.go fails the whole publish, every time)
-// or a Nats- header that would steer JetStream (Nats-Rollup purges the
-// subject) makes the message refused for good, with the reason: dead-
-// lettered or held, not requeued for ever. Nats-Msg-Id is overwritten.
-func TestPrepareRefusesHeadersNATSCannotTake(t *testing.T) {
+// prepareRunner is a runner that can prepare messages for stream OUTBOX_X
+// under "outbox.": prepare asks NATS for the max payload.
+func prepareRunner(t *testing.T) *runner {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("needs NATS")
 	}
@@ -101,8 +100,16 @@ func TestPrepareRefusesHeadersNATSCannotTake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
-	b := &runner{cfg: Config{NATS: nc, Stream: "OUTBOX_X", SubjectPrefix: "outbox."}}
+	t.Cleanup(nc.Close)
+	return &runner{cfg: Config{NATS: nc, Stream: "OUTBOX_X", SubjectPrefix: "outbox."}}
+}
+
+// A header key NATS refuses (nats.go fails the whole publish, every time)
+// or a Nats- header that would steer JetStream (Nats-Rollup purges the
+// subject) makes the message refused for good, with the reason: dead-
+// lettered or held, not requeued for ever. Nats-Msg-Id is overwritten.
+func TestPrepareRefusesHeadersNATSCannotTake(t *testing.T) {
+	b := prepareRunner(t)
 	for key, refused := range map[string]bool{
 		"x/trace":              true,
 		"café":                 true,
@@ -120,15 +127,7 @@ func TestPrepareRefusesHeadersNATSCannotTake(t *testing.T) {
 }
 
 func TestPrepareSetsIDAndExpectedStream(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs NATS")
-	}
-	nc, err := nats.Connect(testenv.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	b := &runner{cfg: Config{NATS: nc, Stream: "OUTBOX_X", SubjectPrefix: "outbox."}}
+	b := prepareRunner(t)
 	withID := b.prepare(amqp.Delivery{RoutingKey: "orders.x", MessageId: "m-1", Body: []byte("{}"),
 		Headers: amqp.Table{jetstream.MsgIDHeader: "forged"}})
 	derived := b.prepare(amqp.Delivery{RoutingKey: "orders.x", Body: []byte("{}")})

@@ -93,6 +93,25 @@ func (e *env) backfillCmd(args ...string) *exec.Cmd {
 	return cmd
 }
 
+// backfillWithin runs `relayd backfill` with args and returns its output
+// and error; a run still going after d (stalled) fails the test.
+func (e *env) backfillWithin(t *testing.T, d time.Duration, args ...string) ([]byte, error) {
+	t.Helper()
+	cmd := e.backfillCmd(args...)
+	var out []byte
+	var err error
+	done := make(chan struct{})
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		cmd.Process.Kill() //nolint:errcheck // the test fails anyway
+		<-done
+		t.Fatalf("backfill still running after %v (stalled?):\n%s", d, out)
+	}
+	return out, err
+}
+
 func decodeSummary(t *testing.T, out []byte) backfill.Summary {
 	t.Helper()
 	var s backfill.Summary
@@ -306,18 +325,7 @@ func TestBackfillHoldsARefusedMessageAndMovesTheRest(t *testing.T) {
 	msgs = append(msgs[:10], append([]amqp.Publishing{big}, msgs[10:]...)...)
 	e.legacyPublish(msgs, "orders.held")
 
-	cmd := e.backfillCmd("--prefetch", "16")
-	var out []byte
-	var err error
-	done := make(chan struct{})
-	go func() { out, err = cmd.CombinedOutput(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(90 * time.Second):
-		cmd.Process.Kill() //nolint:errcheck // the test fails anyway
-		<-done
-		t.Fatalf("backfill still running after 90 s (stalled behind the held message?):\n%s", out)
-	}
+	out, err := e.backfillWithin(t, 90*time.Second, "--prefetch", "16")
 	if err != nil {
 		t.Fatalf("backfill: %v\n%s", err, out)
 	}
@@ -439,18 +447,7 @@ func TestBackfillStopsWhenHeldMessagesFillThePrefetch(t *testing.T) {
 	}
 	e.legacyPublish(msgs, "orders.heldfull")
 
-	cmd := e.backfillCmd("--prefetch", "4")
-	var out []byte
-	var err error
-	done := make(chan struct{})
-	go func() { out, err = cmd.CombinedOutput(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(90 * time.Second):
-		cmd.Process.Kill() //nolint:errcheck // the test fails anyway
-		<-done
-		t.Fatalf("backfill still running after 90 s:\n%s", out)
-	}
+	out, err := e.backfillWithin(t, 90*time.Second, "--prefetch", "4")
 	if err == nil || !strings.Contains(string(out), "--dead-letter-queue") {
 		t.Fatalf("backfill: %v; want a failure naming --dead-letter-queue:\n%s", err, out)
 	}
