@@ -1,0 +1,56 @@
+package amqpsink
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/internal/testenv"
+)
+
+// A confirm that came in before its publish was registered (another batch's
+// flush sent the frames) is the publish's verdict even when the connection
+// died in between: reported unknown, the row would be published again,
+// and RabbitMQ's consumers would get it twice.
+func TestEarlyConfirmWinsOverADeadSession(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs RabbitMQ")
+	}
+	t.Parallel()
+	conn, err := amqp.Dial(testenv.AMQPURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	// No event goroutine: the test places the events. Delivery tag 1 (the
+	// channel's first publish) was acked, then the session died.
+	s := &session{conn: conn, ch: ch,
+		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
+		early: map[uint64]bool{1: true}, earlyRet: map[string]string{}, done: make(chan struct{})}
+	s.failAll(errors.New("test: connection lost"))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := s.publish(ctx, "", testenv.Name("early"), "m-1", amqp.Publishing{Body: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		t.Fatal("publish not resolved")
+	}
+	if p.err != nil {
+		t.Fatalf("publish whose confirm came before the session died: %v, want delivered", p.err)
+	}
+}
