@@ -4,15 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/rs/zerolog"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -488,16 +484,8 @@ func TestBackfillStopsWhenHeldMessagesFillThePrefetch(t *testing.T) {
 func TestBackfillLimitHoldsAcrossAConnectionCut(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	u, err := url.Parse(e.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()), "amqp", "127.0.0.1:0", u.Host)
-	if err := proxy.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Stop)
-	u.Host = proxy.Listen
+	px := newFaultProxy(t, "amqp", hostOf(t, e.amqpURL))
+	proxy, amqpURL := px.proxy, px.url(e.amqpURL)
 
 	const total, limit = 3000, 1000
 	var msgs []amqp.Publishing
@@ -507,7 +495,7 @@ func TestBackfillLimitHoldsAcrossAConnectionCut(t *testing.T) {
 	e.legacyPublish(msgs, "orders.limit")
 
 	cmd := e.backfillCmd("--limit", fmt.Sprint(limit), "--rate", "1000", "--prefetch", "50")
-	cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+u.String())
+	cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+amqpURL)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -556,16 +544,8 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 	t.Cleanup(func() { ns.Shutdown() })
 	e := newEnv(t, fmt.Sprintf("nats://127.0.0.1:%d", port))
 
-	u, err := url.Parse(e.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()), "amqp", "127.0.0.1:0", u.Host)
-	if err := proxy.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Stop)
-	u.Host = proxy.Listen
+	px := newFaultProxy(t, "amqp", hostOf(t, e.amqpURL))
+	proxy, amqpURL := px.proxy, px.url(e.amqpURL)
 
 	const total = 30_000
 	var msgs []amqp.Publishing
@@ -576,7 +556,7 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 
 	run := func(args ...string) (*exec.Cmd, *syncBuffer, chan error) {
 		cmd := e.backfillCmd(args...)
-		cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+u.String())
+		cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+amqpURL)
 		out := &syncBuffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
