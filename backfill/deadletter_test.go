@@ -22,22 +22,11 @@ func TestDeadLetterPublishFailsWhenReturned(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := amqp.Dial(testenv.AMQPURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
+	ch := testenv.ConfirmChannel(t)
 	d := &deadLetter{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 64))}
 
 	gone := testenv.Name("bf_dlq_gone")
-	err = d.publish(ctx, gone, amqp.Publishing{MessageId: "m1", Body: []byte("x")})
+	err := d.publish(ctx, gone, amqp.Publishing{MessageId: "m1", Body: []byte("x")})
 	if err == nil || !strings.Contains(err.Error(), "returned") {
 		t.Fatalf("publish to a missing queue: %v, want a return", err)
 	}

@@ -20,21 +20,10 @@ func TestEarlyConfirmWinsOverADeadSession(t *testing.T) {
 		t.Skip("needs RabbitMQ")
 	}
 	t.Parallel()
-	conn, err := amqp.Dial(testenv.AMQPURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
+	ch := testenv.ConfirmChannel(t)
 	// No event goroutine: the test places the events. Delivery tag 1 (the
 	// channel's first publish) was acked, then the session died.
-	s := &session{conn: conn, ch: ch,
+	s := &session{ch: ch,
 		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
 		early: map[uint64]bool{1: true}, earlyRet: map[string]string{}, done: make(chan struct{})}
 	s.failAll(errors.New("test: connection lost"))
