@@ -24,8 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -324,23 +322,12 @@ func (b *runner) mapKey(key string) string {
 // the first in key order, so a message always gets the same reason.
 // Nats-Msg-Id and Nats-Expected-Stream are not refused: prepare sets them.
 func badHeaderKey(t amqp.Table) string {
-	reason := func(k string) string {
+	return headers.First(t, func(k string, _ any) string {
 		if k == jetstream.MsgIDHeader || k == jetstream.ExpectedStreamHeader {
 			return ""
 		}
 		return cmp.Or(headers.NATSKeyReason(k), headers.NATSReservedReason(k))
-	}
-	for k := range t {
-		if reason(k) == "" {
-			continue
-		}
-		for _, k := range slices.Sorted(maps.Keys(t)) {
-			if r := reason(k); r != "" {
-				return r
-			}
-		}
-	}
-	return ""
+	})
 }
 
 // natsHeaders carries the AMQP headers and the useful properties over.

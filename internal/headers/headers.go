@@ -70,7 +70,7 @@ func IsAMQPProperty(k string) bool {
 
 // First is reason's verdict on the first of h's headers it refuses, in key
 // order (the same row always gives the same reason), or "".
-func First(h map[string]string, reason func(k, v string) string) string {
+func First[V any](h map[string]V, reason func(k string, v V) string) string {
 	bad := false
 	for k, v := range h {
 		if reason(k, v) != "" {
