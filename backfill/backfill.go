@@ -37,6 +37,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/relayd/relayd/internal/headers"
+	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/outbox"
 	"github.com/relayd/relayd/schema"
 )
@@ -163,12 +164,12 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if cfg.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, int(cfg.Rate/10)))
 	}
-	js, err := jetstream.New(cfg.NATS, jetstream.WithPublishAsyncMaxPending(cfg.Prefetch*2),
-		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+	js, err := jetstream.New(cfg.NATS)
 	if err != nil {
 		return Summary{}, err
 	}
 	b.js = js
+	b.pub = jspub.New(cfg.NATS, cfg.Stream, cfg.Prefetch*2, cfg.PublishTimeout)
 	if err := b.preflight(ctx); err != nil {
 		return Summary{}, err
 	}
@@ -182,7 +183,8 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 type runner struct {
 	cfg     Config
 	log     *slog.Logger
-	js      jetstream.JetStream
+	js      jetstream.JetStream // stream lookups
+	pub     *jspub.Publisher
 	limiter *rate.Limiter
 	start   time.Time
 	depth0  int64

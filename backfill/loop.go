@@ -297,22 +297,15 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 
 	pctx, pcancel := context.WithTimeout(wctx, b.cfg.PublishTimeout)
 	defer pcancel()
-	futures := make([]jetstream.PubAckFuture, len(toPublish))
-	errs := make([]error, len(toPublish))
+	msgs := make([]*nats.Msg, len(toPublish))
 	for i, it := range toPublish {
-		futures[i], errs[i] = b.js.PublishMsgAsync(it.msg) // with its Nats-Msg-Id and Nats-Expected-Stream (prepare)
+		msgs[i] = it.msg // with its Nats-Msg-Id and Nats-Expected-Stream (prepare)
 	}
+	errs := make([]error, len(toPublish))
+	b.pub.Publish(pctx, msgs, errs, make([]bool, len(toPublish)))
 	var moved []*item
 	for i, it := range toPublish {
 		err := errs[i]
-		if err == nil {
-			select {
-			case <-futures[i].Ok():
-			case err = <-futures[i].Err():
-			case <-pctx.Done():
-				err = pctx.Err()
-			}
-		}
 		if err == nil {
 			moved = append(moved, it)
 			continue

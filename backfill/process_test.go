@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -31,7 +32,8 @@ func TestProcessAcksABatchWithOneFrame(t *testing.T) {
 	if err := cfg.applyDefaults(); err != nil {
 		t.Fatal(err)
 	}
-	b := &runner{cfg: cfg, log: cfg.Logger, js: st.JS, seenHeld: map[string]bool{}}
+	b := &runner{cfg: cfg, log: cfg.Logger, js: st.JS, pub: jspub.New(st.NC, st.Name, 2*cfg.Prefetch, cfg.PublishTimeout),
+		seenHeld: map[string]bool{}}
 
 	// 100 deliveries; every fifth was moved by an earlier run.
 	var ds []amqp.Delivery

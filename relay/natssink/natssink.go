@@ -4,9 +4,9 @@
 // Each message carries the row's message id as Nats-Msg-Id, so a publish
 // repeated inside the stream's duplicate window is stored once; the PubAck
 // of such a repeat says Duplicate and counts as delivered. Publishes are
-// asynchronous with a bounded window; every future is checked on its own
-// (PublishAsyncComplete is not a success barrier) and one that fails by
-// disconnect or timeout means "unknown: publish again with the same id".
+// asynchronous with a bounded window (internal/jspub); every PubAck is read
+// on its own, and a publish without one (disconnect, timeout) means
+// "unknown: publish again with the same id".
 package natssink
 
 import (
@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/relayd/relayd/internal/headers"
+	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/outbox"
 	"github.com/relayd/relayd/relay"
 )
@@ -48,6 +49,7 @@ type Config struct {
 type Sink struct {
 	cfg Config
 	js  jetstream.JetStream
+	pub *jspub.Publisher
 	// stream is the Nats-Expected-Stream header's value, shared by every
 	// message (read-only).
 	stream []string
@@ -72,13 +74,12 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	js, err := jetstream.New(cfg.Conn,
-		jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
-		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout))
+	js, err := jetstream.New(cfg.Conn)
 	if err != nil {
 		return nil, fmt.Errorf("natssink: %w", err)
 	}
-	return &Sink{cfg: cfg, js: js, stream: []string{cfg.Stream}}, nil
+	return &Sink{cfg: cfg, js: js, pub: jspub.New(cfg.Conn, cfg.Stream, cfg.MaxPending, cfg.AckTimeout),
+		stream: []string{cfg.Stream}}, nil
 }
 
 // Target implements relay.Sink.
@@ -104,13 +105,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		return
 	}
 	maxPayload := s.cfg.Conn.MaxPayload()
-	// A publish waits for room in the window (MaxPending) until the
-	// batch's deadline.
-	var opts []jetstream.PublishOpt
-	if dl, ok := ctx.Deadline(); ok {
-		opts = []jetstream.PublishOpt{jetstream.WithStallWait(max(time.Until(dl), time.Millisecond))}
-	}
-	futures := make([]jetstream.PubAckFuture, len(msgs))
+	out := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
 		if err := outbox.ValidateTopic(m.Topic); err != nil {
 			results[i] = relay.Permanent("nats: topic is not a valid subject: %v", err)
@@ -125,36 +120,26 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			continue
 		}
 		// Nats-Msg-Id and Nats-Expected-Stream are set here, in a map
-		// made to size, rather than by jetstream.WithMsgID and
-		// WithExpectStream: the same headers, without two option closures
-		// and a map that grows, per message.
+		// made to size.
 		msg := &nats.Msg{Subject: s.Subject(m.Topic), Data: m.Payload, Header: make(nats.Header, len(m.Headers)+2)}
 		for k, v := range m.Headers {
 			msg.Header[k] = []string{v}
 		}
 		msg.Header[jetstream.MsgIDHeader] = []string{m.MessageID}
 		msg.Header[jetstream.ExpectedStreamHeader] = s.stream
-		f, err := s.js.PublishMsgAsync(msg, opts...)
-		if err != nil {
-			results[i] = classify(err)
-			continue
-		}
-		futures[i] = f
+		out[i] = msg
 	}
-	for i, f := range futures {
-		if f == nil {
-			continue
-		}
-		select {
-		case ack := <-f.Ok():
-			if ack.Duplicate && s.cfg.OnDuplicate != nil {
+	dup := make([]bool, len(msgs))
+	s.pub.Publish(ctx, out, results, dup)
+	for i, m := range out {
+		switch {
+		case m == nil:
+		case results[i] == nil:
+			if dup[i] && s.cfg.OnDuplicate != nil {
 				s.cfg.OnDuplicate()
 			}
-			results[i] = nil
-		case err := <-f.Err():
-			results[i] = s.noStream(ctx, msgs[i], classify(err))
-		case <-ctx.Done():
-			results[i] = relay.Unavailable(fmt.Errorf("nats: no PubAck: %w", ctx.Err()))
+		default:
+			results[i] = s.noStream(ctx, msgs[i], classify(results[i]))
 		}
 	}
 }

@@ -387,3 +387,90 @@ func (e *env) Up(t *testing.T) {
 // Duplicates implements sinktest.DuplicateCounter: the sink's OnDuplicate
 // calls.
 func (e *env) Duplicates() int { return int(e.dups.Load()) }
+
+// A window (MaxPending) smaller than the batch, shared by two batches at
+// once: each publish waits for room while its batch reads the PubAcks that
+// free it, and every message is stored once.
+func TestWindowSmallerThanTheBatches(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	small, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: e.prefix, MaxPending: 4, AckTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := sinktest.Messages("window-a", 300), sinktest.Messages("window-b", 300)
+	var wg sync.WaitGroup
+	var ra []error
+	wg.Go(func() { ra = sinktest.Publish(t, small, 20*time.Second, a) })
+	rb := sinktest.Publish(t, small, 20*time.Second, b)
+	wg.Wait()
+	sinktest.RequireAllNil(t, a, ra)
+	sinktest.RequireAllNil(t, b, rb)
+	got := sinktest.Settle(t, small, e)
+	sinktest.RequireCounts(t, got, append(a, b...), 1)
+}
+
+// A publish whose PubAck never comes is unknown (publish again) once the
+// ack timeout passes, not a hang: here a plain subscriber, not a stream,
+// takes the subject, so nobody answers.
+func TestNoPubAckIsUnavailableAfterTheAckTimeout(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	silent := "silent." + e.prefix
+	sub, err := e.nc.SubscribeSync(silent + ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck
+	s, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: silent, AckTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := sinktest.Messages("silent", 10)
+	start := time.Now()
+	results := sinktest.Publish(t, s, 20*time.Second, msgs)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Publish took %v with an ack timeout of 300ms", took)
+	}
+	sinktest.RequireAllUnavailable(t, msgs, results)
+	if !errors.Is(results[0], jetstream.ErrAsyncPublishTimeout) {
+		t.Errorf("result %v, want it to wrap jetstream.ErrAsyncPublishTimeout", results[0])
+	}
+}
+
+// A disconnect while PubAcks are awaited fails the publishes still waiting
+// at once (unknown: publish again), instead of holding the batch until the
+// ack timeout.
+func TestDisconnectFailsThePublishesWaiting(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	silent := "silent." + e.prefix
+	sub, err := e.nc.SubscribeSync(silent + ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck
+	s, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: silent, AckTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := sinktest.Messages("cut", 10)
+	go func() {
+		// Once the messages reached the subscriber, the server goes.
+		for range msgs {
+			if _, err := sub.NextMsg(10 * time.Second); err != nil {
+				break
+			}
+		}
+		e.Down(t)
+	}()
+	start := time.Now()
+	results := sinktest.Publish(t, s, 2*time.Minute, msgs)
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("Publish took %v: a disconnect should end the wait for PubAcks", took)
+	}
+	sinktest.RequireAllUnavailable(t, msgs, results)
+	if !errors.Is(results[0], nats.ErrDisconnected) {
+		t.Errorf("result %v, want it to wrap nats.ErrDisconnected", results[0])
+	}
+}
