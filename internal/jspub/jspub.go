@@ -43,24 +43,41 @@ type Publisher struct {
 }
 
 // New returns a publisher to stream through nc, with at most maxPending
-// publishes waiting for their PubAcks, each for at most ackTimeout.
+// publishes waiting for their PubAcks, each for at most ackTimeout (0: until
+// the ctx of its Publish is done).
 func New(nc *nats.Conn, stream string, maxPending int, ackTimeout time.Duration) *Publisher {
 	return &Publisher{nc: nc, timeout: ackTimeout, window: make(chan struct{}, max(1, maxPending)),
 		ackStored: []byte(`{"stream":` + strconv.Quote(stream) + `,`)}
 }
 
-// Publish publishes each non-nil msgs[i] (its Reply is overwritten) and waits
-// for its PubAck, until ctx is done: errs[i] is nil when the stream stored
-// the message, and then dup[i] says whether it had it already (a repeat of
-// its Nats-Msg-Id inside the duplicate window); otherwise errs[i] says why
-// not. errs[i] and dup[i] of a nil message are left alone. A publish waits
-// for room in the window, reading PubAcks meanwhile.
+// Publish publishes each non-nil msgs[i] and waits for its PubAck, until
+// ctx is done: errs[i] is nil when the stream stored the message, and then
+// dup[i] says whether it had it already (a repeat of its Nats-Msg-Id inside
+// the duplicate window); otherwise errs[i] says why not. errs[i] and dup[i]
+// of a nil message are left alone.
+//
+// Publish sets each message's Reply. It does not check which stream stored
+// a message: callers set the Nats-Expected-Stream header, so that JetStream
+// refuses a message for another stream (error 10060). A publish waits for
+// room in the window, reading PubAcks meanwhile. A "no responders" answer
+// (no stream for the subject, or JetStream restarting or electing a leader)
+// comes back at once as nats.ErrNoResponders, not retried as
+// PublishMsgAsync retries it: both callers publish the message again later.
 func (p *Publisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []error, dup []bool) {
+	n := 0
+	for _, m := range msgs {
+		if m != nil {
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
 	status := p.nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
 	defer p.nc.RemoveStatusListener(status)
 	inbox := p.nc.NewInbox()
 	// Room for a PubAck per message: the reader never finds it full.
-	replies := make(chan *nats.Msg, len(msgs))
+	replies := make(chan *nats.Msg, n)
 	sub, err := p.nc.ChanSubscribe(inbox+".*", replies)
 	if err != nil {
 		for i, m := range msgs {
@@ -71,14 +88,22 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []error,
 		return
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // a closed connection has no subscription to end
-	wait := time.NewTimer(p.timeout)
-	defer wait.Stop()
-	b := &batch{p: p, ctx: ctx, status: status, timeout: wait.C, replies: replies, prefix: len(inbox) + 1,
+	b := &batch{p: p, ctx: ctx, status: status, replies: replies, prefix: len(inbox) + 1,
 		errs: errs, dup: dup, state: make([]uint8, len(msgs))}
+	if p.timeout > 0 {
+		b.start, b.at = time.Now(), make([]time.Duration, len(msgs))
+		b.timer = time.NewTimer(p.timeout)
+		b.timer.Stop()
+		defer b.timer.Stop()
+	}
 	defer b.release()
 
 	for i, m := range msgs {
 		if m == nil {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			errs[i] = fmt.Errorf("not published: %w", err)
 			continue
 		}
 		if err := b.acquire(); err != nil {
@@ -91,10 +116,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []*nats.Msg, errs []error,
 			errs[i] = err
 			continue
 		}
-		b.state[i] = statePending
-		b.pending++
+		b.published(i)
 	}
-	wait.Reset(p.timeout)
 	for b.pending > 0 {
 		if _, err := b.wait(false); err != nil {
 			b.failPending(err)
@@ -114,13 +137,33 @@ type batch struct {
 	p       *Publisher
 	ctx     context.Context
 	status  chan nats.Status
-	timeout <-chan time.Time
 	replies chan *nats.Msg
 	prefix  int // length of the reply subjects' inbox and dot
 	errs    []error
 	dup     []bool
 	state   []uint8
 	pending int
+
+	// The ack timeout (nil timer: none): at holds when each message was
+	// published, since start; the timer is set for the oldest still
+	// pending (armed), see expire.
+	start time.Time
+	at    []time.Duration
+	timer *time.Timer
+	armed bool
+}
+
+// published counts message i as waiting for its PubAck.
+func (b *batch) published(i int) {
+	b.state[i] = statePending
+	b.pending++
+	if b.timer != nil {
+		b.at[i] = time.Since(b.start)
+		if !b.armed {
+			b.timer.Reset(b.p.timeout)
+			b.armed = true
+		}
+	}
 }
 
 // acquire takes a slot of the window, reading PubAcks while it waits.
@@ -142,12 +185,18 @@ func (b *batch) acquire() error {
 	}
 }
 
-// wait reads one PubAck, or with acquire takes a slot of the window (true),
-// or says why the batch cannot wait any longer.
+// wait reads one PubAck, or fails the publishes that waited the ack
+// timeout, or with acquire takes a slot of the window (true), or says why
+// the batch cannot wait any longer. PubAcks that came in meanwhile are read
+// first: a message that was answered counts as answered.
 func (b *batch) wait(acquire bool) (bool, error) {
 	var window chan struct{} // nil: never ready
 	if acquire {
 		window = b.p.window
+	}
+	var timeout <-chan time.Time
+	if b.timer != nil {
+		timeout = b.timer.C
 	}
 	select {
 	case window <- struct{}{}:
@@ -156,14 +205,52 @@ func (b *batch) wait(acquire bool) (bool, error) {
 		b.answer(m)
 		return false, nil
 	case st, ok := <-b.status:
+		b.drain()
 		if !ok || st == nats.CLOSED {
 			return false, nats.ErrConnectionClosed
 		}
 		return false, nats.ErrDisconnected
-	case <-b.timeout:
-		return false, jetstream.ErrAsyncPublishTimeout
+	case <-timeout:
+		b.drain()
+		b.expire()
+		return false, nil
 	case <-b.ctx.Done():
+		b.drain()
 		return false, fmt.Errorf("no PubAck: %w", b.ctx.Err())
+	}
+}
+
+// drain reads the PubAcks already in.
+func (b *batch) drain() {
+	for {
+		select {
+		case m := <-b.replies:
+			b.answer(m)
+		default:
+			return
+		}
+	}
+}
+
+// expire fails the publishes that have waited for their PubAck for the ack
+// timeout, and sets the timer for the oldest one left.
+func (b *batch) expire() {
+	b.armed = false
+	now := time.Since(b.start)
+	next := time.Duration(-1)
+	for i, st := range b.state {
+		if st != statePending {
+			continue
+		}
+		if due := b.at[i] + b.p.timeout; due <= now {
+			b.fail(i, jetstream.ErrAsyncPublishTimeout)
+		} else if next < 0 || due < next {
+			next = due
+		}
+	}
+	if next >= 0 {
+		b.timer.Reset(next - now)
+		b.armed = true
 	}
 }
 
@@ -173,22 +260,27 @@ func (b *batch) answer(m *nats.Msg) {
 	if err != nil || i < 0 || i >= len(b.state) || b.state[i] != statePending {
 		return // not one this batch waits for
 	}
-	<-b.p.window
-	b.pending--
 	b.state[i] = stateDone
+	b.pending--
+	<-b.p.window
 	b.dup[i], b.errs[i] = b.p.parseAck(m)
+}
+
+// fail gives up on pending message i.
+func (b *batch) fail(i int, err error) {
+	b.state[i] = stateDone
+	b.pending--
+	<-b.p.window
+	b.errs[i] = err
 }
 
 // failPending gives up on every publish still waiting for its PubAck.
 func (b *batch) failPending(err error) {
 	for i, st := range b.state {
 		if st == statePending {
-			<-b.p.window
-			b.state[i] = stateDone
-			b.errs[i] = err
+			b.fail(i, err)
 		}
 	}
-	b.pending = 0
 }
 
 // release frees the window slots of publishes still pending (a panic).

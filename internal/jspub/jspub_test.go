@@ -73,16 +73,7 @@ func TestParseAck(t *testing.T) {
 // (storedAck): the shared server (the version the project runs) and the
 // embedded one (the module's, a later version).
 func TestServersPubAcksAreReadWithoutJSON(t *testing.T) {
-	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT,
-		JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
+	srv := startServer(t)
 	for name, url := range map[string]string{"shared": testenv.NATSURL(t), "embedded": srv.ClientURL()} {
 		t.Run(name, func(t *testing.T) {
 			nc, err := nats.Connect(url)
@@ -119,4 +110,132 @@ func TestServersPubAcksAreReadWithoutJSON(t *testing.T) {
 // Nothing a Publisher starts outlives the test: it starts no goroutine.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
+}
+
+// startServer runs a JetStream server of the test's own.
+func startServer(t *testing.T) *natsserver.Server {
+	t.Helper()
+	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT,
+		JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	return srv
+}
+
+// silent returns a connection to a server of the test's own with a stream
+// on "stored.>", and a plain subscriber on "silent.>": a message published
+// there reaches it and nobody answers.
+func silent(t *testing.T) *nats.Conn {
+	t.Helper()
+	srv := startServer(t)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	sub, err := nc.SubscribeSync("silent.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() }) //nolint:errcheck
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	testenv.CreateStream(t, ctx, js, jetstream.StreamConfig{Name: "STORED", Subjects: []string{"stored.>"}})
+	return nc
+}
+
+// publishAll runs Publish in a goroutine and fails the test if it has not
+// returned after limit.
+func publishAll(t *testing.T, ctx context.Context, p *Publisher, msgs []*nats.Msg, limit time.Duration) []error {
+	t.Helper()
+	errs, dup := make([]error, len(msgs)), make([]bool, len(msgs))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Publish(ctx, msgs, errs, dup)
+	}()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Fatalf("Publish of %d messages still running after %v", len(msgs), limit)
+	}
+	return errs
+}
+
+// The ack timeout bounds every publish, also when the batch is larger than
+// the window and its ctx has no deadline: the publishes that free the
+// window by timing out let the rest go out, and those time out in turn.
+func TestAckTimeoutWithAFullWindowAndNoDeadline(t *testing.T) {
+	nc := silent(t)
+	p := New(nc, "STORED", 4, 200*time.Millisecond)
+	msgs := make([]*nats.Msg, 10)
+	for i := range msgs {
+		msgs[i] = nats.NewMsg("silent.x")
+	}
+	start := time.Now()
+	errs := publishAll(t, context.Background(), p, msgs, 10*time.Second)
+	for i, err := range errs {
+		if !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+			t.Errorf("message %d: error %v, want jetstream.ErrAsyncPublishTimeout", i, err)
+		}
+	}
+	// Three rounds of the window, each waiting the timeout.
+	if took := time.Since(start); took < 550*time.Millisecond {
+		t.Errorf("Publish took %v: a publish timed out before it waited 200ms", took)
+	}
+}
+
+// The ack timeout counts from each message's publish, not from the batch's
+// start: a message published once the window freed up still gets the whole
+// timeout for its PubAck, and one JetStream answers is stored.
+func TestAckTimeoutCountsFromEachPublish(t *testing.T) {
+	nc := silent(t)
+	p := New(nc, "STORED", 1, 300*time.Millisecond)
+	// The first waits 300ms and fails; the second goes out then and is
+	// answered at once; the third likewise times out.
+	msgs := []*nats.Msg{nats.NewMsg("silent.a"), nats.NewMsg("stored.b"), nats.NewMsg("silent.c")}
+	start := time.Now()
+	errs := publishAll(t, context.Background(), p, msgs, 10*time.Second)
+	if !errors.Is(errs[0], jetstream.ErrAsyncPublishTimeout) || !errors.Is(errs[2], jetstream.ErrAsyncPublishTimeout) {
+		t.Errorf("silent messages: errors %v and %v, want jetstream.ErrAsyncPublishTimeout", errs[0], errs[2])
+	}
+	if errs[1] != nil {
+		t.Errorf("stored message: error %v, want nil", errs[1])
+	}
+	if took := time.Since(start); took < 550*time.Millisecond {
+		t.Errorf("Publish took %v: the third message did not get its own 300ms", took)
+	}
+}
+
+// A ctx that is done stops the publishing: what was not published yet is
+// not, and what waits for its PubAck fails, without waiting for the ack
+// timeout.
+func TestDoneCtxStopsTheBatch(t *testing.T) {
+	nc := silent(t)
+	p := New(nc, "STORED", 2, time.Minute)
+	msgs := make([]*nats.Msg, 5)
+	for i := range msgs {
+		msgs[i] = nats.NewMsg("silent.x")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	errs := publishAll(t, ctx, p, msgs, 10*time.Second)
+	for i, err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("message %d: error %v, want it to wrap context.DeadlineExceeded", i, err)
+		}
+	}
+	if got := len(p.window); got != 0 {
+		t.Errorf("%d window slots still taken after the batch", got)
+	}
 }

@@ -131,6 +131,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 	}
 	dup := make([]bool, len(msgs))
 	s.pub.Publish(ctx, out, results, dup)
+	known := map[string]bool{}
 	for i, m := range out {
 		switch {
 		case m == nil:
@@ -139,22 +140,31 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 				s.cfg.OnDuplicate()
 			}
 		default:
-			results[i] = s.noStream(ctx, msgs[i], classify(results[i]))
+			results[i] = s.noStream(ctx, msgs[i], classify(results[i]), known)
 		}
 	}
 }
 
 // noStream turns "no responders" into a permanent error when no stream
 // captures the message's subject at all. The same answer also comes while
-// JetStream restarts; then the stream lookup fails too and err stands.
-func (s *Sink) noStream(ctx context.Context, m *relay.Message, err error) error {
+// JetStream restarts; then the stream lookup fails too and err stands. A
+// batch asks once per subject (known holds the answers so far): a restart
+// answers every message of the batch so.
+func (s *Sink) noStream(ctx context.Context, m *relay.Message, err error, known map[string]bool) error {
 	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
 		return err
 	}
-	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if _, lerr := s.js.StreamNameBySubject(lctx, s.Subject(m.Topic)); errors.Is(lerr, jetstream.ErrStreamNotFound) {
-		return relay.Permanent("nats: no stream captures subject %q", s.Subject(m.Topic))
+	subject := s.Subject(m.Topic)
+	none, ok := known[subject]
+	if !ok {
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, lerr := s.js.StreamNameBySubject(lctx, subject)
+		cancel()
+		none = errors.Is(lerr, jetstream.ErrStreamNotFound)
+		known[subject] = none
+	}
+	if none {
+		return relay.Permanent("nats: no stream captures subject %q", subject)
 	}
 	return err
 }

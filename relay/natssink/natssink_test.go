@@ -474,3 +474,38 @@ func TestDisconnectFailsThePublishesWaiting(t *testing.T) {
 		t.Errorf("result %v, want it to wrap nats.ErrDisconnected", results[0])
 	}
 }
+
+// A batch whose messages no stream captures asks JetStream once per subject
+// whether a stream captures it, not once per message: a JetStream restart
+// answers every message of a batch with "no responders".
+func TestNoStreamIsAskedOncePerSubject(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t, setupEmbedded(t))
+	var asked atomic.Int64
+	sub, err := e.nc.Subscribe("$JS.API.STREAM.NAMES", func(*nats.Msg) { asked.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck
+	orphan, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: "nostream." + e.prefix, AckTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := sinktest.Messages("orphans", 50)
+	for i, m := range msgs {
+		m.Topic = []string{"a", "b"}[i%2]
+	}
+	results := sinktest.Publish(t, orphan, 10*time.Second, msgs)
+	for i, err := range results {
+		var pe *relay.PermanentError
+		if !errors.As(err, &pe) {
+			t.Fatalf("message %d: result %v (%T), want a *relay.PermanentError", i, err, err)
+		}
+	}
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := asked.Load(); n != 2 {
+		t.Errorf("JetStream asked %d times which stream captures the batch's 2 subjects, want 2", n)
+	}
+}
