@@ -42,13 +42,19 @@ func (b *bench) ceilings(ctx context.Context, res *Results) error {
 	defer oneP()()
 	n := b.o.CeilingMsgs
 
-	b.logf("ceiling: JetStream async publish, %d messages", n)
-	c, err := b.jetstreamCeiling(ctx, n)
-	if err != nil {
-		return fmt.Errorf("jetstream ceiling: %w", err)
+	jsSample := func(sample string) error {
+		b.logf("ceiling: JetStream async publish, %d messages%s", n, sample)
+		c, err := b.jetstreamCeiling(ctx, n)
+		if err != nil {
+			return fmt.Errorf("jetstream ceiling: %w", err)
+		}
+		res.addCeiling(c)
+		b.settle(ctx)
+		return nil
 	}
-	res.addCeiling(c)
-	b.settle(ctx)
+	if err := jsSample(""); err != nil {
+		return err
+	}
 
 	// Plain properties: what relayd's properties cost RabbitMQ, beside
 	// the sample below. Half as many messages (see defaultOptions): no ratio
@@ -86,15 +92,21 @@ func (b *bench) ceilings(ctx context.Context, res *Results) error {
 	}
 	b.settle(ctx)
 
-	b.logf("ceiling: Postgres claim + delete, %d rows", n)
-	if err := b.withCorner(ctx, cornerSpec{table: true}, func(cr *corner) error {
-		c, err := b.postgresCeiling(ctx, cr, n)
-		res.addCeiling(c)
-		return err
-	}); err != nil {
-		return fmt.Errorf("postgres ceiling: %w", err)
+	pgSample := func(sample string) error {
+		b.logf("ceiling: Postgres claim + delete, %d rows%s", n, sample)
+		if err := b.withCorner(ctx, cornerSpec{table: true}, func(cr *corner) error {
+			c, err := b.postgresCeiling(ctx, cr, n)
+			res.addCeiling(c)
+			return err
+		}); err != nil {
+			return fmt.Errorf("postgres ceiling: %w", err)
+		}
+		b.settle(ctx)
+		return nil
 	}
-	b.settle(ctx)
+	if err := pgSample(""); err != nil {
+		return err
+	}
 
 	b.logf("ceiling: Postgres single-row commits into the outbox, NOTIFY trigger on and off")
 	if err := b.withCorner(ctx, cornerSpec{table: true}, func(cr *corner) error {
@@ -117,22 +129,10 @@ func (b *bench) ceilings(ctx context.Context, res *Results) error {
 	// (whose second sample is the backfill's fill). Two single samples of
 	// the JetStream ceiling a few minutes apart on one machine came out at
 	// 115,499 and 79,546/s, and the ratio to it at 0.45 and 0.63.
-	b.logf("ceiling: JetStream async publish, %d messages (second sample)", n)
-	if c, err = b.jetstreamCeiling(ctx, n); err != nil {
-		return fmt.Errorf("jetstream ceiling: %w", err)
-	}
-	res.addCeiling(c)
-	b.settle(ctx)
-	b.logf("ceiling: Postgres claim + delete, %d rows (second sample)", n)
-	if err := b.withCorner(ctx, cornerSpec{table: true}, func(cr *corner) error {
-		c, err := b.postgresCeiling(ctx, cr, n)
-		res.addCeiling(c)
+	if err := jsSample(" (second sample)"); err != nil {
 		return err
-	}); err != nil {
-		return fmt.Errorf("postgres ceiling: %w", err)
 	}
-	b.settle(ctx)
-	return nil
+	return pgSample(" (second sample)")
 }
 
 // commitWorkers is how many producers commit at once in the commit ceiling.

@@ -416,16 +416,7 @@ func TestWindowSmallerThanTheBatches(t *testing.T) {
 func TestNoPubAckIsUnavailableAfterTheAckTimeout(t *testing.T) {
 	t.Parallel()
 	e := setupReady(t, setupEmbedded(t))
-	silent := "silent." + e.prefix
-	sub, err := e.nc.SubscribeSync(silent + ">")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe() //nolint:errcheck
-	s, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: silent, AckTimeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _ := silentSink(t, e, 300*time.Millisecond)
 	msgs := sinktest.Messages("silent", 10)
 	start := time.Now()
 	results := sinktest.Publish(t, s, 20*time.Second, msgs)
@@ -438,22 +429,31 @@ func TestNoPubAckIsUnavailableAfterTheAckTimeout(t *testing.T) {
 	}
 }
 
+// silentSink is a sink on e's connection whose subjects no stream captures
+// but a plain subscriber (returned) takes: its messages go out, and nobody
+// answers.
+func silentSink(t *testing.T, e *env, ackTimeout time.Duration) (*natssink.Sink, *nats.Subscription) {
+	t.Helper()
+	silent := "silent." + e.prefix
+	sub, err := e.nc.SubscribeSync(silent + ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() }) //nolint:errcheck
+	s, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: silent, AckTimeout: ackTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, sub
+}
+
 // A disconnect while PubAcks are awaited fails the publishes still waiting
 // at once (unknown: publish again), instead of holding the batch until the
 // ack timeout.
 func TestDisconnectFailsThePublishesWaiting(t *testing.T) {
 	t.Parallel()
 	e := setupReady(t, setupEmbedded(t))
-	silent := "silent." + e.prefix
-	sub, err := e.nc.SubscribeSync(silent + ">")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe() //nolint:errcheck
-	s, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: silent, AckTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, sub := silentSink(t, e, time.Minute)
 	msgs := sinktest.Messages("cut", 10)
 	go func() {
 		// Once the messages reached the subscriber, the server goes.
