@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/internal/jspub"
 )
 
 const (
@@ -304,14 +305,14 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	errs := make([]error, len(toPublish))
 	b.pub.Publish(pctx, msgs, errs, make([]bool, len(toPublish)))
 	var moved []*item
-	noStream := map[string]bool{}
+	lookup := jspub.NewLookup(b.js)
 	for i, it := range toPublish {
 		err := errs[i]
 		if err == nil {
 			moved = append(moved, it)
 			continue
 		}
-		if reason := b.permanent(wctx, it, err, noStream); reason != "" {
+		if reason := b.permanent(wctx, it, err, lookup); reason != "" {
 			b.refuse(wctx, it, reason, dlq)
 			continue
 		}
@@ -346,10 +347,8 @@ func (b *runner) requeue(it *item) {
 }
 
 // permanent says why err means JetStream will never take the message, or "".
-// A batch asks JetStream once per subject whether a stream captures it
-// (noStream holds the answers so far): a restart answers every message of
-// the batch with "no responders".
-func (b *runner) permanent(ctx context.Context, it *item, err error, noStream map[string]bool) string {
+// lookup asks JetStream whether a stream captures the subject, once a batch.
+func (b *runner) permanent(ctx context.Context, it *item, err error, lookup *jspub.Lookup) string {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
@@ -362,15 +361,7 @@ func (b *runner) permanent(ctx context.Context, it *item, err error, noStream ma
 		return fmt.Sprintf("subject %q belongs to another stream than %q", it.subject, b.cfg.Stream)
 	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse):
 		// No stream for the subject — or JetStream restarting. Ask.
-		none, ok := noStream[it.subject]
-		if !ok {
-			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			_, lerr := b.js.StreamNameBySubject(sctx, it.subject)
-			cancel()
-			none = errors.Is(lerr, jetstream.ErrStreamNotFound)
-			noStream[it.subject] = none
-		}
-		if none {
+		if lookup.NoStream(ctx, it.subject) {
 			return fmt.Sprintf("no stream captures subject %q", it.subject)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -43,8 +44,10 @@ type Publisher struct {
 }
 
 // New returns a publisher to stream through nc, with at most maxPending
-// publishes waiting for their PubAcks, each for at most ackTimeout (0: until
-// the ctx of its Publish is done).
+// publishes waiting for their PubAcks, each for at most ackTimeout after it
+// went out (0 or less: until the ctx of its Publish is done). A batch larger
+// than the window that gets no PubAcks and has no deadline lasts about
+// len/maxPending ack timeouts, as with PublishMsgAsync.
 func New(nc *nats.Conn, stream string, maxPending int, ackTimeout time.Duration) *Publisher {
 	return &Publisher{nc: nc, timeout: ackTimeout, window: make(chan struct{}, max(1, maxPending)),
 		ackStored: []byte(`{"stream":` + strconv.Quote(stream) + `,`)}
@@ -283,7 +286,8 @@ func (b *batch) failPending(err error) {
 	}
 }
 
-// release frees the window slots of publishes still pending (a panic).
+// release frees the window slots of publishes still pending, should the
+// batch end by a panic (in answer's parsing, say).
 func (b *batch) release() {
 	for _, st := range b.state {
 		if st == statePending {
@@ -351,4 +355,36 @@ func (p *Publisher) storedAck(d []byte) (dup, ok bool) {
 		return true, true
 	}
 	return false, false
+}
+
+// Lookup answers, for one batch, whether no stream captures a subject: the
+// question a "no responders" PubAck raises, since JetStream answers so both
+// for a subject no stream captures (refuse the message for good) and while
+// it restarts or elects a leader (publish it again later). It asks once per
+// subject, and not again in the batch once JetStream did not answer: a
+// restart answers a whole batch with "no responders".
+type Lookup struct {
+	js   jetstream.JetStream
+	none map[string]bool
+	down bool // a lookup failed other than "not found"
+}
+
+// NewLookup returns a lookup for one batch.
+func NewLookup(js jetstream.JetStream) *Lookup {
+	return &Lookup{js: js, none: map[string]bool{}}
+}
+
+// NoStream reports whether JetStream said that no stream captures subject.
+// false means a stream does, or JetStream could not say.
+func (l *Lookup) NoStream(ctx context.Context, subject string) bool {
+	if none, ok := l.none[subject]; ok || l.down {
+		return none
+	}
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := l.js.StreamNameBySubject(lctx, subject)
+	none := errors.Is(err, jetstream.ErrStreamNotFound)
+	l.down = err != nil && !none
+	l.none[subject] = none
+	return none
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,9 +130,9 @@ func startServer(t *testing.T) *natsserver.Server {
 }
 
 // silent returns a connection to a server of the test's own with a stream
-// on "stored.>", and a plain subscriber on "silent.>": a message published
-// there reaches it and nobody answers.
-func silent(t *testing.T) *nats.Conn {
+// on "stored.>", and a plain subscriber on "silent.>" (returned): a message
+// published there reaches it and nobody answers.
+func silent(t *testing.T) (*nats.Conn, *nats.Subscription) {
 	t.Helper()
 	srv := startServer(t)
 	nc, err := nats.Connect(srv.ClientURL())
@@ -151,7 +152,7 @@ func silent(t *testing.T) *nats.Conn {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	testenv.CreateStream(t, ctx, js, jetstream.StreamConfig{Name: "STORED", Subjects: []string{"stored.>"}})
-	return nc
+	return nc, sub
 }
 
 // publishAll runs Publish in a goroutine and fails the test if it has not
@@ -176,7 +177,7 @@ func publishAll(t *testing.T, ctx context.Context, p *Publisher, msgs []*nats.Ms
 // the window and its ctx has no deadline: the publishes that free the
 // window by timing out let the rest go out, and those time out in turn.
 func TestAckTimeoutWithAFullWindowAndNoDeadline(t *testing.T) {
-	nc := silent(t)
+	nc, _ := silent(t)
 	p := New(nc, "STORED", 4, 200*time.Millisecond)
 	msgs := make([]*nats.Msg, 10)
 	for i := range msgs {
@@ -196,24 +197,32 @@ func TestAckTimeoutWithAFullWindowAndNoDeadline(t *testing.T) {
 }
 
 // The ack timeout counts from each message's publish, not from the batch's
-// start: a message published once the window freed up still gets the whole
-// timeout for its PubAck, and one JetStream answers is stored.
+// start or the timer's last setting: with a window of 1, the second message
+// goes out when the first is answered, 150 ms in, and waits its whole
+// 300 ms for a PubAck that never comes.
 func TestAckTimeoutCountsFromEachPublish(t *testing.T) {
-	nc := silent(t)
+	nc, _ := silent(t)
+	slow, err := nc.Subscribe("slow.>", func(m *nats.Msg) {
+		time.Sleep(150 * time.Millisecond)
+		m.Respond([]byte(`{"stream":"STORED", "seq":1}`)) //nolint:errcheck
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Unsubscribe() //nolint:errcheck
 	p := New(nc, "STORED", 1, 300*time.Millisecond)
-	// The first waits 300ms and fails; the second goes out then and is
-	// answered at once; the third likewise times out.
-	msgs := []*nats.Msg{nats.NewMsg("silent.a"), nats.NewMsg("stored.b"), nats.NewMsg("silent.c")}
+	msgs := []*nats.Msg{nats.NewMsg("slow.a"), nats.NewMsg("silent.b")}
 	start := time.Now()
 	errs := publishAll(t, context.Background(), p, msgs, 10*time.Second)
-	if !errors.Is(errs[0], jetstream.ErrAsyncPublishTimeout) || !errors.Is(errs[2], jetstream.ErrAsyncPublishTimeout) {
-		t.Errorf("silent messages: errors %v and %v, want jetstream.ErrAsyncPublishTimeout", errs[0], errs[2])
+	took := time.Since(start)
+	if errs[0] != nil {
+		t.Errorf("message answered after 150ms: error %v, want nil", errs[0])
 	}
-	if errs[1] != nil {
-		t.Errorf("stored message: error %v, want nil", errs[1])
+	if !errors.Is(errs[1], jetstream.ErrAsyncPublishTimeout) {
+		t.Errorf("silent message: error %v, want jetstream.ErrAsyncPublishTimeout", errs[1])
 	}
-	if took := time.Since(start); took < 550*time.Millisecond {
-		t.Errorf("Publish took %v: the third message did not get its own 300ms", took)
+	if took < 440*time.Millisecond {
+		t.Errorf("Publish took %v: the second message, out at 150ms, did not get its own 300ms", took)
 	}
 }
 
@@ -221,7 +230,7 @@ func TestAckTimeoutCountsFromEachPublish(t *testing.T) {
 // not, and what waits for its PubAck fails, without waiting for the ack
 // timeout.
 func TestDoneCtxStopsTheBatch(t *testing.T) {
-	nc := silent(t)
+	nc, sub := silent(t)
 	p := New(nc, "STORED", 2, time.Minute)
 	msgs := make([]*nats.Msg, 5)
 	for i := range msgs {
@@ -235,7 +244,73 @@ func TestDoneCtxStopsTheBatch(t *testing.T) {
 			t.Errorf("message %d: error %v, want it to wrap context.DeadlineExceeded", i, err)
 		}
 	}
+	for i := 3; i < 5; i++ {
+		if !strings.Contains(errs[i].Error(), "not published") {
+			t.Errorf("message %d: error %v, want \"not published\"", i, errs[i])
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The window's two, and the third that waited for room in vain.
+	if n, _, _ := sub.Pending(); n != 2 {
+		t.Errorf("%d messages went out, want the window's 2", n)
+	}
 	if got := len(p.window); got != 0 {
 		t.Errorf("%d window slots still taken after the batch", got)
+	}
+}
+
+// A lookup asks once per subject, and not again in the batch after
+// JetStream failed to answer one: here a responder that is not JetStream
+// answers with an error.
+func TestLookupStopsAskingWhenJetStreamDoesNotAnswer(t *testing.T) {
+	nc, _ := silent(t)
+	var asked atomic.Int64
+	// A client whose JetStream API is under a prefix that a plain
+	// responder answers with an error, as a server without JetStream does.
+	other, err := nats.Connect(nc.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	js, err := jetstream.NewWithAPIPrefix(other, "$FAKE.API")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := nc.Subscribe("$FAKE.API.STREAM.NAMES", func(m *nats.Msg) {
+		asked.Add(1)
+		m.Respond([]byte(`{"error":{"code":503,"err_code":10039,"description":"jetstream not enabled"}}`)) //nolint:errcheck
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	l := NewLookup(js)
+	for _, subject := range []string{"a.x", "a.x", "b.y", "c.z"} {
+		if l.NoStream(context.Background(), subject) {
+			t.Errorf("NoStream(%q) = true, want false: JetStream did not say", subject)
+		}
+	}
+	if n := asked.Load(); n != 1 {
+		t.Errorf("asked %d times, want 1", n)
+	}
+
+	// Against the real API: once per subject.
+	real, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = NewLookup(real)
+	for _, c := range []struct {
+		subject string
+		none    bool
+	}{{"stored.a", false}, {"nowhere.a", true}, {"nowhere.a", true}} {
+		if got := l.NoStream(context.Background(), c.subject); got != c.none {
+			t.Errorf("NoStream(%q) = %v, want %v", c.subject, got, c.none)
+		}
 	}
 }

@@ -131,7 +131,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 	}
 	dup := make([]bool, len(msgs))
 	s.pub.Publish(ctx, out, results, dup)
-	known := map[string]bool{}
+	lookup := jspub.NewLookup(s.js)
 	for i, m := range out {
 		switch {
 		case m == nil:
@@ -140,30 +140,19 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 				s.cfg.OnDuplicate()
 			}
 		default:
-			results[i] = s.noStream(ctx, msgs[i], classify(results[i]), known)
+			results[i] = s.noStream(ctx, msgs[i], classify(results[i]), lookup)
 		}
 	}
 }
 
 // noStream turns "no responders" into a permanent error when no stream
 // captures the message's subject at all. The same answer also comes while
-// JetStream restarts; then the stream lookup fails too and err stands. A
-// batch asks once per subject (known holds the answers so far): a restart
-// answers every message of the batch so.
-func (s *Sink) noStream(ctx context.Context, m *relay.Message, err error, known map[string]bool) error {
+// JetStream restarts; then the stream lookup fails too and err stands.
+func (s *Sink) noStream(ctx context.Context, m *relay.Message, err error, lookup *jspub.Lookup) error {
 	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
 		return err
 	}
-	subject := s.Subject(m.Topic)
-	none, ok := known[subject]
-	if !ok {
-		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, lerr := s.js.StreamNameBySubject(lctx, subject)
-		cancel()
-		none = errors.Is(lerr, jetstream.ErrStreamNotFound)
-		known[subject] = none
-	}
-	if none {
+	if subject := s.Subject(m.Topic); lookup.NoStream(ctx, subject) {
 		return relay.Permanent("nats: no stream captures subject %q", subject)
 	}
 	return err
