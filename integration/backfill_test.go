@@ -89,6 +89,26 @@ func (e *env) backfillCmd(args ...string) *exec.Cmd {
 	return cmd
 }
 
+// startBackfill starts `relayd backfill` with args (through amqpURL, unless
+// ""), its output going to the buffer returned, and its exit to the
+// channel; the test's end kills it if it still runs.
+func (e *env) startBackfill(t *testing.T, amqpURL string, args ...string) (*exec.Cmd, *syncBuffer, <-chan error) {
+	t.Helper()
+	cmd := e.backfillCmd(args...)
+	if amqpURL != "" {
+		cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+amqpURL)
+	}
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return cmd, out, done
+}
+
 // backfillWithin runs `relayd backfill` with args and returns its output
 // and error; a run still going after d (stalled) fails the test.
 func (e *env) backfillWithin(t *testing.T, d time.Duration, args ...string) ([]byte, error) {
@@ -179,14 +199,7 @@ func TestBackfillExactlyOnceThroughKills(t *testing.T) {
 
 	var final backfill.Summary
 	for kill := 1; ; kill++ {
-		cmd := e.backfillCmd("--prefetch", "500")
-		var out syncBuffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
+		cmd, out, done := e.startBackfill(t, "", "--prefetch", "500")
 		if kill <= 2 {
 			target := uint64(1000 + kill*15_000)
 			testenv.Eventually(t, 2*time.Minute, func() bool { return e.streamCount() >= target }, "backfill run %d made no progress:\n%s", kill, out.String())
@@ -494,16 +507,7 @@ func TestBackfillLimitHoldsAcrossAConnectionCut(t *testing.T) {
 	}
 	e.legacyPublish(msgs, "orders.limit")
 
-	cmd := e.backfillCmd("--limit", fmt.Sprint(limit), "--rate", "1000", "--prefetch", "50")
-	cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+amqpURL)
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() { cmd.Process.Kill() })
+	_, out, done := e.startBackfill(t, amqpURL, "--limit", fmt.Sprint(limit), "--rate", "1000", "--prefetch", "50")
 
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() >= 300 }, "stuck before the cut:\n%s", out.String())
 	proxy.Stop() // the connection drops; unacked deliveries return to the queue
@@ -554,20 +558,7 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 	}
 	e.legacyPublish(msgs, "orders.restart")
 
-	run := func(args ...string) (*exec.Cmd, *syncBuffer, chan error) {
-		cmd := e.backfillCmd(args...)
-		cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+amqpURL)
-		out := &syncBuffer{}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		t.Cleanup(func() { cmd.Process.Kill() })
-		return cmd, out, done
-	}
-	cmd, out, done := run("--rate", "4000", "--prefetch", "200")
+	cmd, out, done := e.startBackfill(t, amqpURL, "--rate", "4000", "--prefetch", "200")
 	atLeast := func(n uint64, what string) {
 		t.Helper()
 		testenv.Eventually(t, 60*time.Second, func() bool { return e.streamCount() >= n }, "%s: stuck below %d:\n%s", what, n, out.String())
@@ -602,7 +593,7 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 		t.Fatalf("SIGINT came too late to test a rerun: queue %d, summary %+v", n, first)
 	}
 
-	_, out2, done2 := run()
+	_, out2, done2 := e.startBackfill(t, amqpURL)
 	if err := <-done2; err != nil {
 		t.Fatalf("rerun: %v\n%s", err, out2.String())
 	}
