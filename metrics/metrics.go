@@ -139,12 +139,12 @@ func Reason(err error) string {
 		return "permanent"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
+	case errors.Is(err, amqpsink.ErrNacked): // comes as ErrUnavailable too
+		return "nacked"
 	case errors.Is(err, relay.ErrUnavailable):
 		return "unavailable"
 	case errors.Is(err, amqpsink.ErrReturned):
 		return "returned"
-	case errors.Is(err, amqpsink.ErrNacked):
-		return "nacked"
 	default:
 		return "rejected"
 	}

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/relay/amqpsink"
 )
 
 func TestOutboxGauges(t *testing.T) {
@@ -106,6 +108,8 @@ func TestReason(t *testing.T) {
 	}{
 		{relay.Permanent("x"), "permanent"},
 		{relay.Unavailable(errTest("down")), "unavailable"},
+		{relay.Unavailable(amqpsink.ErrNacked), "nacked"},
+		{fmt.Errorf("%w: no queue", amqpsink.ErrReturned), "returned"},
 		{errTest("whatever"), "rejected"},
 	} {
 		if got := Reason(tc.err); got != tc.want {

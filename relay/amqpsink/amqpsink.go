@@ -401,7 +401,12 @@ func badHeaders(h map[string]string) string {
 // ErrReturned is a message RabbitMQ could not route to any queue.
 var ErrReturned = errors.New("amqp: returned unroutable")
 
-// ErrNacked is a message RabbitMQ refused to take responsibility for.
+// ErrNacked is a message RabbitMQ refused to take responsibility for. It
+// comes wrapped as relay.ErrUnavailable: RabbitMQ nacks a message when a
+// queue it is routed to is full and set to refuse (x-overflow
+// reject-publish), or when a queue's process failed — the broker's state,
+// not the message's. The row waits and is published again, without using up
+// its attempts: a queue full for an hour used to park every row meanwhile.
 var ErrNacked = errors.New("amqp: nacked by broker")
 
 // pending is one published message awaiting its confirm.
@@ -649,7 +654,7 @@ func (p *pending) confirm(ack bool) {
 	case p.returned != "":
 		p.resolve(fmt.Errorf("%w: %s", ErrReturned, p.returned))
 	case !ack:
-		p.resolve(ErrNacked)
+		p.resolve(relay.Unavailable(ErrNacked))
 	default:
 		p.resolve(nil)
 	}

@@ -119,6 +119,49 @@ func requireRouting(t *testing.T, msgs []*relay.Message, results []error, unrout
 	}
 }
 
+// A queue that is full and refuses new messages (x-overflow
+// reject-publish) has RabbitMQ nack them: the broker's state, not the
+// message's. A nack is relay.ErrUnavailable (and amqpsink.ErrNacked), so it
+// does not use up the row's attempts; once the queue has room, the same
+// messages are confirmed.
+func TestNackFromAFullQueueIsUnavailable(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t)
+	conn, err := amqp.Dial(testenv.AMQPURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := e.queue + "_full"
+	if _, err := ch.QueueDeclare(full, true, false, false, false, amqp.Table{"x-max-length": int32(2), "x-overflow": "reject-publish"}); err != nil {
+		t.Fatal(err)
+	}
+	defer ch.QueueDelete(full, false, false, false) //nolint:errcheck // the test's own queue
+	if err := ch.QueueBind(full, sinktest.TopicPrefix+"full.#", e.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	msgs := sinktest.Messages("full", 5)
+	// One batch each, in order: which two of a batch the queue takes would
+	// be RabbitMQ's choice.
+	for i, m := range msgs {
+		err := sinktest.Publish(t, e.sink, 20*time.Second, []*relay.Message{m})[0]
+		switch {
+		case i < 2 && err != nil:
+			t.Fatalf("message %d, queue not full yet: %v", i, err)
+		case i >= 2 && (!errors.Is(err, amqpsink.ErrNacked) || !errors.Is(err, relay.ErrUnavailable) || relay.IsPermanent(err)):
+			t.Errorf("message %d into the full queue: %v, want an error wrapping relay.ErrUnavailable and amqpsink.ErrNacked", i, err)
+		}
+	}
+	if _, err := ch.QueuePurge(full, false); err != nil {
+		t.Fatal(err)
+	}
+	sinktest.RequireAllNil(t, msgs[2:4], sinktest.Publish(t, e.sink, 20*time.Second, msgs[2:4]))
+}
+
 // A routing key over AMQP's 255-byte limit is permanent; the batch's other
 // messages are published.
 func TestLongRoutingKeyIsPermanent(t *testing.T) {

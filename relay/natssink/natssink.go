@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -176,6 +177,19 @@ const (
 	errCodeStreamMismatch = 10060 // expected stream does not match
 )
 
+// JetStream API error codes of a stream or server out of room: the broker's
+// state, not the message's. A stream with DiscardNew at its MaxMsgs,
+// MaxBytes or MaxMsgsPerSubject refuses every new message ("maximum messages
+// exceeded": 10077, the store's refusal, which also covers a failing disk)
+// until its consumers or MaxAge make room; a server or account past its
+// memory or storage limits, likewise.
+var outOfRoomCodes = []jetstream.ErrorCode{
+	10023, // insufficient resources
+	10028, // insufficient memory resources available
+	10047, // insufficient storage resources available
+	10077, // the store refused the message: maximum messages / bytes / messages per subject exceeded
+}
+
 // badHeaders says why NATS refuses one of h's keys, or "".
 func badHeaders(h map[string]string) string {
 	return headers.First(h, func(k, _ string) string { return cmp.Or(headers.NATSKeyReason(k), headers.NATSReservedReason(k)) })
@@ -188,6 +202,13 @@ func classify(err error) error {
 		return relay.Permanent("nats: %v", err)
 	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadHeaderMsg):
 		return relay.Permanent("nats: %v", err)
+	case errors.As(err, &apiErr) && slices.Contains(outOfRoomCodes, apiErr.ErrorCode):
+		// Out of room: an outage, which does not use up the row's
+		// attempts. Counted as attempts, a stream full for an hour parked
+		// every row that came meanwhile; now they wait, the target is
+		// paused while every publish of a batch fails so, and /readyz and
+		// the lag say why.
+		return relay.Unavailable(fmt.Errorf("nats: stream or server out of room: %w", err))
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("nats: %w", err) // a per-message refusal: retry later
 	default:

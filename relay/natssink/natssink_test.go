@@ -508,3 +508,61 @@ func TestNoStreamIsAskedOncePerSubject(t *testing.T) {
 		t.Errorf("JetStream asked %d times which stream captures the batch's 2 subjects, want 2", n)
 	}
 }
+
+// A stream with DiscardNew at its limit refuses every new message until it
+// has room: the broker's state, not the message's. Such a refusal is an
+// outage (relay.ErrUnavailable), which does not count as one of the row's
+// attempts and never parks it — on the shared server (the version the
+// project runs) and the embedded one — and the messages go in once there is
+// room.
+func TestFullStreamIsUnavailable(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		setup func(*testing.T) *env
+	}{{"Shared", setupShared}, {"Embedded", setupEmbedded}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setupReady(t, tc.setup(t))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			limit := func(maxMsgs, maxPerSubject int64) {
+				t.Helper()
+				s, err := e.js.Stream(ctx, e.stream)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg := s.CachedInfo().Config
+				cfg.MaxMsgs, cfg.MaxMsgsPerSubject, cfg.Discard = maxMsgs, maxPerSubject, jetstream.DiscardNew
+				cfg.DiscardNewPerSubject = maxPerSubject > 0
+				if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			limit(2, -1)
+			msgs := sinktest.Messages("full", 4)
+			results := sinktest.Publish(t, e.sink, 10*time.Second, msgs)
+			sinktest.RequireAllNil(t, msgs[:2], results[:2])
+			for i, err := range results[2:] {
+				if !errors.Is(err, relay.ErrUnavailable) || relay.IsPermanent(err) || !strings.Contains(err.Error(), "maximum messages exceeded") {
+					t.Errorf("message %d into a full stream: %v, want relay.ErrUnavailable saying maximum messages exceeded", i+2, err)
+				}
+			}
+
+			// Per subject, the same.
+			limit(-1, 1)
+			one := sinktest.Messages("full.subject", 2)
+			one[1].Topic = one[0].Topic
+			results = sinktest.Publish(t, e.sink, 10*time.Second, one)
+			if results[0] != nil || !errors.Is(results[1], relay.ErrUnavailable) {
+				t.Errorf("second message on a subject at MaxMsgsPerSubject 1 with DiscardNew: %v, %v; want nil, relay.ErrUnavailable", results[0], results[1])
+			}
+
+			// Room again: the refused ones go in, each once.
+			limit(-1, -1)
+			again := append(msgs[2:], one[1])
+			sinktest.RequireAllNil(t, again, sinktest.Publish(t, e.sink, 10*time.Second, again))
+			sinktest.WaitArrived(t, e, append(msgs, one...))
+		})
+	}
+}
