@@ -52,7 +52,7 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 			Name: "relayd_published_total", Help: "Messages confirmed by the broker, per target.",
 		}, []string{"target"})).(*prometheus.CounterVec),
 		errors: f(prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "relayd_publish_errors_total", Help: "Failed publishes, per target and reason (unavailable, timeout, returned, nacked, rejected, permanent).",
+			Name: "relayd_publish_errors_total", Help: "Failed publishes, per target and reason (unavailable, timeout, full, returned, nacked, rejected, permanent).",
 		}, []string{"target", "reason"})).(*prometheus.CounterVec),
 		parked: f(prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "relayd_parked_total", Help: "Rows parked by this process, per target.",
@@ -139,12 +139,14 @@ func Reason(err error) string {
 		return "permanent"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
-	case errors.Is(err, amqpsink.ErrNacked): // comes as ErrUnavailable too
-		return "nacked"
+	case errors.Is(err, relay.ErrOutOfRoom):
+		return "full"
 	case errors.Is(err, relay.ErrUnavailable):
 		return "unavailable"
 	case errors.Is(err, amqpsink.ErrReturned):
 		return "returned"
+	case errors.Is(err, amqpsink.ErrNacked):
+		return "nacked"
 	default:
 		return "rejected"
 	}

@@ -108,7 +108,8 @@ func TestReason(t *testing.T) {
 	}{
 		{relay.Permanent("x"), "permanent"},
 		{relay.Unavailable(errTest("down")), "unavailable"},
-		{relay.Unavailable(amqpsink.ErrNacked), "nacked"},
+		{relay.OutOfRoom(errTest("maximum messages exceeded")), "full"},
+		{amqpsink.ErrNacked, "nacked"},
 		{fmt.Errorf("%w: no queue", amqpsink.ErrReturned), "returned"},
 		{errTest("whatever"), "rejected"},
 	} {

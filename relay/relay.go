@@ -808,6 +808,12 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 				outcome[ti], errText[ti] = outcomeParked, err.Error()
 				r.cfg.Metrics.Parked(t)
 				r.log.Warn("row parked", "target", string(t), "id", c.msg.ID, "message_id", c.msg.MessageID, "reason", err.Error())
+			case errors.Is(err, ErrOutOfRoom):
+				// The broker's room, not the row: retry, without using up
+				// attempts, later the longer the row has waited.
+				outcome[ti], errText[ti] = outcomeOutage, err.Error()
+				backoff[ti] = r.roomBackoff(now.Sub(c.msg.CreatedAt))
+				r.cfg.Metrics.PublishFailed(t, err)
 			case errors.Is(err, ErrUnavailable):
 				// The broker, not the row: retry, without using up attempts.
 				outcome[ti], errText[ti] = outcomeOutage, err.Error()
@@ -864,6 +870,16 @@ func (r *Relay) retryBackoff(attempt int32) time.Duration {
 		}
 	}
 	return jitter(d)
+}
+
+// roomBackoff is the wait before a row the broker refused for want of room
+// (ErrOutOfRoom) is published again: half the time it has waited since it
+// was written, between RetryMin and RetryMax, jittered to 50–100%. Its
+// attempts do not count such refusals, so the wait grows with its age
+// instead: from RetryMin to RetryMax in about a dozen retries, then every
+// RetryMax — not every RetryMin for as long as the stream stays full.
+func (r *Relay) roomBackoff(age time.Duration) time.Duration {
+	return jitter(min(max(age/2, r.cfg.RetryMin), r.cfg.RetryMax))
 }
 
 func jitter(d time.Duration) time.Duration {

@@ -715,6 +715,58 @@ func TestMaxAttemptsParksButOutagesDoNotCount(t *testing.T) {
 	}
 }
 
+// A refusal for want of room (a full stream) neither counts as an attempt
+// nor pauses the target: rows wait, retried, and go once the broker has
+// room; a batch of nothing but such refusals leaves the target ready (one
+// full subject must not hold up the others).
+func TestOutOfRoomNeitherParksNorPauses(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	n := newFake(TargetNATS)
+	full := errors.New("nats: API error: code=503 err_code=10077 description=maximum messages exceeded")
+	var room atomic.Bool
+	n.setFail(func(*Message) error {
+		if room.Load() {
+			return nil
+		}
+		return OutOfRoom(full)
+	})
+	ids := f.insert(3, "orders.created")
+	r, _, _ := f.start(Config{Sinks: []Sink{n}, MaxAttempts: 1, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond})
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		for _, id := range ids {
+			if _, tries := n.count(id); tries < 3 {
+				return false
+			}
+		}
+		return true
+	}, "rows not retried")
+	if u := r.Unready(); len(u) > 0 {
+		t.Fatalf("target paused by refusals for room: %v", u)
+	}
+	for _, id := range ids {
+		if s := f.state(id); s.natsParked || s.natsAttempts != 0 || !strings.Contains(s.natsErr, "maximum messages exceeded") {
+			t.Fatalf("%+v: want not parked, no attempt counted, the refusal as the last error", s)
+		}
+	}
+	room.Store(true)
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(ids) }, "rows not delivered once there was room")
+}
+
+// A row refused for want of room waits about half its age before the next
+// try, between RetryMin and RetryMax: its attempts do not grow.
+func TestRoomBackoffGrowsWithAge(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: Config{RetryMin: time.Second, RetryMax: 5 * time.Minute}}
+	for age, want := range map[time.Duration]time.Duration{0: time.Second, time.Second: time.Second, 10 * time.Second: 5 * time.Second, time.Minute: 30 * time.Second, time.Hour: 5 * time.Minute} {
+		for range 20 {
+			if d := r.roomBackoff(age); d < want/2 || d > want {
+				t.Fatalf("age %v: backoff %v, want within [%v, %v]", age, d, want/2, want)
+			}
+		}
+	}
+}
+
 // The headers column, whatever a producer put in it, decodes to a string
 // map or a reason — never a panic, never a silent drop of a value.
 func FuzzDecodeHeaders(f *testing.F) {

@@ -88,10 +88,12 @@ type Message struct {
 //     without a verdict by then gets an error wrapping ErrUnavailable
 //     ("unknown: publish again with the same id").
 //   - An error wrapping ErrUnavailable means the broker, not the message, is
-//     the problem (disconnected, timed out). An error of type *PermanentError
-//     means this message can never be published as it is: it is parked. Any
-//     other error is a per-message failure (returned unroutable, nacked) that
-//     is retried with backoff.
+//     the problem (disconnected, timed out). An error wrapping ErrOutOfRoom
+//     means the broker refused the message for want of room (a full stream).
+//     An error of type *PermanentError means this message can never be
+//     published as it is: it is parked. Any other error is a per-message
+//     failure (returned unroutable, nacked) that is retried with backoff and
+//     counts toward MaxAttempts.
 //   - Publishing the same MessageID again must be safe: the broker or the
 //     consumer dedupes by it.
 //   - Publish and Ready are safe for concurrent use; callers publish several
@@ -130,6 +132,20 @@ func AwaitingConfirm(err error) error {
 // ErrUnavailable marks a failure of the broker or the connection to it: the
 // outcome of the publish is unknown and it will be retried.
 var ErrUnavailable = errors.New("broker unavailable")
+
+// ErrOutOfRoom marks a message the broker refused for want of room — a
+// JetStream stream at its limits with DiscardNew, an account or server out
+// of storage — which it will take once it has room: the broker's state, not
+// the message's. The row waits, retried after a backoff that grows with its
+// age, and never uses up its attempts (a stream full for an hour would park
+// every row that came meanwhile). It does not pause the target: with one
+// subject full, the others go on.
+var ErrOutOfRoom = errors.New("broker out of room")
+
+// OutOfRoom wraps err as ErrOutOfRoom.
+func OutOfRoom(err error) error {
+	return fmt.Errorf("%w: %w", ErrOutOfRoom, err)
+}
 
 // PermanentError is a message that the broker will never accept as it is
 // (an invalid subject, a payload over the broker's limit, headers that are

@@ -401,12 +401,14 @@ func badHeaders(h map[string]string) string {
 // ErrReturned is a message RabbitMQ could not route to any queue.
 var ErrReturned = errors.New("amqp: returned unroutable")
 
-// ErrNacked is a message RabbitMQ refused to take responsibility for. It
-// comes wrapped as relay.ErrUnavailable: RabbitMQ nacks a message when a
-// queue it is routed to is full and set to refuse (x-overflow
-// reject-publish), or when a queue's process failed — the broker's state,
-// not the message's. The row waits and is published again, without using up
-// its attempts: a queue full for an hour used to park every row meanwhile.
+// ErrNacked is a message RabbitMQ refused to take responsibility for: a
+// queue it was routed to is full and set to refuse (x-overflow
+// reject-publish), or a queue's process failed. It counts as one of the
+// row's attempts, unlike JetStream's refusals for want of room
+// (relay.ErrOutOfRoom): a nack says neither which it was nor which queue —
+// a message routed to several queues is in the others already, and each
+// publish again puts another copy there — so the retries back off and end,
+// parked, after MaxAttempts (RELAY_MAX_ATTEMPTS=0: never).
 var ErrNacked = errors.New("amqp: nacked by broker")
 
 // pending is one published message awaiting its confirm.
@@ -654,7 +656,7 @@ func (p *pending) confirm(ack bool) {
 	case p.returned != "":
 		p.resolve(fmt.Errorf("%w: %s", ErrReturned, p.returned))
 	case !ack:
-		p.resolve(relay.Unavailable(ErrNacked))
+		p.resolve(ErrNacked)
 	default:
 		p.resolve(nil)
 	}

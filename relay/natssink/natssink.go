@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -133,6 +132,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 	dup := make([]bool, len(msgs))
 	s.pub.Publish(ctx, out, results, dup)
 	lookup := jspub.NewLookup(s.js)
+	maxBytes := int64(-1)
 	for i, m := range out {
 		switch {
 		case m == nil:
@@ -142,8 +142,44 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			}
 		default:
 			results[i] = s.noStream(ctx, msgs[i], classify(results[i]), lookup)
+			if s.tooLarge(ctx, m, results[i], &maxBytes) {
+				results[i] = relay.Permanent("nats: message of about %d bytes is larger than stream %s's MaxBytes %d", storedSize(m), s.cfg.Stream, maxBytes)
+			}
 		}
 	}
+}
+
+// tooLarge reports whether err is the stream's "maximum bytes exceeded"
+// for a message larger than the stream's MaxBytes, which no room will fit:
+// parked, not held. *maxBytes is the stream's MaxBytes, looked up on the
+// first such refusal of the batch (-1 until then; 0 when the lookup failed:
+// then the refusal stands, and the row is retried).
+func (s *Sink) tooLarge(ctx context.Context, m *nats.Msg, err error, maxBytes *int64) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed || apiErr.Description != descMaxBytes {
+		return false
+	}
+	if *maxBytes < 0 {
+		*maxBytes = 0
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if st, err := s.js.Stream(lctx, s.cfg.Stream); err == nil {
+			*maxBytes = st.CachedInfo().Config.MaxBytes
+		}
+	}
+	return *maxBytes > 0 && storedSize(m) > *maxBytes
+}
+
+// storedSize is about what the stream's store counts for m: its subject,
+// headers and data, and a record's overhead.
+func storedSize(m *nats.Msg) int64 {
+	n := int64(len(m.Subject)+len(m.Data)) + 30 + int64(len("NATS/1.0\r\n\r\n"))
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			n += int64(len(k) + len(v) + 4)
+		}
+	}
+	return n
 }
 
 // noStream turns "no responders" into a permanent error when no stream
@@ -177,17 +213,36 @@ const (
 	errCodeStreamMismatch = 10060 // expected stream does not match
 )
 
-// JetStream API error codes of a stream or server out of room: the broker's
-// state, not the message's. A stream with DiscardNew at its MaxMsgs,
-// MaxBytes or MaxMsgsPerSubject refuses every new message ("maximum messages
-// exceeded": 10077, the store's refusal, which also covers a failing disk)
-// until its consumers or MaxAge make room; a server or account past its
-// memory or storage limits, likewise.
-var outOfRoomCodes = []jetstream.ErrorCode{
-	10023, // insufficient resources
-	10028, // insufficient memory resources available
-	10047, // insufficient storage resources available
-	10077, // the store refused the message: maximum messages / bytes / messages per subject exceeded
+// JetStream's refusals of a publish for want of room: the broker's state,
+// not the message's (relay.ErrOutOfRoom). A stream with DiscardNew at its
+// MaxMsgs, MaxBytes or MaxMsgsPerSubject refuses new messages until its
+// consumers or MaxAge make room: the store's refusal, 10077, with the
+// store's reason as the description (10077 with any other reason — a
+// message too large for the store, a failing disk — is not room); an
+// account or a server past its storage limits refuses with 10002 or 10023.
+const (
+	errCodeAccountResources = 10002 // resource limits exceeded for account
+	errCodeInsufficient     = 10023 // insufficient resources
+	errCodeStoreFailed      = 10077 // the store's reason as the description
+)
+
+// The store's reasons (10077) that are room. descMaxBytes also comes for a
+// message larger than the stream's MaxBytes, which no room will fit (see
+// Sink.tooLarge).
+const (
+	descMaxMsgs           = "maximum messages exceeded"
+	descMaxBytes          = "maximum bytes exceeded"
+	descMaxMsgsPerSubject = "maximum messages per subject exceeded"
+)
+
+func outOfRoom(e *jetstream.APIError) bool {
+	switch e.ErrorCode {
+	case errCodeAccountResources, errCodeInsufficient:
+		return true
+	case errCodeStoreFailed:
+		return e.Description == descMaxMsgs || e.Description == descMaxBytes || e.Description == descMaxMsgsPerSubject
+	}
+	return false
 }
 
 // badHeaders says why NATS refuses one of h's keys, or "".
@@ -202,13 +257,8 @@ func classify(err error) error {
 		return relay.Permanent("nats: %v", err)
 	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadHeaderMsg):
 		return relay.Permanent("nats: %v", err)
-	case errors.As(err, &apiErr) && slices.Contains(outOfRoomCodes, apiErr.ErrorCode):
-		// Out of room: an outage, which does not use up the row's
-		// attempts. Counted as attempts, a stream full for an hour parked
-		// every row that came meanwhile; now they wait, the target is
-		// paused while every publish of a batch fails so, and /readyz and
-		// the lag say why.
-		return relay.Unavailable(fmt.Errorf("nats: stream or server out of room: %w", err))
+	case errors.As(err, &apiErr) && outOfRoom(apiErr):
+		return relay.OutOfRoom(fmt.Errorf("nats: %w", err))
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("nats: %w", err) // a per-message refusal: retry later
 	default:

@@ -3,6 +3,7 @@ package natssink_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -509,13 +510,14 @@ func TestNoStreamIsAskedOncePerSubject(t *testing.T) {
 	}
 }
 
-// A stream with DiscardNew at its limit refuses every new message until it
-// has room: the broker's state, not the message's. Such a refusal is an
-// outage (relay.ErrUnavailable), which does not count as one of the row's
-// attempts and never parks it — on the shared server (the version the
-// project runs) and the embedded one — and the messages go in once there is
-// room.
-func TestFullStreamIsUnavailable(t *testing.T) {
+// A stream with DiscardNew at its limits refuses new messages until it has
+// room: the broker's state, not the message's. Such a refusal is
+// relay.ErrOutOfRoom — not a broker outage, not permanent: the row waits
+// without using up its attempts — on the shared server (the version the
+// project runs) and the embedded one, for MaxMsgs, MaxMsgsPerSubject and
+// MaxBytes; the messages go in once there is room. A message larger than
+// the stream's MaxBytes, which no room fits, is permanent.
+func TestFullStreamIsOutOfRoom(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name  string
@@ -526,43 +528,70 @@ func TestFullStreamIsUnavailable(t *testing.T) {
 			e := setupReady(t, tc.setup(t))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			limit := func(maxMsgs, maxPerSubject int64) {
+			limit := func(maxMsgs, maxPerSubject, maxBytes int64) {
 				t.Helper()
 				s, err := e.js.Stream(ctx, e.stream)
 				if err != nil {
 					t.Fatal(err)
 				}
 				cfg := s.CachedInfo().Config
-				cfg.MaxMsgs, cfg.MaxMsgsPerSubject, cfg.Discard = maxMsgs, maxPerSubject, jetstream.DiscardNew
+				cfg.MaxMsgs, cfg.MaxMsgsPerSubject, cfg.MaxBytes, cfg.Discard = maxMsgs, maxPerSubject, maxBytes, jetstream.DiscardNew
 				cfg.DiscardNewPerSubject = maxPerSubject > 0
 				if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
 					t.Fatal(err)
 				}
 			}
-			limit(2, -1)
+			requireOutOfRoom := func(what string, err error, reason string) {
+				t.Helper()
+				if !errors.Is(err, relay.ErrOutOfRoom) || errors.Is(err, relay.ErrUnavailable) || relay.IsPermanent(err) || !strings.Contains(err.Error(), reason) {
+					t.Errorf("%s: %v, want relay.ErrOutOfRoom saying %q", what, err, reason)
+				}
+			}
+			var held, stored []*relay.Message
+
+			limit(2, -1, -1)
 			msgs := sinktest.Messages("full", 4)
 			results := sinktest.Publish(t, e.sink, 10*time.Second, msgs)
 			sinktest.RequireAllNil(t, msgs[:2], results[:2])
 			for i, err := range results[2:] {
-				if !errors.Is(err, relay.ErrUnavailable) || relay.IsPermanent(err) || !strings.Contains(err.Error(), "maximum messages exceeded") {
-					t.Errorf("message %d into a full stream: %v, want relay.ErrUnavailable saying maximum messages exceeded", i+2, err)
-				}
+				requireOutOfRoom(fmt.Sprintf("message %d into a stream at MaxMsgs 2", i+2), err, "maximum messages exceeded")
 			}
+			stored, held = append(stored, msgs...), append(held, msgs[2:]...)
 
-			// Per subject, the same.
-			limit(-1, 1)
+			limit(-1, 1, -1)
 			one := sinktest.Messages("full.subject", 2)
 			one[1].Topic = one[0].Topic
 			results = sinktest.Publish(t, e.sink, 10*time.Second, one)
-			if results[0] != nil || !errors.Is(results[1], relay.ErrUnavailable) {
-				t.Errorf("second message on a subject at MaxMsgsPerSubject 1 with DiscardNew: %v, %v; want nil, relay.ErrUnavailable", results[0], results[1])
-			}
+			sinktest.RequireAllNil(t, one[:1], results[:1])
+			requireOutOfRoom("second message on a subject at MaxMsgsPerSubject 1", results[1], "maximum messages per subject exceeded")
+			stored, held = append(stored, one...), append(held, one[1])
 
-			// Room again: the refused ones go in, each once.
-			limit(-1, -1)
-			again := append(msgs[2:], one[1])
-			sinktest.RequireAllNil(t, again, sinktest.Publish(t, e.sink, 10*time.Second, again))
-			sinktest.WaitArrived(t, e, append(msgs, one...))
+			// MaxBytes: what the stream holds now and a little more. A
+			// message larger than the whole stream is permanent.
+			s, err := e.js.Stream(ctx, e.stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := s.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			limit(-1, -1, int64(info.State.Bytes)+2048)
+			bytes := sinktest.Messages("full.bytes", 2)
+			bytes[0].Payload = make([]byte, 4096)
+			bytes[1].Payload = make([]byte, 2500)
+			results = sinktest.Publish(t, e.sink, 10*time.Second, bytes)
+			var pe *relay.PermanentError
+			if !errors.As(results[0], &pe) || !strings.Contains(pe.Reason, "MaxBytes") {
+				t.Errorf("message larger than the stream's MaxBytes: %v, want permanent, naming MaxBytes", results[0])
+			}
+			requireOutOfRoom("message over what is left of MaxBytes", results[1], "maximum bytes exceeded")
+			stored, held = append(stored, bytes[1]), append(held, bytes[1])
+
+			// Room again: the held ones go in, each once.
+			limit(-1, -1, -1)
+			sinktest.RequireAllNil(t, held, sinktest.Publish(t, e.sink, 10*time.Second, held))
+			sinktest.WaitArrived(t, e, stored)
 		})
 	}
 }
