@@ -79,7 +79,7 @@ func TestSmoke(t *testing.T) {
 		keys[key] = true
 		// The ceilings the burn-downs and the backfill are set against
 		// are the best of two samples taken apart.
-		if key == ceilJetStream || key == ceilPostgres || key == ceilAMQPRelayd {
+		if key == ceilJetStream || key == ceilPostgres || key == ceilAMQPRelayd || key == ceilAMQPConsume {
 			if samples, _ := cm["samples_per_second"].([]any); len(samples) != 2 {
 				t.Errorf("ceiling %s: samples %v, want 2", key, cm["samples_per_second"])
 			}
