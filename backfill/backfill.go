@@ -190,9 +190,13 @@ type runner struct {
 	depth0  int64
 
 	moved, already, derived, dead, failed, requeued atomic.Int64
+	lastRequeue                                     atomic.Int64 // unix ns
 
 	mu       sync.Mutex
 	seenHeld map[string]bool // ids refused for good and held this run
+	// refusing: batches in a row of which JetStream took nothing and
+	// refused some for now (a full stream, JetStream down); see retryWait.
+	refusing int
 }
 
 func (b *runner) summary() Summary {

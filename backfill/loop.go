@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -184,8 +185,10 @@ func (b *runner) session(ctx context.Context) error {
 			}
 			// Drained: nothing ready on the broker and nothing of ours in
 			// flight. On a queue that keeps receiving (dual write on), that
-			// moment comes as soon as the backfill has caught up.
-			if b.cfg.Follow || inFlight.Load() > 0 {
+			// moment comes as soon as the backfill has caught up. Nor just
+			// after a requeue: RabbitMQ redelivers the message at once, and
+			// on its way back to us it is neither ready nor in flight.
+			if b.cfg.Follow || inFlight.Load() > 0 || time.Since(time.Unix(0, b.lastRequeue.Load())) < requeueSettle {
 				continue
 			}
 			if drained, err := b.drained(conn); err == nil && drained {
@@ -267,6 +270,8 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	known, err := b.known(wctx, items)
 	if err != nil {
 		b.log.Error("backfill: cannot read the relay's record of delivered ids; requeueing", "error", err.Error())
+		d, _ := b.retryWait(false) // not at once: redelivered at once, it would fail the same
+		sleepCtx(ctx, d)
 		for _, it := range items {
 			b.requeue(it)
 		}
@@ -304,7 +309,8 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	}
 	errs := make([]error, len(toPublish))
 	b.pub.Publish(pctx, msgs, errs, make([]bool, len(toPublish)))
-	var moved []*item
+	var moved, retry []*item
+	var retryErr error
 	lookup := jspub.NewLookup(b.js)
 	for i, it := range toPublish {
 		err := errs[i]
@@ -317,7 +323,28 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 			continue
 		}
 		b.log.Debug("backfill: publish failed, requeueing", "message_id", it.id, "error", err.Error())
-		b.requeue(it)
+		retry, retryErr = append(retry, it), cmp.Or(retryErr, err)
+	}
+	// What JetStream refused for now goes back to the queue after a wait:
+	// RabbitMQ redelivers a requeued message at once, and a stream that is
+	// full refuses at once — without the wait, the run spun through the
+	// same messages as fast as the three services could go.
+	defer func() {
+		if len(retry) == 0 {
+			return
+		}
+		d, first := b.retryWait(len(moved) > 0)
+		if first {
+			b.log.Warn("backfill: JetStream refuses the messages for now; requeueing them, after a wait that grows to 5s while it refuses all",
+				"error", retryErr.Error())
+		}
+		sleepCtx(ctx, d)
+		for _, it := range retry {
+			b.requeue(it)
+		}
+	}()
+	if len(retry) == 0 && len(moved) > 0 {
+		b.tookAgain()
 	}
 	if len(moved) == 0 {
 		return
@@ -340,11 +367,61 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	acks.ackAll(done)
 }
 
+// Waits before requeueing what JetStream refused for now.
+const (
+	retryWaitMin = 100 * time.Millisecond
+	retryWaitMax = 5 * time.Second
+)
+
+// retryWait is how long a batch waits before requeueing what it could not
+// move for now: retryWaitMin when JetStream took some of the batch (a
+// subject at its limit, say), else doubling with each such batch in a row
+// up to retryWaitMax. first: the batch starts such a streak.
+func (b *runner) retryWait(tookSome bool) (d time.Duration, first bool) {
+	if tookSome {
+		return retryWaitMin, false
+	}
+	b.mu.Lock()
+	b.refusing++
+	n := b.refusing
+	b.mu.Unlock()
+	d = retryWaitMax
+	if n < 7 {
+		d = min(retryWaitMax, retryWaitMin<<(n-1))
+	}
+	return d, n == 1
+}
+
+// tookAgain ends a streak of batches JetStream refused.
+func (b *runner) tookAgain() {
+	b.mu.Lock()
+	n := b.refusing
+	b.refusing = 0
+	b.mu.Unlock()
+	if n > 0 {
+		b.log.Info("backfill: messages move again", "batches_waited", n)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
 func (b *runner) requeue(it *item) {
 	if err := it.acks.requeue(it.d); err == nil {
 		b.requeued.Add(1)
 	}
+	b.lastRequeue.Store(time.Now().UnixNano())
 }
+
+// requeueSettle is how long after a requeue the queue is not taken as
+// drained: far longer than RabbitMQ takes to redeliver to its consumer.
+const requeueSettle = time.Second
 
 // permanent says why err means JetStream will never take the message, or "".
 // lookup asks JetStream whether a stream captures the subject, once a batch.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/backfill"
@@ -608,5 +609,63 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 	}
 	if len(ids) != total {
 		t.Fatalf("stream has %d ids, want %d", len(ids), total)
+	}
+}
+
+// A stream that is full (DiscardNew at MaxMsgs) refuses the backfill's
+// messages for now: the backfill requeues them after a wait that grows
+// while every batch is refused — not at once, when RabbitMQ redelivered
+// them at once and the run spun through them as fast as the three services
+// could go — says so once, and moves them when the stream has room: every
+// message once.
+func TestBackfillWaitsForAFullStream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	limit := func(maxMsgs int64) {
+		t.Helper()
+		s, err := e.js.Stream(ctx, e.stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := s.CachedInfo().Config
+		cfg.MaxMsgs, cfg.Discard = maxMsgs, jetstream.DiscardNew
+		if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limit(10)
+	var msgs []amqp.Publishing
+	for i := range 30 {
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("full-%d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
+	}
+	e.legacyPublish(msgs, "orders.full")
+
+	_, out, done := e.startBackfill(t, "")
+	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() == 10 }, "the stream never took its 10")
+	time.Sleep(3 * time.Second) // refused meanwhile
+	limit(-1)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("backfill: %v\n%s", err, out.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("backfill still running a minute after the stream had room:\n%s", out.String())
+	}
+	sum := decodeSummary(t, []byte(out.String()))
+	// 20 refused for 3 s: with waits of 0.1, 0.2, 0.4, 0.8, 1.6 s, 5 to 6
+	// rounds of 20.
+	if sum.Moved != 30 || sum.Requeued > 200 {
+		t.Fatalf("summary %+v: want 30 moved and at most 200 requeued", sum)
+	}
+	if n := strings.Count(out.String(), "JetStream refuses the messages for now"); n != 1 {
+		t.Errorf("said %d times that JetStream refuses, want once:\n%s", n, out.String())
+	}
+	ids := e.streamIDs()
+	for i := range 30 {
+		if id := fmt.Sprintf("full-%d", i); ids[id] != 1 {
+			t.Errorf("%s in the stream %d times, want once", id, ids[id])
+		}
 	}
 }
