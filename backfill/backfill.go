@@ -160,7 +160,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return Summary{}, err
 	}
-	b := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(), seenHeld: map[string]bool{}}
+	b := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(), seenHeld: map[string]bool{}, retrying: map[string]int{}}
 	if cfg.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, int(cfg.Rate/10)))
 	}
@@ -194,9 +194,11 @@ type runner struct {
 
 	mu       sync.Mutex
 	seenHeld map[string]bool // ids refused for good and held this run
-	// refusing: batches in a row of which JetStream took nothing and
-	// refused some for now (a full stream, JetStream down); see retryWait.
-	refusing int
+	// retrying: how many times each message could not move for now (a
+	// full stream, JetStream down), until it moves; see retryWait.
+	retrying      map[string]int
+	nRetrying     atomic.Int64 // len(retrying)
+	lastRetryWarn time.Time
 }
 
 func (b *runner) summary() Summary {

@@ -39,12 +39,20 @@ var testHookFlush func(inFlight int64)
 // errLost means the RabbitMQ connection went away mid-run: reconnect.
 var errLost = errors.New("amqp connection lost")
 
+// errNotDrained means the session stopped at a drained queue, then had to
+// requeue messages that came meanwhile: go on.
+var errNotDrained = errors.New("requeued after the drain")
+
 // loop runs sessions, reconnecting with capped backoff, until one ends the
 // run.
 func (b *runner) loop(ctx context.Context) error {
 	backoff := time.Duration(0)
 	for {
 		err := b.session(ctx)
+		if errors.Is(err, errNotDrained) {
+			backoff = 0
+			continue
+		}
 		if !errors.Is(err, errLost) {
 			b.progress()
 			return err
@@ -112,6 +120,10 @@ func (b *runner) session(ctx context.Context) error {
 	)
 	defer checkT.Stop()
 	defer flushT.Stop()
+	// taken: deliveries toward Limit, less those requeued to try again
+	// (they come back, and count then).
+	requeued0 := b.requeued.Load()
+	taken := func() int64 { return reserved - (b.requeued.Load() - requeued0) }
 	flush := func() {
 		if len(batch) == 0 {
 			return
@@ -155,7 +167,7 @@ func (b *runner) session(ctx context.Context) error {
 				}
 				return fmt.Errorf("%w: consumer closed", errLost)
 			}
-			if b.cfg.Limit > 0 && reserved >= b.cfg.Limit {
+			if b.cfg.Limit > 0 && taken() >= b.cfg.Limit {
 				acks.requeue(d) //nolint:errcheck // beyond the limit: back to the queue
 				stop(nil)
 				continue
@@ -173,7 +185,7 @@ func (b *runner) session(ctx context.Context) error {
 			flush()
 		case <-checkT.C:
 			flush()
-			if b.cfg.Limit > 0 && reserved >= b.cfg.Limit && inFlight.Load() == 0 {
+			if b.cfg.Limit > 0 && taken() >= b.cfg.Limit && inFlight.Load() == 0 {
 				stop(nil)
 				continue
 			}
@@ -217,12 +229,17 @@ func (b *runner) session(ctx context.Context) error {
 		}
 	}
 	if drainedStop {
+		requeued := b.requeued.Load()
 		for len(late) > 0 {
 			n := min(len(late), batchMax)
 			b.process(ctx, acks, late[:n], dlq)
 			late = late[n:]
 		}
 		b.progress()
+		if b.requeued.Load() > requeued && ctx.Err() == nil {
+			// Some could not move for now and went back: not drained.
+			return errNotDrained
+		}
 	}
 	for _, d := range late {
 		acks.requeue(d) //nolint:errcheck // returned to the queue
@@ -270,8 +287,7 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	known, err := b.known(wctx, items)
 	if err != nil {
 		b.log.Error("backfill: cannot read the relay's record of delivered ids; requeueing", "error", err.Error())
-		d, _ := b.retryWait(false) // not at once: redelivered at once, it would fail the same
-		sleepCtx(ctx, d)
+		sleepCtx(ctx, b.retryWait(items, err)) // not at once: redelivered at once, it would fail the same
 		for _, it := range items {
 			b.requeue(it)
 		}
@@ -333,22 +349,15 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 		if len(retry) == 0 {
 			return
 		}
-		d, first := b.retryWait(len(moved) > 0)
-		if first {
-			b.log.Warn("backfill: JetStream refuses the messages for now; requeueing them, after a wait that grows to 5s while it refuses all",
-				"error", retryErr.Error())
-		}
-		sleepCtx(ctx, d)
+		sleepCtx(ctx, b.retryWait(retry, retryErr))
 		for _, it := range retry {
 			b.requeue(it)
 		}
 	}()
-	if len(retry) == 0 && len(moved) > 0 {
-		b.tookAgain()
-	}
 	if len(moved) == 0 {
 		return
 	}
+	b.movedAfterAll(moved)
 	// Record before acking: a crash between the two then costs a skip on
 	// the rerun, not a duplicate. A failed record does not stop the ack —
 	// once acked, the message cannot come back.
@@ -367,40 +376,55 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	acks.ackAll(done)
 }
 
-// Waits before requeueing what JetStream refused for now.
+// Waits before requeueing a message that could not move for now: 100 ms,
+// doubling with each time the same message could not, up to 5 s.
 const (
 	retryWaitMin = 100 * time.Millisecond
 	retryWaitMax = 5 * time.Second
+	// retryWarnEvery spaces the warnings while messages cannot move.
+	retryWarnEvery = 30 * time.Second
+	// maxRetrying bounds the messages whose refusals are counted; past it,
+	// a refusal waits retryWaitMin.
+	maxRetrying = 100000
 )
 
-// retryWait is how long a batch waits before requeueing what it could not
-// move for now: retryWaitMin when JetStream took some of the batch (a
-// subject at its limit, say), else doubling with each such batch in a row
-// up to retryWaitMax. first: the batch starts such a streak.
-func (b *runner) retryWait(tookSome bool) (d time.Duration, first bool) {
-	if tookSome {
-		return retryWaitMin, false
-	}
+// retryWait counts a refusal of each of items, and returns how long the
+// batch waits before requeueing them: the wait of its most refused message.
+// Every retryWarnEvery at most, it says so, with err.
+func (b *runner) retryWait(items []*item, err error) time.Duration {
 	b.mu.Lock()
-	b.refusing++
-	n := b.refusing
-	b.mu.Unlock()
-	d = retryWaitMax
-	if n < 7 {
-		d = min(retryWaitMax, retryWaitMin<<(n-1))
+	defer b.mu.Unlock()
+	most := 0
+	for _, it := range items {
+		n := b.retrying[it.id] + 1
+		if n > 1 || len(b.retrying) < maxRetrying {
+			b.retrying[it.id] = n
+		}
+		most = max(most, n)
 	}
-	return d, n == 1
+	b.nRetrying.Store(int64(len(b.retrying)))
+	if now := time.Now(); now.Sub(b.lastRetryWarn) >= retryWarnEvery {
+		b.lastRetryWarn = now
+		b.log.Warn("backfill: messages cannot move for now; requeueing them after a wait (100 ms, doubling to 5 s for a message refused again)",
+			"messages", len(items), "error", err.Error())
+	}
+	if most >= 7 {
+		return retryWaitMax
+	}
+	return min(retryWaitMax, retryWaitMin<<(most-1))
 }
 
-// tookAgain ends a streak of batches JetStream refused.
-func (b *runner) tookAgain() {
-	b.mu.Lock()
-	n := b.refusing
-	b.refusing = 0
-	b.mu.Unlock()
-	if n > 0 {
-		b.log.Info("backfill: messages move again", "batches_waited", n)
+// movedAfterAll forgets the refusals of items, which moved.
+func (b *runner) movedAfterAll(items []*item) {
+	if b.nRetrying.Load() == 0 {
+		return
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, it := range items {
+		delete(b.retrying, it.id)
+	}
+	b.nRetrying.Store(int64(len(b.retrying)))
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
@@ -436,6 +460,10 @@ func (b *runner) permanent(ctx context.Context, it *item, err error, lookup *jsp
 		return "message exceeds the stream's maximum message size"
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10060:
 		return fmt.Sprintf("subject %q belongs to another stream than %q", it.subject, b.cfg.Stream)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10077:
+		if maxBytes, tooLarge := lookup.TooLarge(ctx, b.cfg.Stream, it.msg, err); tooLarge {
+			return fmt.Sprintf("message of about %d bytes is larger than stream %q's MaxBytes %d", jspub.StoredSize(it.msg), b.cfg.Stream, maxBytes)
+		}
 	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse):
 		// No stream for the subject — or JetStream restarting. Ask.
 		if lookup.NoStream(ctx, it.subject) {

@@ -33,7 +33,7 @@ func TestProcessAcksABatchWithOneFrame(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := &runner{cfg: cfg, log: cfg.Logger, js: st.JS, pub: jspub.New(st.NC, st.Name, 2*cfg.Prefetch, cfg.PublishTimeout),
-		seenHeld: map[string]bool{}}
+		seenHeld: map[string]bool{}, retrying: map[string]int{}}
 
 	// 100 deliveries; every fifth was moved by an earlier run.
 	var ds []amqp.Delivery

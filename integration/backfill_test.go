@@ -614,10 +614,11 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 
 // A stream that is full (DiscardNew at MaxMsgs) refuses the backfill's
 // messages for now: the backfill requeues them after a wait that grows
-// while every batch is refused — not at once, when RabbitMQ redelivered
-// them at once and the run spun through them as fast as the three services
-// could go — says so once, and moves them when the stream has room: every
-// message once.
+// with each refusal — not at once, when RabbitMQ redelivered them at once
+// and the run spun through them as fast as the three services could go —
+// says so once, and moves them when the stream has room: every message
+// once. A message larger than the stream's whole MaxBytes, which no room
+// will fit, is refused for good (held, back in the queue at the end).
 func TestBackfillWaitsForAFullStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -629,13 +630,13 @@ func TestBackfillWaitsForAFullStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := s.CachedInfo().Config
-		cfg.MaxMsgs, cfg.Discard = maxMsgs, jetstream.DiscardNew
+		cfg.MaxMsgs, cfg.MaxBytes, cfg.Discard = maxMsgs, 64<<10, jetstream.DiscardNew
 		if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
 			t.Fatal(err)
 		}
 	}
 	limit(10)
-	var msgs []amqp.Publishing
+	msgs := []amqp.Publishing{{MessageId: "too-big", Body: make([]byte, 100<<10), DeliveryMode: amqp.Persistent}}
 	for i := range 30 {
 		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("full-%d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
 	}
@@ -656,11 +657,14 @@ func TestBackfillWaitsForAFullStream(t *testing.T) {
 	sum := decodeSummary(t, []byte(out.String()))
 	// 20 refused for 3 s: with waits of 0.1, 0.2, 0.4, 0.8, 1.6 s, 5 to 6
 	// rounds of 20.
-	if sum.Moved != 30 || sum.Requeued > 200 {
-		t.Fatalf("summary %+v: want 30 moved and at most 200 requeued", sum)
+	if sum.Moved != 30 || sum.Failed != 1 || sum.Requeued > 200 {
+		t.Fatalf("summary %+v: want 30 moved, 1 failed (too big), at most 200 requeued", sum)
 	}
-	if n := strings.Count(out.String(), "JetStream refuses the messages for now"); n != 1 {
-		t.Errorf("said %d times that JetStream refuses, want once:\n%s", n, out.String())
+	if n, _ := e.queueDepth(e.queue); n != 1 {
+		t.Errorf("%d messages back in the queue, want the one too big", n)
+	}
+	if n := strings.Count(out.String(), "messages cannot move for now"); n != 1 {
+		t.Errorf("said %d times that messages cannot move, want once:\n%s", n, out.String())
 	}
 	ids := e.streamIDs()
 	for i := range 30 {

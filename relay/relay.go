@@ -24,6 +24,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -189,6 +190,10 @@ type Relay struct {
 	wake    kick // rows were committed (NOTIFY), or the listener reconnected
 	drain   kick // a worker's batch came back full: there may be more
 	log     *slog.Logger
+
+	// full: per target and topic, since when the broker has refused its
+	// rows for want of room, without storing one since (see roomBackoff).
+	full fullSince
 
 	// late carries confirms that came after their batch gave up waiting
 	// (LateConfirmer) to recordLate.
@@ -767,8 +772,11 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 			if !c.want[ti] {
 				continue
 			}
-			attempted++
 			err := results[ti][i]
+			if c.badRow == "" && errors.Is(err, ErrOutOfRoom) {
+				continue // the broker's room, not its reach: no say in pausing it
+			}
+			attempted++
 			switch {
 			case c.badRow != "":
 			case err == nil:
@@ -803,6 +811,7 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 			switch {
 			case err == nil:
 				outcome[ti] = outcomeDelivered
+				r.full.stored(ti, c.msg.Topic)
 				r.cfg.Metrics.Published(t, c.msg.CreatedAt)
 			case IsPermanent(err):
 				outcome[ti], errText[ti] = outcomeParked, err.Error()
@@ -812,7 +821,7 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 				// The broker's room, not the row: retry, without using up
 				// attempts, later the longer the row has waited.
 				outcome[ti], errText[ti] = outcomeOutage, err.Error()
-				backoff[ti] = r.roomBackoff(now.Sub(c.msg.CreatedAt))
+				backoff[ti] = r.roomBackoff(now.Sub(r.full.refused(ti, c.msg.Topic, now)))
 				r.cfg.Metrics.PublishFailed(t, err)
 			case errors.Is(err, ErrUnavailable):
 				// The broker, not the row: retry, without using up attempts.
@@ -873,13 +882,59 @@ func (r *Relay) retryBackoff(attempt int32) time.Duration {
 }
 
 // roomBackoff is the wait before a row the broker refused for want of room
-// (ErrOutOfRoom) is published again: half the time it has waited since it
-// was written, between RetryMin and RetryMax, jittered to 50–100%. Its
-// attempts do not count such refusals, so the wait grows with its age
-// instead: from RetryMin to RetryMax in about a dozen retries, then every
-// RetryMax — not every RetryMin for as long as the stream stays full.
-func (r *Relay) roomBackoff(age time.Duration) time.Duration {
-	return jitter(min(max(age/2, r.cfg.RetryMin), r.cfg.RetryMax))
+// (ErrOutOfRoom) is published again, its topic refused for `refused`: half
+// that, between RetryMin and RetryMax, jittered to 50–100%. Such refusals
+// do not count as attempts, so the wait grows with the refusal instead:
+// from RetryMin to RetryMax in about a dozen retries, then every RetryMax —
+// not every RetryMin for as long as the stream stays full, nor, for a row
+// that waited long already (a backlog), RetryMax at the first refusal.
+func (r *Relay) roomBackoff(refused time.Duration) time.Duration {
+	return jitter(min(max(refused/2, r.cfg.RetryMin), r.cfg.RetryMax))
+}
+
+// fullSince is, per target and topic, since when the broker refuses rows
+// for want of room, until it stores one of the topic: in this process (an
+// instance that takes over a topic starts from RetryMin). A stream full
+// with a per-subject limit refuses one topic and stores the others.
+type fullSince struct {
+	n     atomic.Int32 // entries, so that a delivery reads no map while none is full
+	mu    sync.Mutex
+	since [2]map[string]time.Time
+}
+
+// maxFullTopics bounds the topics remembered; past it, a refusal counts
+// from now.
+const maxFullTopics = 10000
+
+// refused notes a refusal of topic by target ti at now, and returns since
+// when its refusals run.
+func (f *fullSince) refused(ti int, topic string, now time.Time) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.since[ti] == nil {
+		f.since[ti] = map[string]time.Time{}
+	}
+	if at, ok := f.since[ti][topic]; ok {
+		return at
+	}
+	if int(f.n.Load()) < maxFullTopics {
+		f.since[ti][topic] = now
+		f.n.Add(1)
+	}
+	return now
+}
+
+// stored ends the refusals of topic by target ti.
+func (f *fullSince) stored(ti int, topic string) {
+	if f.n.Load() == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.since[ti][topic]; ok {
+		delete(f.since[ti], topic)
+		f.n.Add(-1)
+	}
 }
 
 func jitter(d time.Duration) time.Duration {

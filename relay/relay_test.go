@@ -753,17 +753,55 @@ func TestOutOfRoomNeitherParksNorPauses(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(ids) }, "rows not delivered once there was room")
 }
 
-// A row refused for want of room waits about half its age before the next
-// try, between RetryMin and RetryMax: its attempts do not grow.
-func TestRoomBackoffGrowsWithAge(t *testing.T) {
+// Refusals for room have no say in pausing a target: a batch whose other
+// publishes all failed for want of the broker pauses it still.
+func TestOutOfRoomLeavesTheBreakerToTheOthers(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	n := newFake(TargetNATS)
+	n.setFail(func(m *Message) error {
+		if m.ID%2 == 0 {
+			return OutOfRoom(errors.New("maximum messages exceeded"))
+		}
+		return Unavailable(errors.New("nats: timeout"))
+	})
+	f.insert(4, "orders.created")
+	r, _, _ := f.start(Config{Sinks: []Sink{n}, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond})
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(r.Unready()) > 0 }, "target not paused by a batch of outages and refusals for room")
+}
+
+// A row refused for want of room waits about half as long as its topic
+// has been refused, between RetryMin and RetryMax (its attempts do not
+// grow); the refusals of a topic run until the target stores one of its
+// rows, per target and topic.
+func TestRoomBackoffGrowsWithTheRefusal(t *testing.T) {
 	t.Parallel()
 	r := &Relay{cfg: Config{RetryMin: time.Second, RetryMax: 5 * time.Minute}}
-	for age, want := range map[time.Duration]time.Duration{0: time.Second, time.Second: time.Second, 10 * time.Second: 5 * time.Second, time.Minute: 30 * time.Second, time.Hour: 5 * time.Minute} {
+	for refused, want := range map[time.Duration]time.Duration{0: time.Second, time.Second: time.Second, 10 * time.Second: 5 * time.Second, time.Minute: 30 * time.Second, time.Hour: 5 * time.Minute} {
 		for range 20 {
-			if d := r.roomBackoff(age); d < want/2 || d > want {
-				t.Fatalf("age %v: backoff %v, want within [%v, %v]", age, d, want/2, want)
+			if d := r.roomBackoff(refused); d < want/2 || d > want {
+				t.Fatalf("refused for %v: backoff %v, want within [%v, %v]", refused, d, want/2, want)
 			}
 		}
+	}
+	var f fullSince
+	t0 := time.Now()
+	if got := f.refused(1, "a", t0); !got.Equal(t0) {
+		t.Fatalf("first refusal: since %v, want now", got)
+	}
+	if got := f.refused(1, "a", t0.Add(time.Minute)); !got.Equal(t0) {
+		t.Fatalf("second refusal: since %v, want the first's %v", got, t0)
+	}
+	if got := f.refused(0, "a", t0.Add(time.Minute)); !got.Equal(t0.Add(time.Minute)) {
+		t.Fatal("another target's refusals counted")
+	}
+	f.stored(1, "b")
+	if got := f.refused(1, "a", t0.Add(2*time.Minute)); !got.Equal(t0) {
+		t.Fatal("another topic's delivery ended the refusals")
+	}
+	f.stored(1, "a")
+	if got := f.refused(1, "a", t0.Add(3*time.Minute)); !got.Equal(t0.Add(3 * time.Minute)) {
+		t.Fatalf("after a delivery: since %v, want a new run from now", got)
 	}
 }
 

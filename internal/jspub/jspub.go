@@ -367,11 +367,14 @@ type Lookup struct {
 	js   jetstream.JetStream
 	none map[string]bool
 	down bool // a lookup failed other than "not found"
+	// maxBytes: the stream's MaxBytes, looked up by TooLarge (-1: not yet;
+	// 0: the lookup failed, or no limit).
+	maxBytes int64
 }
 
 // NewLookup returns a lookup for one batch.
 func NewLookup(js jetstream.JetStream) *Lookup {
-	return &Lookup{js: js, none: map[string]bool{}}
+	return &Lookup{js: js, none: map[string]bool{}, maxBytes: -1}
 }
 
 // NoStream reports whether JetStream said that no stream captures subject.
@@ -387,4 +390,45 @@ func (l *Lookup) NoStream(ctx context.Context, subject string) bool {
 	l.down = err != nil && !none
 	l.none[subject] = none
 	return none
+}
+
+// The store's refusal (JetStream error 10077) of a message over a stream's
+// MaxBytes with DiscardNew: on a full stream, and for a message larger than
+// the whole of MaxBytes, which no room will fit.
+const (
+	errCodeStoreFailed = 10077
+	descMaxBytes       = "maximum bytes exceeded"
+)
+
+// TooLarge reports whether err is stream's "maximum bytes exceeded" for a
+// message m larger than the stream's whole MaxBytes (it can never be
+// stored), and that MaxBytes. The stream is looked up once per batch, on the
+// first such refusal; when that fails, TooLarge says false (publish again
+// later).
+func (l *Lookup) TooLarge(ctx context.Context, stream string, m *nats.Msg, err error) (maxBytes int64, tooLarge bool) {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed || apiErr.Description != descMaxBytes {
+		return 0, false
+	}
+	if l.maxBytes < 0 {
+		l.maxBytes = 0
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if st, err := l.js.Stream(lctx, stream); err == nil {
+			l.maxBytes = st.CachedInfo().Config.MaxBytes
+		}
+	}
+	return l.maxBytes, l.maxBytes > 0 && StoredSize(m) > l.maxBytes
+}
+
+// StoredSize is about what a stream's store counts for m: its subject,
+// headers and data, and a record's overhead.
+func StoredSize(m *nats.Msg) int64 {
+	n := int64(len(m.Subject)+len(m.Data)) + 30 + int64(len("NATS/1.0\r\n\r\n"))
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			n += int64(len(k) + len(v) + 4)
+		}
+	}
+	return n
 }

@@ -132,7 +132,6 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 	dup := make([]bool, len(msgs))
 	s.pub.Publish(ctx, out, results, dup)
 	lookup := jspub.NewLookup(s.js)
-	maxBytes := int64(-1)
 	for i, m := range out {
 		switch {
 		case m == nil:
@@ -142,44 +141,11 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			}
 		default:
 			results[i] = s.noStream(ctx, msgs[i], classify(results[i]), lookup)
-			if s.tooLarge(ctx, m, results[i], &maxBytes) {
-				results[i] = relay.Permanent("nats: message of about %d bytes is larger than stream %s's MaxBytes %d", storedSize(m), s.cfg.Stream, maxBytes)
+			if maxBytes, tooLarge := lookup.TooLarge(ctx, s.cfg.Stream, m, results[i]); tooLarge {
+				results[i] = relay.Permanent("nats: message of about %d bytes is larger than stream %s's MaxBytes %d", jspub.StoredSize(m), s.cfg.Stream, maxBytes)
 			}
 		}
 	}
-}
-
-// tooLarge reports whether err is the stream's "maximum bytes exceeded"
-// for a message larger than the stream's MaxBytes, which no room will fit:
-// parked, not held. *maxBytes is the stream's MaxBytes, looked up on the
-// first such refusal of the batch (-1 until then; 0 when the lookup failed:
-// then the refusal stands, and the row is retried).
-func (s *Sink) tooLarge(ctx context.Context, m *nats.Msg, err error, maxBytes *int64) bool {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed || apiErr.Description != descMaxBytes {
-		return false
-	}
-	if *maxBytes < 0 {
-		*maxBytes = 0
-		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		if st, err := s.js.Stream(lctx, s.cfg.Stream); err == nil {
-			*maxBytes = st.CachedInfo().Config.MaxBytes
-		}
-	}
-	return *maxBytes > 0 && storedSize(m) > *maxBytes
-}
-
-// storedSize is about what the stream's store counts for m: its subject,
-// headers and data, and a record's overhead.
-func storedSize(m *nats.Msg) int64 {
-	n := int64(len(m.Subject)+len(m.Data)) + 30 + int64(len("NATS/1.0\r\n\r\n"))
-	for k, vs := range m.Header {
-		for _, v := range vs {
-			n += int64(len(k) + len(v) + 4)
-		}
-	}
-	return n
 }
 
 // noStream turns "no responders" into a permanent error when no stream
@@ -228,7 +194,7 @@ const (
 
 // The store's reasons (10077) that are room. descMaxBytes also comes for a
 // message larger than the stream's MaxBytes, which no room will fit (see
-// Sink.tooLarge).
+// jspub.Lookup.TooLarge).
 const (
 	descMaxMsgs           = "maximum messages exceeded"
 	descMaxBytes          = "maximum bytes exceeded"
