@@ -618,7 +618,8 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 // and the run spun through them as fast as the three services could go —
 // says so once, and moves them when the stream has room: every message
 // once. A message larger than the stream's whole MaxBytes, which no room
-// will fit, is refused for good (held, back in the queue at the end).
+// will fit, is refused for good (held, back in the queue at the end). With
+// --limit, a requeued message counts once.
 func TestBackfillWaitsForAFullStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -642,7 +643,9 @@ func TestBackfillWaitsForAFullStream(t *testing.T) {
 	}
 	e.legacyPublish(msgs, "orders.full")
 
-	_, out, done := e.startBackfill(t, "")
+	// --limit 31: the messages requeued meanwhile count when they come
+	// back, not each time.
+	_, out, done := e.startBackfill(t, "", "--limit", "31")
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() == 10 }, "the stream never took its 10")
 	time.Sleep(3 * time.Second) // refused meanwhile
 	limit(-1)
