@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/backfill"
@@ -623,20 +622,7 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 func TestBackfillWaitsForAFullStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := context.Background()
-	limit := func(maxMsgs int64) {
-		t.Helper()
-		s, err := e.js.Stream(ctx, e.stream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := s.CachedInfo().Config
-		cfg.MaxMsgs, cfg.MaxBytes, cfg.Discard = maxMsgs, 64<<10, jetstream.DiscardNew
-		if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	limit(10)
+	e.limitStream(10, 64<<10)
 	msgs := []amqp.Publishing{{MessageId: "too-big", Body: make([]byte, 100<<10), DeliveryMode: amqp.Persistent}}
 	for i := range 30 {
 		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("full-%d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
@@ -648,7 +634,7 @@ func TestBackfillWaitsForAFullStream(t *testing.T) {
 	_, out, done := e.startBackfill(t, "", "--limit", "31")
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() == 10 }, "the stream never took its 10")
 	time.Sleep(3 * time.Second) // refused meanwhile
-	limit(-1)
+	e.limitStream(-1, 64<<10)
 	select {
 	case err := <-done:
 		if err != nil {

@@ -193,19 +193,7 @@ func TestFullStreamHoldsRowsWithoutParking(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	limit := func(maxMsgs int64) {
-		t.Helper()
-		s, err := e.js.Stream(ctx, e.stream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := s.CachedInfo().Config
-		cfg.MaxMsgs, cfg.Discard = maxMsgs, jetstream.DiscardNew
-		if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	limit(5)
+	e.limitStream(5, -1)
 	e.startRelay("relay", "RELAY_MAX_ATTEMPTS=1", "RELAY_RETRY_MIN=100ms", "RELAY_RETRY_MAX=200ms")
 	var msgs []outbox.Message
 	for i := range 12 {
@@ -238,10 +226,26 @@ func TestFullStreamHoldsRowsWithoutParking(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	limit(-1)
+	e.limitStream(-1, -1)
 	e.waitDelivered(30 * time.Second)
 	if state(); parked > 0 {
 		t.Fatalf("%d rows parked", parked)
 	}
 	e.checkExactlyOnce(committed, false)
+}
+
+// limitStream sets the test's stream to refuse new messages (DiscardNew)
+// past maxMsgs messages and maxBytes bytes (-1: no limit).
+func (e *env) limitStream(maxMsgs, maxBytes int64) {
+	e.t.Helper()
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgs, cfg.MaxBytes, cfg.Discard = maxMsgs, maxBytes, jetstream.DiscardNew
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		e.t.Fatal(err)
+	}
 }
