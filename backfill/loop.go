@@ -357,7 +357,7 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	if len(moved) == 0 {
 		return
 	}
-	b.movedAfterAll(moved)
+	b.forgetRetries(moved)
 	// Record before acking: a crash between the two then costs a skip on
 	// the rerun, not a duplicate. A failed record does not stop the ack —
 	// once acked, the message cannot come back.
@@ -414,8 +414,8 @@ func (b *runner) retryWait(items []*item, err error) time.Duration {
 	return min(retryWaitMax, retryWaitMin<<(most-1))
 }
 
-// movedAfterAll forgets the refusals of items, which moved.
-func (b *runner) movedAfterAll(items []*item) {
+// forgetRetries forgets the refusals of items, which moved.
+func (b *runner) forgetRetries(items []*item) {
 	if b.nRetrying.Load() == 0 {
 		return
 	}

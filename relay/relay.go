@@ -819,7 +819,7 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 				r.log.Warn("row parked", "target", string(t), "id", c.msg.ID, "message_id", c.msg.MessageID, "reason", err.Error())
 			case errors.Is(err, ErrOutOfRoom):
 				// The broker's room, not the row: retry, without using up
-				// attempts, later the longer the row has waited.
+				// attempts, later the longer its topic has been refused.
 				outcome[ti], errText[ti] = outcomeOutage, err.Error()
 				backoff[ti] = r.roomBackoff(now.Sub(r.full.refused(ti, c.msg.Topic, now)))
 				r.cfg.Metrics.PublishFailed(t, err)
@@ -884,8 +884,9 @@ func (r *Relay) retryBackoff(attempt int32) time.Duration {
 // roomBackoff is the wait before a row the broker refused for want of room
 // (ErrOutOfRoom) is published again, its topic refused for `refused`: half
 // that, between RetryMin and RetryMax, jittered to 50–100%. Such refusals
-// do not count as attempts, so the wait grows with the refusal instead:
-// from RetryMin to RetryMax in about a dozen retries, then every RetryMax —
+// do not count as attempts, so the wait grows with the refusal instead
+// (by a quarter to a half each retry: from RetryMin = 1 s to RetryMax = 5 min
+// in about twenty), then every RetryMax —
 // not every RetryMin for as long as the stream stays full, nor, for a row
 // that waited long already (a backlog), RetryMax at the first refusal.
 func (r *Relay) roomBackoff(refused time.Duration) time.Duration {

@@ -392,13 +392,33 @@ func (l *Lookup) NoStream(ctx context.Context, subject string) bool {
 	return none
 }
 
-// The store's refusal (JetStream error 10077) of a message over a stream's
-// MaxBytes with DiscardNew: on a full stream, and for a message larger than
-// the whole of MaxBytes, which no room will fit.
+// JetStream's refusals of a publish for want of room: the broker's state,
+// not the message's. A stream with DiscardNew at its MaxMsgs, MaxBytes or
+// MaxMsgsPerSubject refuses new messages until its consumers or MaxAge make
+// room: the store's refusal, 10077, with the store's reason as the
+// description (10077 with any other reason — a message too large for the
+// store, a failing disk — is not room); an account or a server past its
+// storage limits refuses with 10002 or 10023.
 const (
-	errCodeStoreFailed = 10077
-	descMaxBytes       = "maximum bytes exceeded"
+	errCodeAccountResources = 10002 // resource limits exceeded for account
+	errCodeInsufficient     = 10023 // insufficient resources
+	errCodeStoreFailed      = 10077 // the store's reason as the description
+
+	descMaxMsgs           = "maximum messages exceeded"
+	descMaxBytes          = "maximum bytes exceeded" // also for a message over the whole of MaxBytes: see TooLarge
+	descMaxMsgsPerSubject = "maximum messages per subject exceeded"
 )
+
+// OutOfRoom reports whether JetStream refused a publish for want of room.
+func OutOfRoom(e *jetstream.APIError) bool {
+	switch e.ErrorCode {
+	case errCodeAccountResources, errCodeInsufficient:
+		return true
+	case errCodeStoreFailed:
+		return e.Description == descMaxMsgs || e.Description == descMaxBytes || e.Description == descMaxMsgsPerSubject
+	}
+	return false
+}
 
 // TooLarge reports whether err is stream's "maximum bytes exceeded" for a
 // message m larger than the stream's whole MaxBytes (it can never be

@@ -179,38 +179,6 @@ const (
 	errCodeStreamMismatch = 10060 // expected stream does not match
 )
 
-// JetStream's refusals of a publish for want of room: the broker's state,
-// not the message's (relay.ErrOutOfRoom). A stream with DiscardNew at its
-// MaxMsgs, MaxBytes or MaxMsgsPerSubject refuses new messages until its
-// consumers or MaxAge make room: the store's refusal, 10077, with the
-// store's reason as the description (10077 with any other reason — a
-// message too large for the store, a failing disk — is not room); an
-// account or a server past its storage limits refuses with 10002 or 10023.
-const (
-	errCodeAccountResources = 10002 // resource limits exceeded for account
-	errCodeInsufficient     = 10023 // insufficient resources
-	errCodeStoreFailed      = 10077 // the store's reason as the description
-)
-
-// The store's reasons (10077) that are room. descMaxBytes also comes for a
-// message larger than the stream's MaxBytes, which no room will fit (see
-// jspub.Lookup.TooLarge).
-const (
-	descMaxMsgs           = "maximum messages exceeded"
-	descMaxBytes          = "maximum bytes exceeded"
-	descMaxMsgsPerSubject = "maximum messages per subject exceeded"
-)
-
-func outOfRoom(e *jetstream.APIError) bool {
-	switch e.ErrorCode {
-	case errCodeAccountResources, errCodeInsufficient:
-		return true
-	case errCodeStoreFailed:
-		return e.Description == descMaxMsgs || e.Description == descMaxBytes || e.Description == descMaxMsgsPerSubject
-	}
-	return false
-}
-
 // badHeaders says why NATS refuses one of h's keys, or "".
 func badHeaders(h map[string]string) string {
 	return headers.First(h, func(k, _ string) string { return cmp.Or(headers.NATSKeyReason(k), headers.NATSReservedReason(k)) })
@@ -223,7 +191,7 @@ func classify(err error) error {
 		return relay.Permanent("nats: %v", err)
 	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadHeaderMsg):
 		return relay.Permanent("nats: %v", err)
-	case errors.As(err, &apiErr) && outOfRoom(apiErr):
+	case errors.As(err, &apiErr) && jspub.OutOfRoom(apiErr):
 		return relay.OutOfRoom(fmt.Errorf("nats: %w", err))
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("nats: %w", err) // a per-message refusal: retry later
