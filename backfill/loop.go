@@ -39,8 +39,8 @@ var testHookFlush func(inFlight int64)
 // errLost means the RabbitMQ connection went away mid-run: reconnect.
 var errLost = errors.New("amqp connection lost")
 
-// errNotDrained means the session stopped at a drained queue, then had to
-// requeue messages that came meanwhile: go on.
+// errNotDrained means the session stopped at a drained queue or at the
+// limit, then had to requeue messages that could not move for now: go on.
 var errNotDrained = errors.New("requeued after the drain")
 
 // loop runs sessions, reconnecting with capped backoff, until one ends the
@@ -116,6 +116,7 @@ func (b *runner) session(ctx context.Context) error {
 		checkT      = time.NewTicker(250 * time.Millisecond)
 		stopping    = false
 		drainedStop = false
+		limitStop   = false
 		endErr      error
 	)
 	defer checkT.Stop()
@@ -169,6 +170,7 @@ func (b *runner) session(ctx context.Context) error {
 			}
 			if b.cfg.Limit > 0 && taken() >= b.cfg.Limit {
 				acks.requeue(d) //nolint:errcheck // beyond the limit: back to the queue
+				limitStop = true
 				stop(nil)
 				continue
 			}
@@ -186,6 +188,7 @@ func (b *runner) session(ctx context.Context) error {
 		case <-checkT.C:
 			flush()
 			if b.cfg.Limit > 0 && taken() >= b.cfg.Limit && inFlight.Load() == 0 {
+				limitStop = true
 				stop(nil)
 				continue
 			}
@@ -229,14 +232,14 @@ func (b *runner) session(ctx context.Context) error {
 		}
 	}
 	if drainedStop {
-		requeued := b.requeued.Load()
+		lateFrom := time.Now().UnixNano()
 		for len(late) > 0 {
 			n := min(len(late), batchMax)
 			b.process(ctx, acks, late[:n], dlq)
 			late = late[n:]
 		}
 		b.progress()
-		if b.requeued.Load() > requeued && ctx.Err() == nil {
+		if b.lastRequeue.Load() >= lateFrom && ctx.Err() == nil {
 			// Some could not move for now and went back: not drained.
 			return errNotDrained
 		}
@@ -245,6 +248,11 @@ func (b *runner) session(ctx context.Context) error {
 		acks.requeue(d) //nolint:errcheck // returned to the queue
 	}
 
+	if limitStop && ctx.Err() == nil && taken() < b.cfg.Limit {
+		// The limit was reached counting deliveries that then could not
+		// move for now and went back: go on for the rest.
+		return errNotDrained
+	}
 	if n := b.heldCount(); n > 0 {
 		b.log.Warn("messages JetStream refused for good were returned to the queue; pass --dead-letter-queue to park them", "count", n)
 	}
@@ -293,6 +301,22 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 		}
 		return
 	}
+	// What could not move for now goes back to the queue after a wait:
+	// RabbitMQ redelivers a requeued message at once, and a stream that is
+	// full refuses at once — without the wait, the run spun through the
+	// same messages as fast as the three services could go.
+	var retry []*item
+	var retryErr error
+	later := func(it *item, err error) { retry, retryErr = append(retry, it), cmp.Or(retryErr, err) }
+	defer func() {
+		if len(retry) == 0 {
+			return
+		}
+		sleepCtx(ctx, b.retryWait(retry, retryErr))
+		for _, it := range retry {
+			b.requeue(it)
+		}
+	}()
 	var toPublish []*item
 	var already []settled
 	for _, it := range items {
@@ -300,7 +324,9 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 		case known[it.id]:
 			already = append(already, settled{it.d, func() { b.already.Add(1) }})
 		case it.bad != "":
-			b.refuse(wctx, it, it.bad, dlq)
+			if err := b.refuse(wctx, it, it.bad, dlq); err != nil {
+				later(it, err)
+			}
 		default:
 			toPublish = append(toPublish, it)
 		}
@@ -325,8 +351,7 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	}
 	errs := make([]error, len(toPublish))
 	b.pub.Publish(pctx, msgs, errs, make([]bool, len(toPublish)))
-	var moved, retry []*item
-	var retryErr error
+	var moved []*item
 	lookup := jspub.NewLookup(b.js)
 	for i, it := range toPublish {
 		err := errs[i]
@@ -335,25 +360,14 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 			continue
 		}
 		if reason := b.permanent(wctx, it, err, lookup); reason != "" {
-			b.refuse(wctx, it, reason, dlq)
+			if err := b.refuse(wctx, it, reason, dlq); err != nil {
+				later(it, err)
+			}
 			continue
 		}
 		b.log.Debug("backfill: publish failed, requeueing", "message_id", it.id, "error", err.Error())
-		retry, retryErr = append(retry, it), cmp.Or(retryErr, err)
+		later(it, err)
 	}
-	// What JetStream refused for now goes back to the queue after a wait:
-	// RabbitMQ redelivers a requeued message at once, and a stream that is
-	// full refuses at once — without the wait, the run spun through the
-	// same messages as fast as the three services could go.
-	defer func() {
-		if len(retry) == 0 {
-			return
-		}
-		sleepCtx(ctx, b.retryWait(retry, retryErr))
-		for _, it := range retry {
-			b.requeue(it)
-		}
-	}()
 	if len(moved) == 0 {
 		return
 	}
@@ -537,7 +551,7 @@ func (d *deadLetter) staleReturns() {
 // refuse parks a message JetStream will never take: in the dead-letter
 // queue (then ack), or held unacked for the rest of the session (the acks
 // of the messages after it go out one by one).
-func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadLetter) {
+func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadLetter) (retry error) {
 	b.log.Warn("backfill: JetStream refuses message for good", "message_id", it.id, "routing_key", it.d.RoutingKey, "reason", reason)
 	if dlq == nil {
 		it.acks.hold(it.d)
@@ -548,7 +562,7 @@ func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadL
 		if !seen {
 			b.failed.Add(1)
 		}
-		return // held: unacked until the session ends, then back in the queue
+		return nil // held: unacked until the session ends, then back in the queue
 	}
 	headers := amqp.Table{}
 	for k, v := range it.d.Headers {
@@ -562,8 +576,8 @@ func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadL
 	}
 	if err := dlq.publish(ctx, b.cfg.DeadLetterQueue, pub); err != nil {
 		b.log.Error("backfill: dead-letter publish failed; requeueing", "message_id", it.id, "error", err.Error())
-		b.requeue(it)
-		return
+		return err // requeued after a wait (process)
 	}
 	it.acks.ack(it.d, func() { b.dead.Add(1) })
+	return nil
 }

@@ -618,7 +618,8 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 // says so once, and moves them when the stream has room: every message
 // once. A message larger than the stream's whole MaxBytes, which no room
 // will fit, is refused for good (held, back in the queue at the end). With
-// --limit, a requeued message counts once.
+// --limit, a requeued message counts once, and the run goes on until the
+// limit is reached by messages that settled.
 func TestBackfillWaitsForAFullStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -627,10 +628,14 @@ func TestBackfillWaitsForAFullStream(t *testing.T) {
 	for i := range 30 {
 		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("full-%d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
 	}
+	// And 20 past the limit below, which stay in the queue.
+	for i := range 20 {
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("past-%d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
+	}
 	e.legacyPublish(msgs, "orders.full")
 
 	// --limit 31: the messages requeued meanwhile count when they come
-	// back, not each time.
+	// back, not each time; the run goes on until 31 settled.
 	_, out, done := e.startBackfill(t, "", "--limit", "31")
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() == 10 }, "the stream never took its 10")
 	time.Sleep(3 * time.Second) // refused meanwhile
@@ -649,8 +654,8 @@ func TestBackfillWaitsForAFullStream(t *testing.T) {
 	if sum.Moved != 30 || sum.Failed != 1 || sum.Requeued > 200 {
 		t.Fatalf("summary %+v: want 30 moved, 1 failed (too big), at most 200 requeued", sum)
 	}
-	if n, _ := e.queueDepth(e.queue); n != 1 {
-		t.Errorf("%d messages back in the queue, want the one too big", n)
+	if n, _ := e.queueDepth(e.queue); n != 21 {
+		t.Errorf("%d messages back in the queue, want the one too big and the 20 past the limit", n)
 	}
 	if n := strings.Count(out.String(), "messages cannot move for now"); n != 1 {
 		t.Errorf("said %d times that messages cannot move, want once:\n%s", n, out.String())
@@ -660,5 +665,8 @@ func TestBackfillWaitsForAFullStream(t *testing.T) {
 		if id := fmt.Sprintf("full-%d", i); ids[id] != 1 {
 			t.Errorf("%s in the stream %d times, want once", id, ids[id])
 		}
+	}
+	if len(ids) != 30 {
+		t.Errorf("%d distinct ids in the stream, want the 30 before the limit", len(ids))
 	}
 }

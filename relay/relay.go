@@ -767,14 +767,15 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 		if !anyWanted(rows, ti) {
 			continue
 		}
-		attempted, unavailable, delivered := 0, 0, 0
+		attempted, unavailable, delivered, full := 0, 0, 0, 0
 		for i, c := range rows {
 			if !c.want[ti] {
 				continue
 			}
 			err := results[ti][i]
 			if c.badRow == "" && errors.Is(err, ErrOutOfRoom) {
-				continue // the broker's room, not its reach: no say in pausing it
+				full++ // the broker's room, not its reach: no say in pausing it
+				continue
 			}
 			attempted++
 			switch {
@@ -792,7 +793,8 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 			if d := r.breaker[ti].failure(now, firstErr(results[ti])); d > 0 {
 				r.log.Warn("target unavailable, pausing it", "target", string(t), "for", d.String(), "error", firstErr(results[ti]))
 			}
-		} else if delivered > 0 && r.breaker[ti].success() {
+		} else if delivered+full > 0 && r.breaker[ti].success() {
+			// A refusal for room is an answer: the broker is reachable.
 			r.log.Info("target recovered", "target", string(t))
 		}
 	}
@@ -821,7 +823,7 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 				// The broker's room, not the row: retry, without using up
 				// attempts, later the longer its topic has been refused.
 				outcome[ti], errText[ti] = outcomeOutage, err.Error()
-				backoff[ti] = r.roomBackoff(now.Sub(r.full.refused(ti, c.msg.Topic, now)))
+				backoff[ti] = r.roomBackoff(now.Sub(r.full.refused(ti, c.msg.Topic, now, 2*r.cfg.RetryMax)))
 				r.cfg.Metrics.PublishFailed(t, err)
 			case errors.Is(err, ErrUnavailable):
 				// The broker, not the row: retry, without using up attempts.
@@ -896,33 +898,55 @@ func (r *Relay) roomBackoff(refused time.Duration) time.Duration {
 // fullSince is, per target and topic, since when the broker refuses rows
 // for want of room, until it stores one of the topic: in this process (an
 // instance that takes over a topic starts from RetryMin). A stream full
-// with a per-subject limit refuses one topic and stores the others.
+// with a per-subject limit refuses one topic and stores the others. A run
+// of refusals with none for stale (2 × RetryMax: every refused row has been
+// retried since) is over — another instance stored the topic's rows, or
+// this one stopped publishing it — and the next refusal starts a new one.
 type fullSince struct {
 	n     atomic.Int32 // entries, so that a delivery reads no map while none is full
 	mu    sync.Mutex
-	since [2]map[string]time.Time
+	since [2]map[string]fullRun
 }
 
-// maxFullTopics bounds the topics remembered; past it, a refusal counts
-// from now.
+type fullRun struct{ since, last time.Time }
+
+// maxFullTopics bounds the topics remembered; past it (after dropping the
+// runs that are over), a refusal counts from now.
 const maxFullTopics = 10000
 
 // refused notes a refusal of topic by target ti at now, and returns since
 // when its refusals run.
-func (f *fullSince) refused(ti int, topic string, now time.Time) time.Time {
+func (f *fullSince) refused(ti int, topic string, now time.Time, stale time.Duration) time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.since[ti] == nil {
-		f.since[ti] = map[string]time.Time{}
+	m := f.since[ti]
+	if m == nil {
+		m = map[string]fullRun{}
+		f.since[ti] = m
 	}
-	if at, ok := f.since[ti][topic]; ok {
-		return at
-	}
-	if int(f.n.Load()) < maxFullTopics {
-		f.since[ti][topic] = now
+	run, ok := m[topic]
+	switch {
+	case ok && now.Sub(run.last) <= stale:
+		run.last = now
+	case ok:
+		run = fullRun{since: now, last: now}
+	case int(f.n.Load()) >= maxFullTopics:
+		for t, r := range m {
+			if now.Sub(r.last) > stale {
+				delete(m, t)
+				f.n.Add(-1)
+			}
+		}
+		if int(f.n.Load()) >= maxFullTopics {
+			return now
+		}
+		fallthrough
+	default:
+		run = fullRun{since: now, last: now}
 		f.n.Add(1)
 	}
-	return now
+	m[topic] = run
+	return run.since
 }
 
 // stored ends the refusals of topic by target ti.

@@ -766,8 +766,29 @@ func TestOutOfRoomLeavesTheBreakerToTheOthers(t *testing.T) {
 		return Unavailable(errors.New("nats: timeout"))
 	})
 	f.insert(4, "orders.created")
-	r, _, _ := f.start(Config{Sinks: []Sink{n}, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond})
+	// Each row tried once: the first batch decides.
+	r, _, _ := f.start(Config{Sinks: []Sink{n}, RetryMin: time.Hour, RetryMax: time.Hour})
 	testenv.Eventually(t, 30*time.Second, func() bool { return len(r.Unready()) > 0 }, "target not paused by a batch of outages and refusals for room")
+}
+
+// A refusal for room is an answer: after an outage, a batch refused for
+// room closes the breaker, and the target is ready again.
+func TestOutOfRoomEndsAPause(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	n := newFake(TargetNATS)
+	var room atomic.Bool // false: an outage; true: refused for room
+	n.setFail(func(*Message) error {
+		if room.Load() {
+			return OutOfRoom(errors.New("maximum messages exceeded"))
+		}
+		return Unavailable(errors.New("nats: timeout"))
+	})
+	f.insert(4, "orders.created")
+	r, _, _ := f.start(Config{Sinks: []Sink{n}, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond})
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(r.Unready()) > 0 }, "target not paused by the outage")
+	room.Store(true)
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(r.Unready()) == 0 }, "target still paused while the broker answers, refusing for room")
 }
 
 // A row refused for want of room waits about half as long as its topic
@@ -785,23 +806,42 @@ func TestRoomBackoffGrowsWithTheRefusal(t *testing.T) {
 		}
 	}
 	var f fullSince
+	const stale = 10 * time.Minute
 	t0 := time.Now()
-	if got := f.refused(1, "a", t0); !got.Equal(t0) {
+	if got := f.refused(1, "a", t0, stale); !got.Equal(t0) {
 		t.Fatalf("first refusal: since %v, want now", got)
 	}
-	if got := f.refused(1, "a", t0.Add(time.Minute)); !got.Equal(t0) {
+	if got := f.refused(1, "a", t0.Add(time.Minute), stale); !got.Equal(t0) {
 		t.Fatalf("second refusal: since %v, want the first's %v", got, t0)
 	}
-	if got := f.refused(0, "a", t0.Add(time.Minute)); !got.Equal(t0.Add(time.Minute)) {
+	if got := f.refused(0, "a", t0.Add(time.Minute), stale); !got.Equal(t0.Add(time.Minute)) {
 		t.Fatal("another target's refusals counted")
 	}
 	f.stored(1, "b")
-	if got := f.refused(1, "a", t0.Add(2*time.Minute)); !got.Equal(t0) {
+	if got := f.refused(1, "a", t0.Add(2*time.Minute), stale); !got.Equal(t0) {
 		t.Fatal("another topic's delivery ended the refusals")
 	}
 	f.stored(1, "a")
-	if got := f.refused(1, "a", t0.Add(3*time.Minute)); !got.Equal(t0.Add(3 * time.Minute)) {
+	t1 := t0.Add(3 * time.Minute)
+	if got := f.refused(1, "a", t1, stale); !got.Equal(t1) {
 		t.Fatalf("after a delivery: since %v, want a new run from now", got)
+	}
+	// No refusal for longer than stale (another instance stored the
+	// topic's rows): the run is over.
+	if got := f.refused(1, "a", t1.Add(stale+time.Second), stale); !got.Equal(t1.Add(stale + time.Second)) {
+		t.Fatalf("after %v without a refusal: since %v, want a new run from now", stale, got)
+	}
+	// At the bound, runs that are over make room.
+	var g fullSince
+	for i := range maxFullTopics {
+		g.refused(0, fmt.Sprint(i), t0, stale)
+	}
+	late := t0.Add(stale + time.Second)
+	if got := g.refused(0, "new", late, stale); !got.Equal(late) || g.n.Load() != 1 {
+		t.Fatalf("at the bound with every run over: since %v, %d entries; want now and 1", got, g.n.Load())
+	}
+	if got := g.refused(0, "new", late.Add(time.Second), stale); !got.Equal(late) {
+		t.Fatal("the new topic's run was not kept")
 	}
 }
 

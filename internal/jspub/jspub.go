@@ -442,7 +442,9 @@ func (l *Lookup) TooLarge(ctx context.Context, stream string, m *nats.Msg, err e
 }
 
 // StoredSize is about what a stream's store counts for m: its subject,
-// headers and data, and a record's overhead.
+// headers and data, and a record's overhead (the file store's 30 bytes, as
+// nats-server 2.10 and later check it; a message within a few dozen bytes
+// of MaxBytes may be judged either way on other versions).
 func StoredSize(m *nats.Msg) int64 {
 	n := int64(len(m.Subject)+len(m.Data)) + 30 + int64(len("NATS/1.0\r\n\r\n"))
 	for k, vs := range m.Header {
