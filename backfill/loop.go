@@ -86,6 +86,7 @@ func (b *runner) session(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", errLost, err)
 	}
 	var dlq *deadLetter
+	var dlqClosed chan *amqp.Error // nil without a dead-letter queue: never ready
 	if b.cfg.DeadLetterQueue != "" {
 		dch, err := conn.Channel()
 		if err != nil {
@@ -95,6 +96,9 @@ func (b *runner) session(ctx context.Context) error {
 			return fmt.Errorf("%w: %w", errLost, err)
 		}
 		dlq = &deadLetter{ch: dch, returns: dch.NotifyReturn(make(chan amqp.Return, 64))}
+		// RabbitMQ may close the channel alone (a channel error): every
+		// dead-letter publish would fail for the rest of the session.
+		dlqClosed = dch.NotifyClose(make(chan *amqp.Error, 1))
 	}
 	const tag = "relayd-backfill"
 	deliveries, err := ch.ConsumeWithContext(ctx, b.cfg.Queue, tag, false, false, false, false, nil)
@@ -159,6 +163,10 @@ func (b *runner) session(ctx context.Context) error {
 			flush()
 			wg.Wait()
 			return fmt.Errorf("%w: %v", errLost, e)
+		case e := <-dlqClosed:
+			flush()
+			wg.Wait()
+			return fmt.Errorf("%w: dead-letter channel: %v", errLost, e)
 		case d, ok := <-deliveries:
 			if !ok {
 				flush()
@@ -232,6 +240,14 @@ func (b *runner) session(ctx context.Context) error {
 		}
 	}
 	if drainedStop {
+		if b.cfg.Limit > 0 {
+			// Those past the limit go back.
+			room := max(0, min(int64(len(late)), b.cfg.Limit-taken()))
+			for _, d := range late[room:] {
+				acks.requeue(d) //nolint:errcheck // beyond the limit: back to the queue
+			}
+			late = late[:room]
+		}
 		lateFrom := time.Now().UnixNano()
 		for len(late) > 0 {
 			n := min(len(late), batchMax)
@@ -248,7 +264,10 @@ func (b *runner) session(ctx context.Context) error {
 		acks.requeue(d) //nolint:errcheck // returned to the queue
 	}
 
-	if limitStop && ctx.Err() == nil && taken() < b.cfg.Limit {
+	if limitStop && taken() < b.cfg.Limit {
+		if ctx.Err() != nil {
+			return ctx.Err() // interrupted short of the limit
+		}
 		// The limit was reached counting deliveries that then could not
 		// move for now and went back: go on for the rest.
 		return errNotDrained

@@ -906,6 +906,7 @@ type fullSince struct {
 	n     atomic.Int32 // entries, so that a delivery reads no map while none is full
 	mu    sync.Mutex
 	since [2]map[string]fullRun
+	swept time.Time // the last sweep of runs that are over (at the bound)
 }
 
 type fullRun struct{ since, last time.Time }
@@ -931,10 +932,15 @@ func (f *fullSince) refused(ti int, topic string, now time.Time, stale time.Dura
 	case ok:
 		run = fullRun{since: now, last: now}
 	case int(f.n.Load()) >= maxFullTopics:
-		for t, r := range m {
-			if now.Sub(r.last) > stale {
-				delete(m, t)
-				f.n.Add(-1)
+		if now.Sub(f.swept) >= time.Second { // a sweep walks every entry
+			f.swept = now
+			for _, mm := range f.since { // the bound is both targets'
+				for t, r := range mm {
+					if now.Sub(r.last) > stale {
+						delete(mm, t)
+						f.n.Add(-1)
+					}
+				}
 			}
 		}
 		if int(f.n.Load()) >= maxFullTopics {

@@ -831,10 +831,10 @@ func TestRoomBackoffGrowsWithTheRefusal(t *testing.T) {
 	if got := f.refused(1, "a", t1.Add(stale+time.Second), stale); !got.Equal(t1.Add(stale + time.Second)) {
 		t.Fatalf("after %v without a refusal: since %v, want a new run from now", stale, got)
 	}
-	// At the bound, runs that are over make room.
+	// At the bound (both targets' runs), runs that are over make room.
 	var g fullSince
 	for i := range maxFullTopics {
-		g.refused(0, fmt.Sprint(i), t0, stale)
+		g.refused(i%2, fmt.Sprint(i), t0, stale)
 	}
 	late := t0.Add(stale + time.Second)
 	if got := g.refused(0, "new", late, stale); !got.Equal(late) || g.n.Load() != 1 {
