@@ -129,15 +129,7 @@ func requireRouting(t *testing.T, msgs []*relay.Message, results []error, unrout
 func TestNackFromAFullQueue(t *testing.T) {
 	t.Parallel()
 	e := setupReady(t)
-	conn, err := amqp.Dial(testenv.AMQPURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testenv.ConfirmChannel(t) // the test's own: declares, binds, purges
 	full := e.queue + "_full"
 	if _, err := ch.QueueDeclare(full, true, false, false, false, amqp.Table{"x-max-length": int32(2), "x-overflow": "reject-publish"}); err != nil {
 		t.Fatal(err)
