@@ -128,6 +128,22 @@ func (e *env) backfillWithin(t *testing.T, d time.Duration, args ...string) ([]b
 	return out, err
 }
 
+// finished waits up to d for a backfill started with startBackfill to exit
+// 0, and returns its summary; what names the run in a failure (which the
+// test's end then kills).
+func finished(t *testing.T, done <-chan error, out *syncBuffer, d time.Duration, what string) backfill.Summary {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, out.String())
+		}
+	case <-time.After(d):
+		t.Fatalf("%s still running after %v:\n%s", what, d, out.String())
+	}
+	return decodeSummary(t, []byte(out.String()))
+}
+
 func decodeSummary(t *testing.T, out []byte) backfill.Summary {
 	t.Helper()
 	var s backfill.Summary
@@ -208,16 +224,7 @@ func TestBackfillExactlyOnceThroughKills(t *testing.T) {
 			t.Logf("backfill SIGKILLed with %d messages in the stream", e.streamCount())
 			continue
 		}
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("final backfill run: %v\n%s", err, out.String())
-			}
-		case <-time.After(3 * time.Minute):
-			cmd.Process.Kill()
-			t.Fatalf("final backfill run did not finish:\n%s", out.String())
-		}
-		final = decodeSummary(t, []byte(out.String()))
+		final = finished(t, done, out, 3*time.Minute, "final backfill run")
 		break
 	}
 	t.Logf("final run: %+v", final)
@@ -515,15 +522,7 @@ func TestBackfillLimitHoldsAcrossAConnectionCut(t *testing.T) {
 	if err := proxy.Start(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("backfill: %v\n%s", err, out.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("backfill still running after 60 s:\n%s", out.String())
-	}
-	sum := decodeSummary(t, []byte(out.String()))
+	sum := finished(t, done, out, 60*time.Second, "backfill")
 	// Moved before the cut and not acked, skipped after it: already. (An
 	// ack written but lost in the cut counts its message twice, once moved
 	// and once already: the stream may hold a few fewer than the limit.)
@@ -580,15 +579,7 @@ func TestBackfillSurvivesRestartsAndSIGINT(t *testing.T) {
 	atLeast(16_000, "after the NATS restart")
 
 	cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("backfill after SIGINT: %v\n%s", err, out.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("backfill did not stop within 30s of SIGINT:\n%s", out.String())
-	}
-	first := decodeSummary(t, []byte(out.String()))
+	first := finished(t, done, out, 30*time.Second, "backfill after SIGINT")
 	if n, _ := e.queueDepth(e.queue); n == 0 || first.Moved == 0 {
 		t.Fatalf("SIGINT came too late to test a rerun: queue %d, summary %+v", n, first)
 	}
@@ -640,15 +631,7 @@ func TestBackfillWaitsForAFullStream(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() == 10 }, "the stream never took its 10")
 	time.Sleep(3 * time.Second) // refused meanwhile
 	e.limitStream(-1, 64<<10)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("backfill: %v\n%s", err, out.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("backfill still running a minute after the stream had room:\n%s", out.String())
-	}
-	sum := decodeSummary(t, []byte(out.String()))
+	sum := finished(t, done, out, 60*time.Second, "backfill after the stream had room")
 	// 20 refused for 3 s: with waits of 0.1, 0.2, 0.4, 0.8, 1.6 s, 5 to 6
 	// rounds of 20.
 	if sum.Moved != 30 || sum.Failed != 1 || sum.Requeued > 200 {
