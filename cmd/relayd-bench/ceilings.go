@@ -75,25 +75,34 @@ func (b *bench) ceilings(ctx context.Context, res *Results) error {
 
 	// The publish with relayd's properties fills the queue that the consume
 	// ceiling then drains: the same messages relayd (and a legacy producer)
-	// leave in a queue.
-	b.logf("ceiling: RabbitMQ publish, relayd's properties, %d messages; then consume them", n)
-	if err := b.withCorner(ctx, cornerSpec{amqp: true}, func(cr *corner) error {
-		c, err := b.amqpPublish(ctx, cr, n, true)
-		if err != nil {
-			return fmt.Errorf("rabbitmq publish ceiling: %w", err)
+	// leave in a queue. publishSample: that publish is a sample of the
+	// publish ceiling too.
+	consumeSample := func(sample string, publishSample bool) error {
+		b.logf("ceiling: RabbitMQ publish, relayd's properties, %d messages; then consume them%s", n, sample)
+		if err := b.withCorner(ctx, cornerSpec{amqp: true}, func(cr *corner) error {
+			c, err := b.amqpPublish(ctx, cr, n, true)
+			if err != nil {
+				return fmt.Errorf("rabbitmq publish ceiling%s: %w", sample, err)
+			}
+			if publishSample {
+				res.addCeiling(c)
+			}
+			b.settle(ctx)
+			c, err = b.amqpConsume(ctx, cr, n)
+			if err != nil {
+				return fmt.Errorf("rabbitmq consume ceiling%s: %w", sample, err)
+			}
+			res.addCeiling(c)
+			return nil
+		}); err != nil {
+			return err
 		}
-		res.addCeiling(c)
 		b.settle(ctx)
-		c, err = b.amqpConsume(ctx, cr, n)
-		if err != nil {
-			return fmt.Errorf("rabbitmq consume ceiling: %w", err)
-		}
-		res.addCeiling(c)
 		return nil
-	}); err != nil {
+	}
+	if err := consumeSample("", true); err != nil {
 		return err
 	}
-	b.settle(ctx)
 
 	pgSample := func(sample string) error {
 		b.logf("ceiling: Postgres claim + delete, %d rows%s", n, sample)
@@ -145,20 +154,7 @@ func (b *bench) ceilings(ctx context.Context, res *Results) error {
 	// 28,067/s), and a low sample flatters the backfill. The queue is
 	// filled again first; that publish is not a sample of the publish
 	// ceiling (it has its two).
-	b.logf("ceiling: RabbitMQ consume, %d messages (second sample, after filling the queue again)", n)
-	if err := b.withCorner(ctx, cornerSpec{amqp: true}, func(cr *corner) error {
-		if _, err := b.amqpPublish(ctx, cr, n, true); err != nil {
-			return fmt.Errorf("refill: %w", err)
-		}
-		b.settle(ctx)
-		c, err := b.amqpConsume(ctx, cr, n)
-		res.addCeiling(c)
-		return err
-	}); err != nil {
-		return fmt.Errorf("rabbitmq consume ceiling (second sample): %w", err)
-	}
-	b.settle(ctx)
-	return nil
+	return consumeSample(" (second sample of the consume)", false)
 }
 
 // commitWorkers is how many producers commit at once in the commit ceiling.
