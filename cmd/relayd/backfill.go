@@ -47,10 +47,17 @@ type backfillEnv struct {
 	Rate        float64 `env:"RELAY_BACKFILL_RATE, default=0"`
 	SubjectMap  string  `env:"RELAY_BACKFILL_SUBJECT_MAP"`
 	AllowOthers bool    `env:"RELAY_BACKFILL_ALLOW_OTHER_CONSUMERS, default=false"`
+	Follow      bool    `env:"RELAY_BACKFILL_FOLLOW, default=false"`
+	DryRun      bool    `env:"RELAY_BACKFILL_DRY_RUN, default=false"`
+	JSON        bool    `env:"RELAY_BACKFILL_JSON, default=false"`
 }
 
 func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	var be backfillEnv
+	if err := noEmpty[backfillEnv](env); err != nil {
+		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+		return exitUsage
+	}
 	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &be, Lookuper: env}); err != nil {
 		fmt.Fprintf(stderr, "relayd: config: %v\n", envError[backfillEnv](err))
 		return exitUsage
@@ -66,9 +73,9 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	rateFlag := fs.Float64("rate", be.Rate, "at most R messages per second (0: no cap)")
 	subjectMap := fs.String("subject-map", be.SubjectMap, "rewrite routing-key prefixes: from=to[,from=to...]")
 	allowOthers := fs.Bool("allow-other-consumers", be.AllowOthers, "start even if other consumers share the queue")
-	follow := fs.Bool("follow", false, "keep going after the queue is drained")
-	dryRun := fs.Bool("dry-run", false, "report what would happen; change nothing")
-	asJSON := fs.Bool("json", false, "print the summary as JSON")
+	follow := fs.Bool("follow", be.Follow, "keep going after the queue is drained")
+	dryRun := fs.Bool("dry-run", be.DryRun, "report what would happen; change nothing")
+	asJSON := fs.Bool("json", be.JSON, "print the summary as JSON")
 	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, backfillHelp)); done {
 		return code
 	}

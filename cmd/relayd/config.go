@@ -13,10 +13,12 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/relay"
@@ -83,6 +85,9 @@ func badVar(name, format string, args ...any) error {
 // production, a map in tests) and validates it.
 func loadConfig(ctx context.Context, l envconfig.Lookuper) (*config, error) {
 	var c config
+	if err := noEmpty[config](l); err != nil {
+		return nil, err
+	}
 	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: l}); err != nil {
 		return nil, envError[config](err)
 	}
@@ -90,6 +95,29 @@ func loadConfig(ctx context.Context, l envconfig.Lookuper) (*config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// emptyMeans are the variables with a default whose empty value is a
+// setting of its own: no metrics listener; subjects without a prefix.
+var emptyMeans = map[string]bool{"RELAY_METRICS_ADDR": true, "RELAY_NATS_SUBJECT_PREFIX": true}
+
+// noEmpty refuses a variable of T that is required or has a default, set
+// to nothing: go-envconfig takes "" as the value, so that an empty
+// RELAY_MAX_ATTEMPTS (a compose file's unset ${VAR}) would mean 0, never
+// park, and an empty RELAY_DATABASE_URL libpq's defaults — whatever PGHOST
+// names.
+func noEmpty[T any](l envconfig.Lookuper) error {
+	t := reflect.TypeFor[T]()
+	for i := range t.NumField() {
+		name, opts, _ := strings.Cut(t.Field(i).Tag.Get("env"), ",")
+		if name == "" || emptyMeans[name] || !strings.Contains(opts, "default=") && !strings.Contains(opts, "required") {
+			continue
+		}
+		if v, ok := l.Lookup(name); ok && strings.TrimSpace(v) == "" {
+			return badVar(name, "is set but empty: give a value, or unset it for the default")
+		}
+	}
+	return nil
 }
 
 // envError rewrites go-envconfig's errors into one line that starts with the
@@ -125,7 +153,7 @@ func (c *config) validate() error {
 		return badVar("RELAY_DATABASE_URL", "cannot be parsed as a Postgres URL or key=value DSN")
 	}
 	if c.wants(relay.TargetNATS) {
-		if err := checkURL(c.NATSURL, "nats", "tls", "ws", "wss"); err != nil {
+		if err := checkNATSURL(c.NATSURL); err != nil {
 			return badVar("RELAY_NATS_URL", "%v", err)
 		}
 		if c.NATSStream == "" || strings.ContainsAny(c.NATSStream, " \t.*>") {
@@ -139,7 +167,7 @@ func (c *config) validate() error {
 		}
 	}
 	if c.wants(relay.TargetAMQP) {
-		if err := checkURL(c.AMQPURL, "amqp", "amqps"); err != nil {
+		if err := checkAMQPURL(c.AMQPURL); err != nil {
 			return badVar("RELAY_AMQP_URL", "%v", err)
 		}
 		if c.AMQPExchange == "" {
@@ -165,8 +193,12 @@ func (c *config) validate() error {
 		return badVar("RELAY_AMQP_CERT", "RELAY_AMQP_CERT and RELAY_AMQP_KEY go together")
 	}
 	if c.MetricsAddr != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
-			return badVar("RELAY_METRICS_ADDR", "%q is not host:port", c.MetricsAddr)
+		_, port, err := net.SplitHostPort(c.MetricsAddr)
+		if err == nil {
+			_, err = strconv.ParseUint(port, 10, 16)
+		}
+		if err != nil {
+			return badVar("RELAY_METRICS_ADDR", "%q is not host:port with a port of 0..65535", c.MetricsAddr)
 		}
 	}
 	for _, v := range []struct {
@@ -230,6 +262,25 @@ func (c *config) wants(t relay.Target) bool {
 	return false
 }
 
+// checkNATSURL checks a NATS server list as nats.go reads it: URLs
+// separated by commas, spaces around them allowed, nats:// taken for a
+// server without a scheme.
+func checkNATSURL(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return errors.New("must not be empty")
+	}
+	for p := range strings.SplitSeq(s, ",") {
+		p = strings.TrimSpace(p)
+		if !strings.Contains(p, "://") {
+			p = "nats://" + p
+		}
+		if err := checkURL(p, "nats", "tls", "ws", "wss"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkURL checks that s parses as a URL with one of the schemes. The error
 // never repeats the URL, which may hold a password.
 func checkURL(s string, schemes ...string) error {
@@ -249,6 +300,19 @@ func checkURL(s string, schemes ...string) error {
 		}
 	}
 	return fmt.Errorf("scheme %q: want %s://", u.Scheme, strings.Join(schemes, ":// or "))
+}
+
+// checkAMQPURL checks s as checkURL does, then as amqp091-go will parse it
+// when it dials (a vhost or a query it refuses); its error, which quotes
+// the URL, is not repeated.
+func checkAMQPURL(s string) error {
+	if err := checkURL(s, "amqp", "amqps"); err != nil {
+		return err
+	}
+	if _, err := amqp.ParseURI(s); err != nil {
+		return errors.New("is not a URI RabbitMQ's client accepts (amqp[s]://user:password@host:port/vhost)")
+	}
+	return nil
 }
 
 // amqpTLS builds the TLS configuration for amqps:// from RELAY_AMQP_CA,
@@ -287,7 +351,7 @@ func amqpURLOK(env envconfig.Lookuper, stderr io.Writer) bool {
 	if !ok {
 		return true
 	}
-	if err := checkURL(u, "amqp", "amqps"); err != nil {
+	if err := checkAMQPURL(u); err != nil {
 		fmt.Fprintf(stderr, "relayd: config: RELAY_AMQP_URL: %v\n", err)
 		return false
 	}
@@ -296,27 +360,27 @@ func amqpURLOK(env envconfig.Lookuper, stderr io.Writer) bool {
 
 // redact returns a URL fit for logs — or a NATS server list, URLs separated
 // by commas: each password is replaced, and so is a NATS token (the user
-// part of a nats:// URL without a password).
+// part of a nats:// URL without a password). The user part runs to the
+// last '@', not to the first '/', '?' or '#' as url.Parse has it: a token
+// or password with one of those left unescaped would otherwise be read as
+// the path, and printed.
 func redact(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
-		p = strings.TrimSpace(p)
-		if !strings.Contains(p, "://") {
-			p = "nats://" + p // nats.go takes a server without a scheme as nats://
+		scheme, rest, ok := strings.Cut(strings.TrimSpace(p), "://")
+		if !ok {
+			scheme, rest = "nats", scheme // nats.go takes a server without a scheme as nats://
 		}
-		u, err := url.Parse(p)
-		if err != nil {
-			parts[i] = "(unparseable URL)"
-			continue
-		}
-		if u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			} else if slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) {
-				u.User = url.User("xxxxx")
+		if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+			user, _, hasPassword := strings.Cut(rest[:at], ":")
+			switch {
+			case hasPassword:
+				rest = user + ":xxxxx" + rest[at:]
+			case slices.Contains([]string{"nats", "tls", "ws", "wss"}, scheme):
+				rest = "xxxxx" + rest[at:]
 			}
 		}
-		parts[i] = u.String()
+		parts[i] = scheme + "://" + rest
 	}
 	return strings.Join(parts, ",")
 }

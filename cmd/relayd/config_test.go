@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,17 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"RELAY_METRICS_ADDR": "9090"}, "RELAY_METRICS_ADDR"},
 		{map[string]string{"RELAY_LOG_LEVEL": "loud"}, "RELAY_LOG_LEVEL"},
 		{map[string]string{"RELAY_LOG_FORMAT": "xml"}, "RELAY_LOG_FORMAT"},
+		// Set but empty: not the default, not zero.
+		{map[string]string{"RELAY_DATABASE_URL": " "}, "RELAY_DATABASE_URL: is set but empty"},
+		{map[string]string{"RELAY_MAX_ATTEMPTS": ""}, "RELAY_MAX_ATTEMPTS: is set but empty"},
+		{map[string]string{"RELAY_PUBLISH_TIMEOUT": ""}, "RELAY_PUBLISH_TIMEOUT: is set but empty"},
+		{map[string]string{"RELAY_METRICS_ADDR": ":99999"}, "RELAY_METRICS_ADDR"},
+		{map[string]string{"RELAY_METRICS_ADDR": "localhost:http"}, "RELAY_METRICS_ADDR"},
+		// amqp091-go refuses these when it dials: a space in the vhost, a
+		// bad heartbeat.
+		{map[string]string{"RELAY_AMQP_URL": "amqp://u:s3cret@h/my vhost"}, "RELAY_AMQP_URL"},
+		{map[string]string{"RELAY_AMQP_URL": "amqp://u:s3cret@h/?heartbeat=x"}, "RELAY_AMQP_URL"},
+		{map[string]string{"RELAY_NATS_URL": "nats://a:4222,http://b"}, "RELAY_NATS_URL"},
 	} {
 		env := base()
 		for k, v := range tc.set {
@@ -90,6 +102,25 @@ func TestConfigSkipsDisabledTarget(t *testing.T) {
 	}
 }
 
+// Values nats.go and the runtime accept are accepted; an empty value that
+// means something keeps its meaning.
+func TestConfigAccepts(t *testing.T) {
+	for _, set := range []map[string]string{
+		{"RELAY_NATS_URL": "nats://a:4222, nats://b:4222"},
+		{"RELAY_NATS_URL": "nats-0:4222,nats-1:4222"},
+		{"RELAY_METRICS_ADDR": ""},
+		{"RELAY_NATS_SUBJECT_PREFIX": ""},
+		{"RELAY_NATS_CREDS": ""},
+		{"RELAY_MAX_ATTEMPTS": "0"},
+	} {
+		env := base()
+		maps.Copy(env, set)
+		if _, err := loadConfig(context.Background(), envconfig.MapLookuper(env)); err != nil {
+			t.Errorf("%v: %v", set, err)
+		}
+	}
+}
+
 func TestRunExitCodes(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -106,6 +137,10 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"run", "--bogus"}, base(), exitUsage, "flag provided but not defined"},
 		{[]string{"run"}, map[string]string{"RELAY_TARGETS": "bogus", "RELAY_DATABASE_URL": "postgres://x"}, exitUsage, "RELAY_TARGETS"},
 		{[]string{"run"}, map[string]string{}, exitUsage, "RELAY_DATABASE_URL"},
+		{[]string{"run"}, map[string]string{"RELAY_DATABASE_URL": ""}, exitUsage, "RELAY_DATABASE_URL: is set but empty"},
+		{[]string{"backfill", "--queue", "q"}, with(base(), "RELAY_BACKFILL_LIMIT", ""), exitUsage, "RELAY_BACKFILL_LIMIT: is set but empty"},
+		{[]string{"backfill", "--queue", "q"}, with(base(), "RELAY_AMQP_URL", "amqp://u:pw@h/?heartbeat=x"), exitUsage, "RELAY_AMQP_URL: is not a URI"},
+		{[]string{"migrate", "--inbox", "Bad-Name"}, base(), exitUsage, "--inbox \"Bad-Name\" is not a valid table name"},
 		{[]string{"run"}, with(base(), "RELAY_PUBLISH_TIMEOUT", "30s"), exitUsage, "RELAY_SHUTDOWN_TIMEOUT: 30s must exceed RELAY_PUBLISH_TIMEOUT"},
 		// Only run waits for in-flight batches: backfill takes the same
 		// publish timeout (and fails later, here, on its missing --queue).
@@ -148,7 +183,15 @@ func TestRedact(t *testing.T) {
 		"tls://s3cr3t@nats:4222, nats://b:4222":   "tls://xxxxx@nats:4222,nats://b:4222",
 		"nats://127.0.0.1:4222":                   "nats://127.0.0.1:4222",
 		"nats://a:4222,u:pw@b:4222":               "nats://a:4222,nats://u:xxxxx@b:4222",
-		"amqp://u:pa%zz@h/":                       "(unparseable URL)",
+		"amqp://u:pa%zz@h/":                       "amqp://u:xxxxx@h/",
+		// A token or password with '/', '?', '#' or '@' in it, unescaped:
+		// url.Parse reads the first three as the path, and the user part
+		// ends at the last '@'.
+		"nats://Zm9v/YmFy@nats:4222":   "nats://xxxxx@nats:4222",
+		"nats://tok?en@nats:4222":      "nats://xxxxx@nats:4222",
+		"tls://u:p#w@nats:4222":        "tls://u:xxxxx@nats:4222",
+		"amqp://u:p/w@d@rabbit/vhost":  "amqp://u:xxxxx@rabbit/vhost",
+		"nats:4222, s3cr3t@nats2:4222": "nats://nats:4222,nats://xxxxx@nats2:4222",
 	} {
 		if got := redact(in); got != want {
 			t.Errorf("redact(%q) = %q, want %q", in, got, want)
@@ -179,4 +222,55 @@ func FuzzConfigTargets(f *testing.F) {
 			t.Fatalf("accepted %q as %v", s, cfg.targets)
 		}
 	})
+}
+
+// Every backfill flag reads its default from RELAY_BACKFILL_<FLAG>, as the
+// help and the README say: a job that sets RELAY_BACKFILL_DRY_RUN=true must
+// not move a message. The help shows each flag's default, so it shows
+// whether the variable was read.
+func TestBackfillFlagsReadTheirVariables(t *testing.T) {
+	var help bytes.Buffer
+	if code := run([]string{"backfill", "-h"}, &help, &help, envconfig.MapLookuper(nil)); code != exitOK {
+		t.Fatalf("backfill -h: exit %d", code)
+	}
+	values := map[string]string{"bool": "true", "string": "x-set", "int": "7", "float": "7.5"}
+	flags := 0
+	for line := range strings.Lines(help.String()) {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || !strings.HasPrefix(line, "  -") {
+			continue
+		}
+		flags++
+		name, typ := strings.TrimPrefix(fields[0], "-"), "bool"
+		if len(fields) > 1 {
+			typ = fields[1]
+		}
+		v, ok := values[typ]
+		if !ok {
+			t.Fatalf("flag -%s of type %s: no test value", name, typ)
+		}
+		if name == "subject-map" {
+			v = "a.=b."
+		}
+		envName := "RELAY_BACKFILL_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		var out bytes.Buffer
+		run([]string{"backfill", "-h"}, &out, &out, envconfig.MapLookuper(map[string]string{envName: v}))
+		want := "(default " + v + ")"
+		if typ == "string" {
+			want = "(default \"" + v + "\")"
+		}
+		var got string
+		for l := range strings.Lines(out.String()) {
+			if strings.HasPrefix(l, "  -"+name+" ") || strings.TrimSpace(l) == "-"+name {
+				got = l
+			}
+		}
+		// The usage text is on the line after the flag's name.
+		if i := strings.Index(out.String(), got); got == "" || !strings.Contains(strings.SplitN(out.String()[i:], "\n", 3)[1], want) {
+			t.Errorf("%s=%s: -%s's default is not %s:\n%s", envName, v, name, want, out.String())
+		}
+	}
+	if flags < 10 {
+		t.Errorf("found %d flags in the help, want the 10 it has:\n%s", flags, help.String())
+	}
 }

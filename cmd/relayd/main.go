@@ -187,6 +187,12 @@ func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 		fmt.Fprintf(stderr, "relayd migrate: unknown action %q: want up or status\n", action)
 		return exitUsage
 	}
+	if *inboxTable != "" {
+		if _, err := schema.ParseTable(*inboxTable); err != nil {
+			fmt.Fprintf(stderr, "relayd migrate: --inbox %q is not a valid table name: want name or schema.name, lower-case letters, digits and _\n", *inboxTable)
+			return exitUsage
+		}
+	}
 	cfg, code := configOrExit(stderr, env)
 	if cfg == nil {
 		return code

@@ -2,7 +2,6 @@ package main
 
 import (
 	"strconv"
-	"strings"
 
 	"github.com/sethvargo/go-envconfig"
 )
@@ -29,7 +28,8 @@ func procs(l envconfig.Lookuper) (int, error) {
 	if !ok || v == "" {
 		return defaultProcs, nil
 	}
-	if n, err := strconv.Atoi(strings.TrimSpace(v)); err != nil || n < 1 {
+	// As the runtime reads it: base 10, 32 bits, no spaces.
+	if n, err := strconv.ParseInt(v, 10, 32); err != nil || n < 1 {
 		return 0, badVar("GOMAXPROCS", "%q is not a whole number of at least 1", v)
 	}
 	return 0, nil

@@ -24,6 +24,11 @@ func TestProcs(t *testing.T) {
 		{map[string]string{"GOMAXPROCS": "-2"}, 0, true},
 		{map[string]string{"GOMAXPROCS": "two"}, 0, true},
 		{map[string]string{"GOMAXPROCS": "1.5"}, 0, true},
+		// The runtime reads base 10 into 32 bits, spaces and all: these it
+		// would ignore, and relayd run on every core.
+		{map[string]string{"GOMAXPROCS": " 2"}, 0, true},
+		{map[string]string{"GOMAXPROCS": "3000000000"}, 0, true},
+		{map[string]string{"GOMAXPROCS": "010x"}, 0, true},
 	} {
 		n, err := procs(envconfig.MapLookuper(tc.env))
 		if tc.bad {

@@ -34,7 +34,7 @@ func openSession(stderr io.Writer, env envconfig.Lookuper, poolSize int32, withN
 	}
 	if withNATS {
 		// The target may be off for the relay; these commands need it anyway.
-		if err := checkURL(cfg.NATSURL, "nats", "tls", "ws", "wss"); err != nil {
+		if err := checkNATSURL(cfg.NATSURL); err != nil {
 			fmt.Fprintf(stderr, "relayd: config: RELAY_NATS_URL: %v\n", err)
 			return nil, exitUsage
 		}
