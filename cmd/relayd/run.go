@@ -152,10 +152,13 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			}
 			defer nc.Close()
 			sctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
-			err = natssink.EnsureStream(sctx, nc, cfg.NATSStream, cfg.NATSSubjectPrefix, cfg.NATSDupWindow, cfg.Provision)
+			warning, err := natssink.EnsureStream(sctx, nc, cfg.NATSStream, cfg.NATSSubjectPrefix, cfg.NATSDupWindow, cfg.Provision)
 			cancel()
 			if err != nil {
 				return err
+			}
+			if warning != "" {
+				log.Warn("nats: " + warning)
 			}
 			s, err := natssink.New(natssink.Config{
 				Conn: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix,

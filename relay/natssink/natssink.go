@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -202,37 +204,64 @@ func classify(err error) error {
 	}
 }
 
-// EnsureStream checks that the stream exists and captures prefix+">", or
-// with create makes it (file storage, the given duplicate window). A
-// missing stream is reported by name.
-func EnsureStream(ctx context.Context, nc *nats.Conn, name, subjectPrefix string, dupWindow time.Duration, create bool) error {
+// EnsureStream checks that the stream exists, or with create makes it
+// (file storage on prefix+">", the given duplicate window). A missing
+// stream is reported by name. A stream that exists is left as it is, create
+// or not: its limits, duplicate window and subjects are the operator's (an
+// update would put every setting not given here back to its default). It
+// returns a warning when the stream's subjects do not capture all of
+// prefix+">": rows of the topics outside them are refused.
+func EnsureStream(ctx context.Context, nc *nats.Conn, name, subjectPrefix string, dupWindow time.Duration, create bool) (warning string, err error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return err
+		return "", err
 	}
 	subject := subjectPrefix + ">"
-	if create {
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) && create {
 		if subjectPrefix == "" {
-			return errors.New("nats: provisioning a stream needs RELAY_NATS_SUBJECT_PREFIX (its subjects are PREFIX>)")
+			return "", errors.New("nats: provisioning a stream needs RELAY_NATS_SUBJECT_PREFIX (its subjects are PREFIX>)")
 		}
-		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		st, err = js.CreateStream(ctx, jetstream.StreamConfig{
 			Name:       name,
 			Subjects:   []string{subject},
 			Storage:    jetstream.FileStorage,
 			Duplicates: dupWindow,
 		})
-		if err != nil {
-			return fmt.Errorf("nats: create stream %q: %w", name, err)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			st, err = js.Stream(ctx, name) // another instance made it meanwhile
 		}
-		return nil
+		if err != nil {
+			return "", fmt.Errorf("nats: create stream %q: %w", name, err)
+		}
 	}
-	st, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("nats: stream %q does not exist (create it, or set RELAY_PROVISION=true)", name)
+		return "", fmt.Errorf("nats: stream %q does not exist (create it, or set RELAY_PROVISION=true)", name)
 	}
 	if err != nil {
-		return fmt.Errorf("nats: check stream %q: %w", name, err)
+		return "", fmt.Errorf("nats: check stream %q: %w", name, err)
 	}
-	_ = st
-	return nil
+	subjects := st.CachedInfo().Config.Subjects
+	if !slices.ContainsFunc(subjects, func(f string) bool { return Covers(f, subject) }) {
+		return fmt.Sprintf("stream %q's subjects %q do not capture all of %q: a row whose subject falls outside them is parked (no stream, or another stream, captures it)", name, subjects, subject), nil
+	}
+	return "", nil
+}
+
+// Covers reports whether the subject filter captures every subject that
+// subject (itself a filter, with wildcards) matches.
+func Covers(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, ft := range f {
+		if ft == ">" {
+			return i < len(s)
+		}
+		if i >= len(s) || s[i] == ">" {
+			return false
+		}
+		if ft != "*" && (ft != s[i] || s[i] == "*") {
+			return false
+		}
+	}
+	return len(f) == len(s)
 }

@@ -595,3 +595,84 @@ func TestFullStreamIsOutOfRoom(t *testing.T) {
 		})
 	}
 }
+
+// RELAY_PROVISION creates a missing stream, and leaves one that exists as
+// the operator made it: an update with relayd's few settings would put its
+// limits, discard policy, duplicate window and other subjects back to their
+// defaults. A stream whose subjects miss some of PREFIX> is reported.
+func TestEnsureStreamLeavesAnExistingStreamAlone(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := testenv.NewStream(t, "ensure")
+	own := jetstream.StreamConfig{Name: st.Name, Subjects: []string{st.Prefix + ">", "elsewhere_" + st.Prefix + "x"},
+		MaxMsgs: 1000, Discard: jetstream.DiscardNew, Duplicates: time.Hour, MaxAge: 24 * time.Hour}
+	if _, err := st.JS.UpdateStream(ctx, own); err != nil {
+		t.Fatal(err)
+	}
+	for _, create := range []bool{true, false} {
+		warning, err := natssink.EnsureStream(ctx, st.NC, st.Name, st.Prefix, 2*time.Minute, create)
+		if err != nil || warning != "" {
+			t.Fatalf("create=%v: %q, %v; want no warning, no error", create, warning, err)
+		}
+		info, err := st.Stream.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := info.Config
+		if c.MaxMsgs != own.MaxMsgs || c.Discard != own.Discard || c.Duplicates != own.Duplicates || c.MaxAge != own.MaxAge || len(c.Subjects) != 2 {
+			t.Fatalf("create=%v: the stream's settings changed: %+v", create, c)
+		}
+	}
+
+	// Subjects that capture only some topics: a warning, not a refusal.
+	narrow := testenv.NewStream(t, "ensurenarrow")
+	if _, err := narrow.JS.UpdateStream(ctx, jetstream.StreamConfig{Name: narrow.Name, Subjects: []string{narrow.Prefix + "orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if warning, err := natssink.EnsureStream(ctx, narrow.NC, narrow.Name, narrow.Prefix, time.Minute, true); err != nil || !strings.Contains(warning, "do not capture all of") {
+		t.Fatalf("narrow stream: %q, %v; want a warning", warning, err)
+	}
+
+	// Missing: an error without create, made with it.
+	name := strings.ToUpper(testenv.Name("ensuremissing"))
+	prefix := strings.ToLower(name) + "."
+	if _, err := natssink.EnsureStream(ctx, st.NC, name, prefix, time.Minute, false); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("missing stream without create: %v, want 'does not exist'", err)
+	}
+	if warning, err := natssink.EnsureStream(ctx, st.NC, name, prefix, 90*time.Second, true); err != nil || warning != "" {
+		t.Fatalf("missing stream with create: %q, %v", warning, err)
+	}
+	t.Cleanup(func() { st.JS.DeleteStream(context.Background(), name) }) //nolint:errcheck // best effort
+	made, err := st.JS.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := made.CachedInfo().Config; c.Duplicates != 90*time.Second || c.Storage != jetstream.FileStorage || len(c.Subjects) != 1 || c.Subjects[0] != prefix+">" {
+		t.Fatalf("created stream %+v, want file storage on %s> with a 90s duplicate window", c, prefix)
+	}
+}
+
+func TestCovers(t *testing.T) {
+	for _, c := range []struct {
+		filter, subject string
+		want            bool
+	}{
+		{"outbox.>", "outbox.>", true},
+		{">", "outbox.>", true},
+		{"*.>", "outbox.>", true},
+		{"outbox.*", "outbox.>", false},
+		{"outbox.orders.>", "outbox.>", false},
+		{"other.>", "outbox.>", false},
+		{">", ">", true},
+		{"outbox.>", "outbox", false},
+		{"a.b", "a.b", true},
+		{"a.*", "a.b", true},
+		{"a", "*", false},
+		{"a.b.c", "a.b", false},
+	} {
+		if got := natssink.Covers(c.filter, c.subject); got != c.want {
+			t.Errorf("Covers(%q, %q) = %v, want %v", c.filter, c.subject, got, c.want)
+		}
+	}
+}
