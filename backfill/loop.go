@@ -308,8 +308,11 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 		items[i].acks = acks
 	}
 	// A cancelled run still settles its batch: bounded by PublishTimeout.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.PublishTimeout+10*time.Second)
-	defer cancel()
+	settleBudget := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), b.cfg.PublishTimeout+10*time.Second)
+	}
+	wctx, cancel := settleBudget()
+	defer func() { cancel() }()
 
 	known, err := b.known(wctx, items)
 	if err != nil {
@@ -360,6 +363,11 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 				break // cancelled: publish this batch anyway, it is already ours
 			}
 		}
+		// The budget starts after the wait: at a low --rate a batch
+		// waits longer than the budget, and every publish failed at once,
+		// every batch, for ever.
+		cancel()
+		wctx, cancel = settleBudget()
 	}
 
 	pctx, pcancel := context.WithTimeout(wctx, b.cfg.PublishTimeout)

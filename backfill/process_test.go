@@ -8,6 +8,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/time/rate"
 
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/internal/testenv"
@@ -65,5 +66,43 @@ SELECT id, 'q', false FROM unnest($1::text[]) AS id`, known); err != nil {
 	}
 	if info.State.Msgs != 80 {
 		t.Fatalf("stream holds %d messages, want 80", info.State.Msgs)
+	}
+}
+
+// At a low --rate a batch waits for the limiter longer than its time to
+// settle (the publish timeout and 10 s): that wait is not the publish's.
+// When it was, every publish of such a batch failed before it was sent,
+// and the run requeued the same messages for ever.
+func TestProcessAtALowRate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres and NATS")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	st := testenv.NewStream(t, "bfrate")
+	id := st.Prefix[:len(st.Prefix)-1]
+
+	// 20 msg/s (bursts of 2): 224 messages wait 11.1 s, past 0.5 s + 10 s.
+	cfg := Config{AMQPURL: "amqp://unused", Queue: "unused", NATS: st.NC, Stream: st.Name,
+		SubjectPrefix: st.Prefix, DB: pool, Table: table, Rate: 20, PublishTimeout: 500 * time.Millisecond}
+	if err := cfg.applyDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	b := &runner{cfg: cfg, log: cfg.Logger, js: st.JS, pub: jspub.New(st.NC, st.Name, 2*cfg.Prefetch, cfg.PublishTimeout),
+		seenHeld: map[string]bool{}, retrying: map[string]int{}, limiter: rate.NewLimiter(20, 2)}
+	var ds []amqp.Delivery
+	for tag := uint64(1); tag <= 224; tag++ {
+		ds = append(ds, amqp.Delivery{DeliveryTag: tag, MessageId: fmt.Sprintf("r-%s-%d", id, tag), RoutingKey: "orders", Body: []byte("x")})
+	}
+	rec := &recAck{}
+	b.process(ctx, newAcker(rec), ds, nil)
+	if s := b.summary(); s.Moved != 224 || s.Requeued != 0 {
+		t.Fatalf("moved %d, requeued %d; want all 224 moved", s.Moved, s.Requeued)
+	}
+	if want := []string{"ack 224 true"}; !reflect.DeepEqual(rec.calls, want) {
+		t.Fatalf("frames sent to RabbitMQ: %v, want %v", rec.calls[:min(len(rec.calls), 5)], want)
 	}
 }
