@@ -198,6 +198,7 @@ type runner struct {
 	// full stream, JetStream down), until it moves; see retryWait.
 	retrying      map[string]int
 	nRetrying     atomic.Int64 // len(retrying)
+	lastGhostWarn time.Time    // the main loop's alone (drained)
 	lastRetryWarn time.Time
 }
 

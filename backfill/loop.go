@@ -278,7 +278,12 @@ func (b *runner) session(ctx context.Context) error {
 	return endErr
 }
 
-// drained reports whether the queue has no ready message.
+// drained reports whether the queue has no ready message — and, unless
+// other consumers are allowed, no consumer but this one: after a reconnect,
+// the consumer of a connection that died without a close (a reset, a
+// partition) still holds its unacked deliveries until the broker notices,
+// up to the whole prefetch; they come back to the queue then, and a run that
+// had stopped at "0 ready" would have left them there.
 func (b *runner) drained(conn *amqp.Connection) (bool, error) {
 	ch, err := conn.Channel()
 	if err != nil {
@@ -288,6 +293,14 @@ func (b *runner) drained(conn *amqp.Connection) (bool, error) {
 	q, err := ch.QueueDeclarePassive(b.cfg.Queue, true, false, false, false, nil)
 	if err != nil {
 		return false, err
+	}
+	if q.Messages == 0 && !b.cfg.AllowOtherConsumers && q.Consumers > 1 {
+		if now := time.Now(); now.Sub(b.lastGhostWarn) >= retryWarnEvery {
+			b.lastGhostWarn = now
+			b.log.Warn("backfill: nothing ready, but another consumer is on the queue and may hold messages unacked (a connection of an earlier session not yet closed by RabbitMQ?); waiting for it to go",
+				"queue", b.cfg.Queue, "consumers", q.Consumers)
+		}
+		return false, nil
 	}
 	return q.Messages == 0, nil
 }

@@ -653,3 +653,65 @@ func TestBackfillWaitsForAFullStream(t *testing.T) {
 		t.Errorf("%d distinct ids in the stream, want the 30 before the limit", len(ids))
 	}
 }
+
+// A consumer left on the queue by a connection that died without a close
+// holds its unacked deliveries until RabbitMQ notices: the run is not
+// drained while it is there, though nothing is ready, and moves its
+// messages once they are back.
+func TestBackfillWaitsForAGhostConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var msgs []amqp.Publishing
+	for i := range 400 {
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("ghost-%d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
+	}
+	e.legacyPublish(msgs, "orders.ghost")
+	_, out, done := e.startBackfill(t, "", "--prefetch", "50", "--rate", "200")
+	testenv.Eventually(t, 30*time.Second, func() bool { _, c := e.queueDepth(e.queue); return c == 1 }, "the backfill never consumed")
+
+	// The ghost: another connection's consumer (as the run's own before a
+	// reset), holding 50 deliveries unacked.
+	conn, err := amqp.Dial(testenv.AMQPURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(50, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	held, err := ch.Consume(e.queue, "ghost", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 50 {
+		select {
+		case <-held:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the ghost got fewer than 50 deliveries")
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { n, _ := e.queueDepth(e.queue); return n == 0 }, "the queue never emptied")
+	select {
+	case err := <-done:
+		t.Fatalf("the backfill ended (%v) while the ghost held 50 messages:\n%s", err, out.String())
+	case <-time.After(3 * time.Second):
+	}
+	conn.Close() // the broker notices: the 50 go back to the queue
+	sum := finished(t, done, out, 30*time.Second, "backfill after the ghost went")
+	if sum.Moved != 400 {
+		t.Fatalf("summary %+v: want 400 moved", sum)
+	}
+	if n, _ := e.queueDepth(e.queue); n != 0 {
+		t.Errorf("%d messages left in the queue", n)
+	}
+	ids := e.streamIDs()
+	for i := range 400 {
+		if id := fmt.Sprintf("ghost-%d", i); ids[id] != 1 {
+			t.Errorf("%s in the stream %d times, want once", id, ids[id])
+		}
+	}
+}
