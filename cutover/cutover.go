@@ -221,12 +221,23 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 		return s, fmt.Errorf("cutover: consumer %s: %w", cfg.Consumer, err)
 	}
 	s.ackWait, s.backoff, s.maxAck = ci.Config.AckWait, ci.Config.BackOff, ci.Config.MaxAckPending
-	s.conds = append(s.conds, Condition{
+	c := Condition{
 		Name: CondConsumer,
 		OK:   ci.NumPending == 0 && ci.NumAckPending == 0,
 		Detail: fmt.Sprintf("consumer %s: pending %d, ack pending %d, redelivered %d, delivered stream seq %d, ack floor %d, stream last seq %d",
 			cfg.Consumer, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.Delivered.Stream, ci.AckFloor.Stream, si.State.LastSeq),
-	})
+	}
+	// Its figures say what the application has processed only if it acks
+	// (with AckNone, ack pending is 0 while messages are in its hands) and
+	// the consumer outlives a restart (an ephemeral one goes, and the
+	// application's next one starts wherever it is told).
+	switch {
+	case ci.Config.AckPolicy == jetstream.AckNonePolicy:
+		c.OK, c.Detail = false, fmt.Sprintf("consumer %s does not ack (AckNone): its ack pending is always 0, whatever the application has processed; the application's consumer must ack", cfg.Consumer)
+	case ci.Config.Durable == "":
+		c.OK, c.Detail = false, fmt.Sprintf("consumer %s is not durable: the application's consumer must be, or its position goes with it", cfg.Consumer)
+	}
+	s.conds = append(s.conds, c)
 	return s, nil
 }
 

@@ -199,3 +199,38 @@ func TestConservativeNeedsAnAckPendingLimit(t *testing.T) {
 		t.Fatalf("Check with a quiet period = %+v, %v; want OK over 300ms", res, err)
 	}
 }
+
+// A consumer whose figures do not say what the application processed — one
+// that does not ack, or an ephemeral one — fails the check, with a reason,
+// however empty it looks.
+func TestConsumerMustAckAndBeDurable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	ns := testenv.NewStream(t, "coack")
+	if _, err := ns.Stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "no-acks", AckPolicy: jetstream.AckNonePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ns.Stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Name: "ephemeral", AckPolicy: jetstream.AckExplicitPolicy, InactiveThreshold: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ns.Stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "good", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	for consumer, want := range map[string]string{"no-acks": "does not ack", "ephemeral": "is not durable", "good": ""} {
+		cfg := cutover.Config{DB: pool, Table: table, JS: ns.JS, Stream: ns.Name, Consumer: consumer, Poll: 100 * time.Millisecond, QuietPeriod: 300 * time.Millisecond}
+		res, err := cutover.Check(ctx, cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", consumer, err)
+		}
+		if res.OK != (want == "") {
+			t.Errorf("%s: OK = %v, want %v: %+v", consumer, res.OK, want == "", res)
+		}
+		for _, c := range res.Conditions {
+			if c.Name == cutover.CondConsumer && (c.OK != (want == "") || !strings.Contains(c.Detail, want)) {
+				t.Errorf("%s: consumer condition %+v, want OK %v and %q", consumer, c, want == "", want)
+			}
+		}
+	}
+}
