@@ -534,7 +534,9 @@ const maxFloorCandidates = 64
 // started at floor.
 //
 // A full claim raises the high-water mark past its unkeyed rows: during a
-// backlog the walks skip the rows the other batches hold (claimFloor).
+// backlog the walks skip the rows the other batches hold (claimFloor). A
+// full claim from the oldest row lowers it to its top instead: there are
+// more claimable rows below the mark than a batch.
 //
 // A short claim walked to the end of what it may take. If it started at or
 // below the safe floor, every row between the two that it did not take was
@@ -560,6 +562,17 @@ func (r *Relay) advanceFloor(rows []*claimed, floor int64, snap snapshot) {
 		}
 	}
 	r.seenXmin = max(r.seenXmin, snap.xmin)
+	if len(rows) >= r.cfg.BatchSize && floor == 0 {
+		// A full walk from the oldest row: what lies below the floor is
+		// more than a batch — a target back from an outage (the floor
+		// rose while only the other target's rows were walked), retries
+		// falling due together. The next claims walk on from here; from
+		// the high-water mark they would leave those rows to this walk,
+		// a batch every PollInterval. At most the rows the batches in
+		// flight hold are stepped over once more.
+		r.highWater, r.safe, r.tops = top, min(r.safe, top), r.tops[:0]
+		return
+	}
 	if len(rows) >= r.cfg.BatchSize {
 		r.highWater = max(r.highWater, top)
 		return

@@ -292,6 +292,33 @@ func TestTargetsProgressIndependently(t *testing.T) {
 	}
 }
 
+// A target back from an outage catches up at full speed. The claims' floor
+// was placed while its rows were not walked (only the other target's were),
+// so everything it owes lies below it: when only the walk from the oldest
+// row, once every PollInterval, reached them, the backlog went one batch a
+// poll interval — 50 rows a second here, 40 s for these 2,000.
+func TestTargetBackFromAnOutageCatchesUpAtFullSpeed(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	n.setDown(Unavailable(errors.New("nats: disconnected")))
+	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 50, Workers: 4, PollInterval: time.Second})
+	// Rows at a steady rate that RabbitMQ keeps up with: short claims,
+	// each raising the floor.
+	var ids []string
+	for range 100 {
+		ids = append(ids, f.insert(20, "orders.created")...)
+		time.Sleep(20 * time.Millisecond)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.total() == len(ids) }, "amqp did not get every row while nats was down")
+	n.setDown(nil)
+	start := time.Now()
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(ids) }, "nats did not catch up")
+	if took := time.Since(start); took > 8*time.Second {
+		t.Fatalf("nats took %v to catch up on 2,000 rows in batches of 50: a batch a poll interval", took)
+	}
+}
+
 // A broker that takes every publish but confirms none (a blackhole) pauses
 // its target without holding the other one back, and never marks anything
 // delivered.
