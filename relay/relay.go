@@ -1036,15 +1036,16 @@ func (r *Relay) cleanup(ctx context.Context) {
 	t := time.NewTicker(r.cfg.CleanupInterval)
 	defer t.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+		// At start too: rows a phase change stranded (finishStranded).
 		if err := r.CleanupOnce(ctx); err != nil && ctx.Err() == nil {
 			errs.Error(err)
 		} else {
 			errs.OK()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }
@@ -1054,6 +1055,9 @@ func (r *Relay) cleanup(ctx context.Context) {
 // marked done in the outbox before migration 00005 past retention; it
 // returns the first error.
 func (r *Relay) CleanupOnce(ctx context.Context) error {
+	if err := r.finishStranded(ctx); err != nil {
+		return err
+	}
 	for _, q := range []string{r.store.cleanupDeliveredSQL, r.store.cleanupBackfilledSQL, r.store.cleanupSQL} {
 		for {
 			if err := ctx.Err(); err != nil {
@@ -1067,6 +1071,30 @@ func (r *Relay) CleanupOnce(ctx context.Context) error {
 				break
 			}
 		}
+	}
+	return nil
+}
+
+// finishStranded moves out of the outbox, 1000 at a time, rows every
+// enabled target has but that no batch will finish: a batch claims only
+// rows owed to an enabled target, so a row that reached JetStream while
+// RabbitMQ still owed it (in retry, parked) is owed to no target once the
+// phase is nats only — and never left. Run at start (CleanupOnce) and with
+// each cleanup: an instance of the old phase may strand rows until it stops.
+func (r *Relay) finishStranded(ctx context.Context) error {
+	total := int64(0)
+	for {
+		tag, err := r.pool.Exec(ctx, r.store.finishSQL, r.enabled[0], r.enabled[1], 1000)
+		if err != nil {
+			return fmt.Errorf("cleanup: finish rows every enabled target has: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < 1000 {
+			break
+		}
+	}
+	if total > 0 {
+		r.log.Info("finished rows every enabled target has, which the targets before a phase change left in the outbox", "rows", total)
 	}
 	return nil
 }

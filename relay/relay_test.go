@@ -319,6 +319,45 @@ func TestTargetBackFromAnOutageCatchesUpAtFullSpeed(t *testing.T) {
 	}
 }
 
+// A phase change leaves rows that reached the target that stays while the
+// one dropped still owed them (in retry, or parked): no batch claims them
+// (they are owed to no enabled target), so the relay finishes them at start
+// — gone from the outbox, recorded as delivered — and leaves alone the rows
+// the remaining target still owes.
+func TestPhaseChangeFinishesStrandedRows(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ids := f.insert(4, "orders.created")
+	tbl := f.table.Ident()
+	for i, set := range []string{
+		"nats_delivered_at = now(), amqp_parked_at = now(), amqp_last_error = 'refused'",          // stranded
+		"nats_delivered_at = now(), amqp_retry_at = now() + interval '1 hour'",                    // stranded
+		"amqp_delivered_at = now(), nats_retry_at = now() + interval '1 hour', nats_attempts = 1", // still owed to nats
+		"amqp_delivered_at = now(), nats_parked_at = now()",                                       // parked for nats
+	} {
+		if _, err := f.pool.Exec(context.Background(), `UPDATE `+tbl+` SET `+set+` WHERE message_id = $1`, ids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := newFake(TargetNATS)
+	f.start(Config{Sinks: []Sink{n}})
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.state(ids[0]).done && f.state(ids[1]).done }, "the stranded rows are still in the outbox")
+	for i, want := range []rowState{{natsDelivered: true, done: true}, {natsDelivered: true, done: true}} {
+		if s := f.state(ids[i]); s != want {
+			t.Errorf("row %d: %+v, want %+v", i, s, want)
+		}
+	}
+	if s := f.state(ids[2]); s.done || s.natsDelivered {
+		t.Errorf("row owed to nats: %+v, want still owed", s)
+	}
+	if s := f.state(ids[3]); s.done || !s.natsParked {
+		t.Errorf("row parked for nats: %+v, want still parked", s)
+	}
+	if got := n.total(); got != 0 {
+		t.Errorf("nats got %d publishes; the stranded rows are in it already, the others wait", got)
+	}
+}
+
 // A broker that takes every publish but confirms none (a blackhole) pauses
 // its target without holding the other one back, and never marks anything
 // delivered.

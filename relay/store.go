@@ -28,6 +28,9 @@ type store struct {
 	cleanupDeliveredSQL string
 	// cleanupBackfilledSQL trims the backfill's record of moved ids.
 	cleanupBackfilledSQL string
+	// finishSQL moves out of the outbox rows every enabled target has
+	// that no batch will: see Relay.finishStranded.
+	finishSQL string
 }
 
 func newStore(t schema.Table) *store {
@@ -81,6 +84,22 @@ INSERT INTO %[2]s (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_se
 SELECT id, message_id, amqp_at, nats_at, amqp_sent, clock_timestamp() FROM del`, tbl, t.Delivered()),
 
 		lateSQL: [2]string{lateSQL(tbl, "amqp"), lateSQL(tbl, "nats")},
+
+		// $1, $2: whether amqp and nats are enabled; $3 the most rows.
+		// No index finds these rows (they are few, and rarely there): a
+		// scan of the outbox, which holds only what is still owed.
+		finishSQL: fmt.Sprintf(`
+WITH del AS (
+	DELETE FROM %[1]s o WHERE o.id IN (
+		SELECT id FROM %[1]s
+		WHERE done_at IS NULL AND (amqp_delivered_at IS NOT NULL OR nats_delivered_at IS NOT NULL)
+		  AND (amqp_delivered_at IS NOT NULL OR NOT $1::boolean) AND (nats_delivered_at IS NOT NULL OR NOT $2::boolean)
+		LIMIT $3 FOR UPDATE SKIP LOCKED)
+	RETURNING o.message_id, o.id, o.amqp_delivered_at, o.nats_delivered_at,
+		o.amqp_delivered_at IS NOT NULL OR o.amqp_attempts > 0 OR o.amqp_last_error IS NOT NULL AS amqp_sent
+)
+INSERT INTO %[2]s (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, done_at)
+SELECT id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, clock_timestamp() FROM del`, tbl, t.Delivered()),
 
 		// Rows marked done in the outbox by relayd before migration 00005.
 		cleanupSQL: fmt.Sprintf(`
