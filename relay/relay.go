@@ -186,10 +186,13 @@ type Relay struct {
 	store   *store
 	sinks   [2]Sink // indexed like Targets; nil when disabled
 	enabled [2]bool
-	breaker [2]*breaker
-	wake    kick // rows were committed (NOTIFY), or the listener reconnected
-	drain   kick // a worker's batch came back full: there may be more
-	log     *slog.Logger
+	// retryBound caps the backoff of a row whose publish to the target had
+	// an unknown outcome (RetryBounder); 0: none.
+	retryBound [2]time.Duration
+	breaker    [2]*breaker
+	wake       kick // rows were committed (NOTIFY), or the listener reconnected
+	drain      kick // a worker's batch came back full: there may be more
+	log        *slog.Logger
 
 	// full: per target and topic, since when the broker has refused its
 	// rows for want of room, without storing one since (see roomBackoff).
@@ -254,6 +257,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		i := targetIndex(s.Target())
 		r.sinks[i], r.enabled[i] = s, true
 		r.breaker[i] = &breaker{}
+		if rb, ok := s.(RetryBounder); ok {
+			r.retryBound[i] = rb.RetryBound()
+		}
 		if lc, ok := s.(LateConfirmer); ok {
 			lc.OnLateConfirm(func(msgID string) {
 				select {
@@ -842,6 +848,12 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 				// The broker, not the row: retry, without using up attempts.
 				outcome[ti], errText[ti] = outcomeOutage, err.Error()
 				backoff[ti] = r.retryBackoff(c.attempts[ti] + 1)
+				if b := r.retryBound[ti]; b > 0 {
+					// It may have been stored: again within the
+					// broker's dedupe window, whatever the row's
+					// earlier failures made its backoff.
+					backoff[ti] = min(backoff[ti], b)
+				}
 				if errors.Is(err, ErrAwaitingConfirm) {
 					// Its confirm may still come: leave this instance
 					// (recordLate) the time to record it before any

@@ -358,6 +358,40 @@ func TestPhaseChangeFinishesStrandedRows(t *testing.T) {
 	}
 }
 
+// boundedFake is a fakeSink whose broker dedupes within a window
+// (RetryBounder), as JetStream does.
+type boundedFake struct {
+	*fakeSink
+	bound time.Duration
+}
+
+func (b boundedFake) RetryBound() time.Duration { return b.bound }
+
+// A publish with an unknown outcome may have been stored: a broker that
+// dedupes only within a window gets the row again inside it, however long
+// the row's earlier failures made its backoff (here a minute: 1 s doubled
+// for ten failures, capped at RetryMax).
+func TestUnknownOutcomeRetriedWithinTheDedupeWindow(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	n := newFake(TargetNATS)
+	ids := f.insert(1, "orders.created")
+	if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.table.Ident()+` SET nats_attempts = 10 WHERE message_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	n.setFail(func(*Message) error {
+		var err error
+		once.Do(func() { err = Unavailable(errors.New("nats: timeout")) })
+		return err
+	})
+	f.start(Config{Sinks: []Sink{boundedFake{n, 300 * time.Millisecond}}, RetryMin: time.Second, RetryMax: time.Minute})
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.state(ids[0]).done }, "the row waited past the bound")
+	if got, tries := n.count(ids[0]); got != 1 || tries != 2 {
+		t.Fatalf("got/tried %d/%d, want 1/2", got, tries)
+	}
+}
+
 // A broker that takes every publish but confirms none (a blackhole) pauses
 // its target without holding the other one back, and never marks anything
 // delivered.

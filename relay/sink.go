@@ -116,6 +116,17 @@ type LateConfirmer interface {
 	OnLateConfirm(f func(messageID string))
 }
 
+// RetryBounder is a Sink whose broker dedupes a message published again
+// only within a window from its first store (JetStream's duplicate window).
+// A publish whose outcome is unknown (ErrUnavailable) may have been stored:
+// its row must go again within the window, or the broker stores a second
+// copy. The relay keeps the backoff of such a row below RetryBound (the
+// window less the time a publish may take and a claim may come late). A
+// broker down longer than that still leaves the retry past the window.
+type RetryBounder interface {
+	RetryBound() time.Duration
+}
+
 // ErrAwaitingConfirm marks a publish the broker had not answered by the
 // deadline on a connection that is still up: its confirm may yet come. It
 // always comes wrapped together with ErrUnavailable (see AwaitingConfirm):

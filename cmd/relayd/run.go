@@ -152,17 +152,17 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			}
 			defer nc.Close()
 			sctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
-			warning, err := natssink.EnsureStream(sctx, nc, cfg.NATSStream, cfg.NATSSubjectPrefix, cfg.NATSDupWindow, cfg.Provision)
+			found, err := natssink.EnsureStream(sctx, nc, cfg.NATSStream, cfg.NATSSubjectPrefix, cfg.NATSDupWindow, cfg.Provision)
 			cancel()
 			if err != nil {
 				return err
 			}
-			if warning != "" {
-				log.Warn("nats: " + warning)
+			if found.Warning != "" {
+				log.Warn("nats: " + found.Warning)
 			}
 			s, err := natssink.New(natssink.Config{
 				Conn: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix,
-				AckTimeout: cfg.PublishTimeout, OnDuplicate: m.Duplicate, Logger: log,
+				AckTimeout: cfg.PublishTimeout, DuplicateWindow: found.DuplicateWindow, OnDuplicate: m.Duplicate, Logger: log,
 			})
 			if err != nil {
 				return err

@@ -41,6 +41,9 @@ type Config struct {
 	MaxPending int
 	// AckTimeout fails a publish that has no PubAck by then. Default 10s.
 	AckTimeout time.Duration
+	// DuplicateWindow is the stream's duplicate window (EnsureStream
+	// returns it): see RetryBound. Default 2m, JetStream's.
+	DuplicateWindow time.Duration
 	// OnDuplicate, when set, is called for each PubAck marked Duplicate.
 	OnDuplicate func()
 	// Logger. Default: discard.
@@ -57,7 +60,19 @@ type Sink struct {
 	stream []string
 }
 
-var _ relay.Sink = (*Sink)(nil)
+var (
+	_ relay.Sink         = (*Sink)(nil)
+	_ relay.RetryBounder = (*Sink)(nil)
+)
+
+// RetryBound keeps the retry of a publish with an unknown outcome inside
+// the stream's duplicate window, measured from the first store: half the
+// window less the ack timeout (the publish that may have been stored took
+// up to that long), and at least a quarter of it.
+func (s *Sink) RetryBound() time.Duration {
+	w := s.cfg.DuplicateWindow
+	return max(w/2-s.cfg.AckTimeout, w/4)
+}
 
 // New returns a sink publishing through cfg.Conn.
 func New(cfg Config) (*Sink, error) {
@@ -72,6 +87,9 @@ func New(cfg Config) (*Sink, error) {
 	}
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = 10 * time.Second
+	}
+	if cfg.DuplicateWindow <= 0 {
+		cfg.DuplicateWindow = 2 * time.Minute
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -204,23 +222,30 @@ func classify(err error) error {
 	}
 }
 
+// Stream is what EnsureStream found.
+type Stream struct {
+	DuplicateWindow time.Duration
+	Warning         string // "" when its subjects capture all of PREFIX>
+}
+
 // EnsureStream checks that the stream exists, or with create makes it
 // (file storage on prefix+">", the given duplicate window). A missing
 // stream is reported by name. A stream that exists is left as it is, create
 // or not: its limits, duplicate window and subjects are the operator's (an
 // update would put every setting not given here back to its default). It
-// returns a warning when the stream's subjects do not capture all of
-// prefix+">": rows of the topics outside them are refused.
-func EnsureStream(ctx context.Context, nc *nats.Conn, name, subjectPrefix string, dupWindow time.Duration, create bool) (warning string, err error) {
+// returns the stream's duplicate window (Config.DuplicateWindow), and a
+// warning when the stream's subjects do not capture all of prefix+">":
+// rows of the topics outside them are refused.
+func EnsureStream(ctx context.Context, nc *nats.Conn, name, subjectPrefix string, dupWindow time.Duration, create bool) (Stream, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return "", err
+		return Stream{}, err
 	}
 	subject := subjectPrefix + ">"
 	st, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) && create {
 		if subjectPrefix == "" {
-			return "", errors.New("nats: provisioning a stream needs RELAY_NATS_SUBJECT_PREFIX (its subjects are PREFIX>)")
+			return Stream{}, errors.New("nats: provisioning a stream needs RELAY_NATS_SUBJECT_PREFIX (its subjects are PREFIX>)")
 		}
 		st, err = js.CreateStream(ctx, jetstream.StreamConfig{
 			Name:       name,
@@ -232,20 +257,21 @@ func EnsureStream(ctx context.Context, nc *nats.Conn, name, subjectPrefix string
 			st, err = js.Stream(ctx, name) // another instance made it meanwhile
 		}
 		if err != nil {
-			return "", fmt.Errorf("nats: create stream %q: %w", name, err)
+			return Stream{}, fmt.Errorf("nats: create stream %q: %w", name, err)
 		}
 	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return "", fmt.Errorf("nats: stream %q does not exist (create it, or set RELAY_PROVISION=true)", name)
+		return Stream{}, fmt.Errorf("nats: stream %q does not exist (create it, or set RELAY_PROVISION=true)", name)
 	}
 	if err != nil {
-		return "", fmt.Errorf("nats: check stream %q: %w", name, err)
+		return Stream{}, fmt.Errorf("nats: check stream %q: %w", name, err)
 	}
-	subjects := st.CachedInfo().Config.Subjects
-	if !slices.ContainsFunc(subjects, func(f string) bool { return Covers(f, subject) }) {
-		return fmt.Sprintf("stream %q's subjects %q do not capture all of %q: a row whose subject falls outside them is parked (no stream, or another stream, captures it)", name, subjects, subject), nil
+	c := st.CachedInfo().Config
+	found := Stream{DuplicateWindow: c.Duplicates}
+	if !slices.ContainsFunc(c.Subjects, func(f string) bool { return Covers(f, subject) }) {
+		found.Warning = fmt.Sprintf("stream %q's subjects %q do not capture all of %q: a row whose subject falls outside them is parked (no stream, or another stream, captures it)", name, c.Subjects, subject)
 	}
-	return "", nil
+	return found, nil
 }
 
 // Covers reports whether the subject filter captures every subject that

@@ -611,9 +611,9 @@ func TestEnsureStreamLeavesAnExistingStreamAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, create := range []bool{true, false} {
-		warning, err := natssink.EnsureStream(ctx, st.NC, st.Name, st.Prefix, 2*time.Minute, create)
-		if err != nil || warning != "" {
-			t.Fatalf("create=%v: %q, %v; want no warning, no error", create, warning, err)
+		found, err := natssink.EnsureStream(ctx, st.NC, st.Name, st.Prefix, 2*time.Minute, create)
+		if err != nil || found.Warning != "" || found.DuplicateWindow != time.Hour {
+			t.Fatalf("create=%v: %+v, %v; want the stream's window (1h), no warning, no error", create, found, err)
 		}
 		info, err := st.Stream.Info(ctx)
 		if err != nil {
@@ -630,8 +630,8 @@ func TestEnsureStreamLeavesAnExistingStreamAlone(t *testing.T) {
 	if _, err := narrow.JS.UpdateStream(ctx, jetstream.StreamConfig{Name: narrow.Name, Subjects: []string{narrow.Prefix + "orders.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	if warning, err := natssink.EnsureStream(ctx, narrow.NC, narrow.Name, narrow.Prefix, time.Minute, true); err != nil || !strings.Contains(warning, "do not capture all of") {
-		t.Fatalf("narrow stream: %q, %v; want a warning", warning, err)
+	if found, err := natssink.EnsureStream(ctx, narrow.NC, narrow.Name, narrow.Prefix, time.Minute, true); err != nil || !strings.Contains(found.Warning, "do not capture all of") {
+		t.Fatalf("narrow stream: %+v, %v; want a warning", found, err)
 	}
 
 	// Missing: an error without create, made with it.
@@ -640,8 +640,8 @@ func TestEnsureStreamLeavesAnExistingStreamAlone(t *testing.T) {
 	if _, err := natssink.EnsureStream(ctx, st.NC, name, prefix, time.Minute, false); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("missing stream without create: %v, want 'does not exist'", err)
 	}
-	if warning, err := natssink.EnsureStream(ctx, st.NC, name, prefix, 90*time.Second, true); err != nil || warning != "" {
-		t.Fatalf("missing stream with create: %q, %v", warning, err)
+	if found, err := natssink.EnsureStream(ctx, st.NC, name, prefix, 90*time.Second, true); err != nil || found.Warning != "" || found.DuplicateWindow != 90*time.Second {
+		t.Fatalf("missing stream with create: %+v, %v", found, err)
 	}
 	t.Cleanup(func() { st.JS.DeleteStream(context.Background(), name) }) //nolint:errcheck // best effort
 	made, err := st.JS.Stream(ctx, name)
@@ -673,6 +673,25 @@ func TestCovers(t *testing.T) {
 	} {
 		if got := natssink.Covers(c.filter, c.subject); got != c.want {
 			t.Errorf("Covers(%q, %q) = %v, want %v", c.filter, c.subject, got, c.want)
+		}
+	}
+}
+
+// The retry of a publish with an unknown outcome stays inside the stream's
+// duplicate window: half of it less the ack timeout, a quarter at least.
+func TestRetryBound(t *testing.T) {
+	st := testenv.NewStream(t, "bound")
+	for _, c := range []struct{ window, ack, want time.Duration }{
+		{2 * time.Minute, 10 * time.Second, 50 * time.Second},
+		{20 * time.Second, 10 * time.Second, 5 * time.Second},
+		{0, 10 * time.Second, 50 * time.Second}, // JetStream's default window
+	} {
+		s, err := natssink.New(natssink.Config{Conn: st.NC, Stream: st.Name, AckTimeout: c.ack, DuplicateWindow: c.window})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.RetryBound(); got != c.want {
+			t.Errorf("window %v, ack timeout %v: bound %v, want %v", c.window, c.ack, got, c.want)
 		}
 	}
 }
