@@ -308,8 +308,8 @@ func (b *runner) prepare(d amqp.Delivery) *item {
 	// the options' allocations per message.
 	it.msg.Header[jetstream.MsgIDHeader] = []string{it.id}
 	it.msg.Header[jetstream.ExpectedStreamHeader] = []string{b.cfg.Stream}
-	if size := int64(len(d.Body)) + 2048; size > b.cfg.NATS.MaxPayload() {
-		it.bad = fmt.Sprintf("message of %d bytes exceeds the NATS server's max_payload %d", len(d.Body), b.cfg.NATS.MaxPayload())
+	if size := jspub.PayloadSize(it.msg); size > b.cfg.NATS.MaxPayload() {
+		it.bad = fmt.Sprintf("message of %d bytes with its headers exceeds the NATS server's max_payload %d", size, b.cfg.NATS.MaxPayload())
 	}
 	return it
 }

@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/internal/uuidtext"
 )
@@ -145,6 +147,29 @@ func TestPrepareSetsIDAndExpectedStream(t *testing.T) {
 		}
 		if got := h.Get(DerivedIDHeader); got != c.header {
 			t.Errorf("%s: %s %q, want %q", c.id, DerivedIDHeader, got, c.header)
+		}
+	}
+}
+
+// A message is refused for max_payload exactly when nats.go would refuse
+// it: its body and its headers as they go on the wire — not a margin that
+// refused messages that fit.
+func TestPrepareMaxPayloadIsTheClients(t *testing.T) {
+	b := prepareRunner(t)
+	nc := b.cfg.NATS
+	d := amqp.Delivery{RoutingKey: "orders.x", MessageId: "m-1", ContentType: "application/json", Headers: amqp.Table{"trace": "abc"}}
+	probe := d
+	probe.Body = nil
+	headers := jspub.PayloadSize(b.prepare(probe).msg)
+	for _, extra := range []int64{-1, 0, 1} {
+		d.Body = make([]byte, nc.MaxPayload()-headers+extra)
+		it := b.prepare(d)
+		// nats.go checks the size before it sends: a core publish to a
+		// subject of the test's own says what it would do.
+		msg := &nats.Msg{Subject: testenv.Name("maxpayload"), Data: it.msg.Data, Header: it.msg.Header}
+		err := nc.PublishMsg(msg)
+		if refused := it.bad != ""; refused != errors.Is(err, nats.ErrMaxPayload) || refused != (extra > 0) {
+			t.Errorf("body %d bytes (%+d): prepare refused %v (%q), nats.go: %v", len(d.Body), extra, refused, it.bad, err)
 		}
 	}
 }

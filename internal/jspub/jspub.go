@@ -446,7 +446,17 @@ func (l *Lookup) TooLarge(ctx context.Context, stream string, m *nats.Msg, err e
 // nats-server 2.10 and later check it; a message within a few dozen bytes
 // of MaxBytes may be judged either way on other versions).
 func StoredSize(m *nats.Msg) int64 {
-	n := int64(len(m.Subject)+len(m.Data)) + 30 + int64(len("NATS/1.0\r\n\r\n"))
+	return int64(len(m.Subject)) + 30 + PayloadSize(m)
+}
+
+// PayloadSize is what nats.go holds against the server's max_payload: the
+// data and the headers as they go on the wire ("NATS/1.0", a "key: value"
+// line per value, a blank line).
+func PayloadSize(m *nats.Msg) int64 {
+	n := int64(len(m.Data))
+	if len(m.Header) > 0 {
+		n += int64(len("NATS/1.0\r\n\r\n"))
+	}
 	for k, vs := range m.Header {
 		for _, v := range vs {
 			n += int64(len(k) + len(v) + 4)

@@ -135,10 +135,6 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			results[i] = relay.Permanent("nats: headers: %s", reason)
 			continue
 		}
-		if size := int64(len(m.Payload)) + headerSize(m.Headers); size > maxPayload {
-			results[i] = relay.Permanent("nats: message of %d bytes exceeds the server's max_payload %d", size, maxPayload)
-			continue
-		}
 		// Nats-Msg-Id and Nats-Expected-Stream are set here, in a map
 		// made to size.
 		msg := &nats.Msg{Subject: s.Subject(m.Topic), Data: m.Payload, Header: make(nats.Header, len(m.Headers)+2)}
@@ -147,6 +143,11 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		}
 		msg.Header[jetstream.MsgIDHeader] = []string{m.MessageID}
 		msg.Header[jetstream.ExpectedStreamHeader] = s.stream
+		// As nats.go will count it: the data and the headers on the wire.
+		if size := jspub.PayloadSize(msg); size > maxPayload {
+			results[i] = relay.Permanent("nats: message of %d bytes with its headers exceeds the server's max_payload %d", size, maxPayload)
+			continue
+		}
 		out[i] = msg
 	}
 	dup := make([]bool, len(msgs))
@@ -179,18 +180,6 @@ func (s *Sink) noStream(ctx context.Context, m *relay.Message, err error, lookup
 		return relay.Permanent("nats: no stream captures subject %q", subject)
 	}
 	return err
-}
-
-// headerSize is a generous estimate of the header block's wire size.
-func headerSize(h map[string]string) int64 {
-	if len(h) == 0 {
-		return 128 // NATS/1.0 line, Nats-Msg-Id and Nats-Expected-Stream
-	}
-	n := int64(128)
-	for k, v := range h {
-		n += int64(len(k) + len(v) + 4)
-	}
-	return n
 }
 
 // JetStream API error codes that no retry will fix.
