@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -323,11 +324,24 @@ func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn
 		if err == nil {
 			return nc, nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if time.Now().After(deadline) || ctx.Err() != nil || refusedForGood(err) {
 			return nil, fmt.Errorf("nats: connect to %s: %w", redact(cfg.NATSURL), err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// refusedForGood: the NATS server answered and refused us — our
+// credentials, or a certificate one side rejects. Waiting for it to start
+// does not fix that: fail at once (RELAY_STARTUP_TIMEOUT is for a server not
+// yet listening).
+func refusedForGood(err error) bool {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired) ||
+		errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
 // readiness reports what relayd depends on and cannot use: Postgres, and

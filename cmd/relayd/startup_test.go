@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
@@ -10,7 +11,9 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5/pgconn"
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
+	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/testenv"
 )
@@ -89,5 +92,37 @@ func TestStartingUp(t *testing.T) {
 		if got := startingUp(&pgconn.PgError{Code: code}); got != want {
 			t.Errorf("startingUp(%s) = %v, want %v", code, got, want)
 		}
+	}
+}
+
+// A NATS server that refuses our credentials refuses them every time: the
+// connect fails at once with the server's reason, not after
+// RELAY_STARTUP_TIMEOUT of retrying (that is for a server not yet up).
+func TestNATSAuthRefusalFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, Authorization: "s3cret-token", NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	cfg, err := loadConfig(context.Background(), envconfig.MapLookuper(map[string]string{
+		"RELAY_DATABASE_URL": "postgres://unused", "RELAY_NATS_URL": "nats://wrong-token@" + srv.Addr().String(),
+		"RELAY_STARTUP_TIMEOUT": "30s",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	nc, err := connectNATS(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err == nil {
+		nc.Close()
+		t.Fatal("connected with the wrong token")
+	}
+	if took := time.Since(start); took > 5*time.Second || !strings.Contains(strings.ToLower(err.Error()), "authorization") || strings.Contains(err.Error(), "wrong-token") {
+		t.Fatalf("after %v: %v; want an authorization error at once, without the token", took, err)
 	}
 }
