@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/sethvargo/go-envconfig"
 
@@ -182,7 +183,7 @@ func (c *config) validate() error {
 		if f.path == "" {
 			continue
 		}
-		if _, err := os.Stat(f.path); err != nil {
+		if _, err := os.ReadFile(f.path); err != nil {
 			return badVar(f.name, "cannot read %s", f.path)
 		}
 	}
@@ -191,6 +192,25 @@ func (c *config) validate() error {
 	}
 	if (c.AMQPCert == "") != (c.AMQPKey == "") {
 		return badVar("RELAY_AMQP_CERT", "RELAY_AMQP_CERT and RELAY_AMQP_KEY go together")
+	}
+	// What the clients will load, loaded now: a file without a
+	// certificate, a key that is not the certificate's, a seed that is not
+	// one are configuration errors, not a failure at the first connect.
+	if err := checkTLSFiles("RELAY_NATS", c.NATSCA, c.NATSCert, c.NATSKey); err != nil {
+		return err
+	}
+	if err := checkTLSFiles("RELAY_AMQP", c.AMQPCA, c.AMQPCert, c.AMQPKey); err != nil {
+		return err
+	}
+	if c.NATSNKey != "" {
+		if _, err := nats.NkeyOptionFromSeed(c.NATSNKey); err != nil {
+			return badVar("RELAY_NATS_NKEY", "%s holds no nkey seed", c.NATSNKey)
+		}
+	}
+	if c.NATSCreds != "" {
+		if data, _ := os.ReadFile(c.NATSCreds); !strings.Contains(string(data), "NATS USER JWT") || !strings.Contains(string(data), "USER NKEY SEED") {
+			return badVar("RELAY_NATS_CREDS", "%s is not a NATS credentials file (a user JWT and its nkey seed)", c.NATSCreds)
+		}
 	}
 	if c.MetricsAddr != "" {
 		_, port, err := net.SplitHostPort(c.MetricsAddr)
@@ -260,6 +280,23 @@ func (c *config) wants(t relay.Target) bool {
 		}
 	}
 	return false
+}
+
+// checkTLSFiles loads a CA bundle and a client certificate and key as the
+// TLS client will; prefix names the variables.
+func checkTLSFiles(prefix, ca, cert, key string) error {
+	if ca != "" {
+		pem, _ := os.ReadFile(ca)
+		if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+			return badVar(prefix+"_CA", "no PEM certificate in %s", ca)
+		}
+	}
+	if cert != "" {
+		if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
+			return badVar(prefix+"_CERT", "%s and %s are not a certificate and its key: %v", cert, prefix+"_KEY", err)
+		}
+	}
+	return nil
 }
 
 // checkNATSURL checks a NATS server list as nats.go reads it: URLs

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -272,5 +274,37 @@ func TestBackfillFlagsReadTheirVariables(t *testing.T) {
 	}
 	if flags < 10 {
 		t.Errorf("found %d flags in the help, want the 10 it has:\n%s", flags, help.String())
+	}
+}
+
+// The files the clients load are loaded at start: a directory, a file with
+// no certificate, a key that is not the certificate's, a seed or a
+// credentials file that is not one — each a config error naming the
+// variable, not an exit 1 at the first connect (or after
+// RELAY_STARTUP_TIMEOUT of retries).
+func TestConfigFilesAreLoaded(t *testing.T) {
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.pem")
+	if err := os.WriteFile(junk, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{"RELAY_NATS_CA": dir}, "RELAY_NATS_CA: cannot read"},
+		{map[string]string{"RELAY_NATS_CA": junk}, "RELAY_NATS_CA: no PEM certificate"},
+		{map[string]string{"RELAY_AMQP_CA": junk}, "RELAY_AMQP_CA: no PEM certificate"},
+		{map[string]string{"RELAY_AMQP_CERT": junk, "RELAY_AMQP_KEY": junk}, "RELAY_AMQP_CERT: "},
+		{map[string]string{"RELAY_NATS_CERT": junk, "RELAY_NATS_KEY": junk}, "RELAY_NATS_CERT: "},
+		{map[string]string{"RELAY_NATS_NKEY": junk}, "RELAY_NATS_NKEY: "},
+		{map[string]string{"RELAY_NATS_CREDS": junk}, "RELAY_NATS_CREDS: "},
+	} {
+		env := base()
+		maps.Copy(env, tc.set)
+		_, err := loadConfig(context.Background(), envconfig.MapLookuper(env))
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%v: %v, want one line starting %q", tc.set, err, tc.want)
+		}
 	}
 }
