@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -149,8 +150,17 @@ func (c *Config) applyDefaults() error {
 	case c.Limit < 0 || c.Rate < 0:
 		return errors.New("backfill: Limit and Rate must not be negative")
 	}
+	if c.Rate > 0 {
+		// Deliveries wait unacked behind the limiter: at a low rate a
+		// whole prefetch of them is longer than RabbitMQ's consumer
+		// timeout (30 min by default), which closes the channel.
+		c.Prefetch = min(c.Prefetch, max(1, int(math.Ceil(c.Rate*rateBacklog.Seconds()))))
+	}
 	return nil
 }
+
+// rateBacklog is the most a --rate run takes ahead of its rate.
+const rateBacklog = 5 * time.Minute
 
 // Run drains the queue and returns what it did. It stops when the queue is
 // empty with nothing in flight (unless Follow), after Limit messages, or when

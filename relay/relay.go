@@ -17,6 +17,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -1067,9 +1068,9 @@ func (r *Relay) cleanup(ctx context.Context) {
 // marked done in the outbox before migration 00005 past retention; it
 // returns the first error.
 func (r *Relay) CleanupOnce(ctx context.Context) error {
-	if err := r.finishStranded(ctx); err != nil {
-		return err
-	}
+	// Each step on its own: one that fails does not keep the others from
+	// their work.
+	first := r.finishStranded(ctx)
 	for _, q := range []string{r.store.cleanupDeliveredSQL, r.store.cleanupBackfilledSQL, r.store.cleanupSQL} {
 		for {
 			if err := ctx.Err(); err != nil {
@@ -1077,23 +1078,31 @@ func (r *Relay) CleanupOnce(ctx context.Context) error {
 			}
 			tag, err := r.pool.Exec(ctx, q, r.cfg.Retention.Milliseconds(), 1000)
 			if err != nil {
-				return fmt.Errorf("cleanup: %w", err)
+				first = cmp.Or(first, fmt.Errorf("cleanup: %w", err))
+				break
 			}
 			if tag.RowsAffected() < 1000 {
 				break
 			}
 		}
 	}
-	return nil
+	return first
 }
 
-// finishStranded moves out of the outbox, 1000 at a time, rows every
-// enabled target has but that no batch will finish: a batch claims only
+// finishStranded moves out of the outbox, 1000 at a time, rows JetStream
+// has that no batch will finish in the nats-only phase: a batch claims only
 // rows owed to an enabled target, so a row that reached JetStream while
 // RabbitMQ still owed it (in retry, parked) is owed to no target once the
 // phase is nats only — and never left. Run at start (CleanupOnce) and with
-// each cleanup: an instance of the old phase may strand rows until it stops.
+// each cleanup: an instance still in dual write may leave more until it
+// stops. Only in that phase: a row RabbitMQ has and JetStream still owes
+// stays through a move to amqp (back from dual write), so that it is sent
+// when dual write resumes — and during a move to dual write, instances
+// still in phase amqp must leave such rows to the dual-write ones.
 func (r *Relay) finishStranded(ctx context.Context) error {
+	if r.enabled != [2]bool{false, true} {
+		return nil
+	}
 	total := int64(0)
 	for {
 		tag, err := r.pool.Exec(ctx, r.store.finishSQL, r.enabled[0], r.enabled[1], 1000)

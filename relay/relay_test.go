@@ -358,6 +358,26 @@ func TestPhaseChangeFinishesStrandedRows(t *testing.T) {
 	}
 }
 
+// Only the nats-only phase finishes such rows. In phase amqp a row RabbitMQ
+// has and JetStream still owes stays: a move back from dual write keeps it
+// for when dual write resumes, and during a move to dual write the
+// instances still in phase amqp leave it to the dual-write ones.
+func TestPhaseAMQPLeavesRowsJetStreamOwes(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ids := f.insert(1, "orders.created")
+	if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.table.Ident()+` SET amqp_delivered_at = now(), nats_retry_at = now() + interval '1 hour' WHERE message_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	r, _, _ := f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}})
+	if err := r.CleanupOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.state(ids[0]); s.done || !s.amqpDelivered {
+		t.Fatalf("row %+v, want still in the outbox, owed to nats", s)
+	}
+}
+
 // boundedFake is a fakeSink whose broker dedupes within a window
 // (RetryBounder), as JetStream does.
 type boundedFake struct {

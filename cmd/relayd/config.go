@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/sethvargo/go-envconfig"
 
@@ -208,7 +209,9 @@ func (c *config) validate() error {
 		}
 	}
 	if c.NATSCreds != "" {
-		if data, _ := os.ReadFile(c.NATSCreds); !strings.Contains(string(data), "NATS USER JWT") || !strings.Contains(string(data), "USER NKEY SEED") {
+		// As nats.go reads it: a user JWT and its nkey seed, decorated or not.
+		data, _ := os.ReadFile(c.NATSCreds)
+		if _, err := nkeys.ParseDecoratedNKey(data); err != nil {
 			return badVar("RELAY_NATS_CREDS", "%s is not a NATS credentials file (a user JWT and its nkey seed)", c.NATSCreds)
 		}
 	}
@@ -306,14 +309,22 @@ func checkNATSURL(s string) error {
 	if strings.TrimSpace(s) == "" {
 		return errors.New("must not be empty")
 	}
+	servers := 0
 	for p := range strings.SplitSeq(s, ",") {
 		p = strings.TrimSpace(p)
+		if p == "" {
+			continue // nats.go skips an empty entry (a trailing comma)
+		}
+		servers++
 		if !strings.Contains(p, "://") {
 			p = "nats://" + p
 		}
 		if err := checkURL(p, "nats", "tls", "ws", "wss"); err != nil {
 			return err
 		}
+	}
+	if servers == 0 {
+		return errors.New("names no server")
 	}
 	return nil
 }
@@ -395,29 +406,49 @@ func amqpURLOK(env envconfig.Lookuper, stderr io.Writer) bool {
 	return true
 }
 
-// redact returns a URL fit for logs — or a NATS server list, URLs separated
-// by commas: each password is replaced, and so is a NATS token (the user
-// part of a nats:// URL without a password). The user part runs to the
-// last '@', not to the first '/', '?' or '#' as url.Parse has it: a token
-// or password with one of those left unescaped would otherwise be read as
-// the path, and printed.
+// redact returns a NATS server list fit for logs: URLs separated by commas
+// (nats.go splits the list there too), each as redactURL has it, nats://
+// taken for a server without a scheme.
 func redact(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
-		scheme, rest, ok := strings.Cut(strings.TrimSpace(p), "://")
-		if !ok {
-			scheme, rest = "nats", scheme // nats.go takes a server without a scheme as nats://
+		p = strings.TrimSpace(p)
+		if !strings.Contains(p, "://") {
+			p = "nats://" + p
 		}
-		if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-			user, _, hasPassword := strings.Cut(rest[:at], ":")
-			switch {
-			case hasPassword:
-				rest = user + ":xxxxx" + rest[at:]
-			case slices.Contains([]string{"nats", "tls", "ws", "wss"}, scheme):
-				rest = "xxxxx" + rest[at:]
-			}
-		}
-		parts[i] = scheme + "://" + rest
+		parts[i] = redactURL(p)
 	}
 	return strings.Join(parts, ",")
+}
+
+// redactURL returns one URL fit for logs: its password replaced, and a NATS
+// token (the user part of a nats:// URL without a password). The user part
+// runs to the last '@', not to the first '/', '?' or '#' as url.Parse has
+// it: a token or password with one of those left unescaped would otherwise
+// be read as the path, and printed. A host whose port is not a number — a
+// fragment of a password, say, the rest past a ',' — is not printed.
+func redactURL(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return "(unparseable URL)"
+	}
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		user, _, hasPassword := strings.Cut(rest[:at], ":")
+		switch {
+		case hasPassword:
+			rest = user + ":xxxxx" + rest[at:]
+		case slices.Contains([]string{"nats", "tls", "ws", "wss"}, scheme):
+			rest = "xxxxx" + rest[at:]
+		}
+	}
+	hostport := rest[strings.LastIndexByte(rest, '@')+1:]
+	if i := strings.IndexAny(hostport, "/?#"); i >= 0 {
+		hostport = hostport[:i]
+	}
+	if _, port, err := net.SplitHostPort(hostport); err == nil {
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return "(unparseable URL)"
+		}
+	}
+	return scheme + "://" + rest
 }

@@ -73,6 +73,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"RELAY_AMQP_URL": "amqp://u:s3cret@h/my vhost"}, "RELAY_AMQP_URL"},
 		{map[string]string{"RELAY_AMQP_URL": "amqp://u:s3cret@h/?heartbeat=x"}, "RELAY_AMQP_URL"},
 		{map[string]string{"RELAY_NATS_URL": "nats://a:4222,http://b"}, "RELAY_NATS_URL"},
+		{map[string]string{"RELAY_NATS_URL": " , "}, "RELAY_NATS_URL: names no server"},
 	} {
 		env := base()
 		for k, v := range tc.set {
@@ -110,6 +111,7 @@ func TestConfigAccepts(t *testing.T) {
 	for _, set := range []map[string]string{
 		{"RELAY_NATS_URL": "nats://a:4222, nats://b:4222"},
 		{"RELAY_NATS_URL": "nats-0:4222,nats-1:4222"},
+		{"RELAY_NATS_URL": "nats://a:4222,"},
 		{"RELAY_METRICS_ADDR": ""},
 		{"RELAY_NATS_SUBJECT_PREFIX": ""},
 		{"RELAY_NATS_CREDS": ""},
@@ -198,6 +200,21 @@ func TestRedact(t *testing.T) {
 		if got := redact(in); got != want {
 			t.Errorf("redact(%q) = %q, want %q", in, got, want)
 		}
+	}
+	// One URL (RabbitMQ's): a ',' in the password is the password's.
+	for in, want := range map[string]string{
+		"amqp://relay:Pa55,word@rabbit:5672/": "amqp://relay:xxxxx@rabbit:5672/",
+		"amqps://relay@rabbit/vhost":          "amqps://relay@rabbit/vhost",
+		"rabbit:5672":                         "(unparseable URL)",
+	} {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// A NATS password with a ',' (nats.go splits the list there): no piece
+	// of it is printed.
+	if got := redact("nats://u:pw1,pw2@h:4222"); strings.Contains(got, "pw1") || strings.Contains(got, "pw2") {
+		t.Errorf("redact = %q: a piece of the password", got)
 	}
 }
 

@@ -241,7 +241,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		}()
 	}
 	log.Info("relayd running", "version", version, "targets", cfg.Targets, "table", cfg.table.String(),
-		"nats_url", redact(cfg.NATSURL), "amqp_url", redact(cfg.AMQPURL))
+		"nats_url", redact(cfg.NATSURL), "amqp_url", redactURL(cfg.AMQPURL))
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	select {

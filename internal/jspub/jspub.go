@@ -19,6 +19,7 @@
 package jspub
 
 import (
+	"net/textproto"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -451,7 +452,7 @@ func StoredSize(m *nats.Msg) int64 {
 
 // PayloadSize is what nats.go holds against the server's max_payload: the
 // data and the headers as they go on the wire ("NATS/1.0", a "key: value"
-// line per value, a blank line).
+// line per value, trimmed of spaces as nats.go writes it, a blank line).
 func PayloadSize(m *nats.Msg) int64 {
 	n := int64(len(m.Data))
 	if len(m.Header) > 0 {
@@ -459,7 +460,7 @@ func PayloadSize(m *nats.Msg) int64 {
 	}
 	for k, vs := range m.Header {
 		for _, v := range vs {
-			n += int64(len(k) + len(v) + 4)
+			n += int64(len(k) + len(textproto.TrimString(v)) + 4)
 		}
 	}
 	return n
