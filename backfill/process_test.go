@@ -23,18 +23,9 @@ func TestProcessAcksABatchWithOneFrame(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool := testenv.Pool(t)
-	table := testenv.Outbox(t, pool)
-	st := testenv.NewStream(t, "bfp")
+	b, st := processRunner(t, "bfp", func(*Config) {})
+	pool, table := b.cfg.DB, b.cfg.Table
 	id := st.Prefix[:len(st.Prefix)-1]
-
-	cfg := Config{AMQPURL: "amqp://unused", Queue: "unused", NATS: st.NC, Stream: st.Name,
-		SubjectPrefix: st.Prefix, DB: pool, Table: table}
-	if err := cfg.applyDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	b := &runner{cfg: cfg, log: cfg.Logger, js: st.JS, pub: jspub.New(st.NC, st.Name, 2*cfg.Prefetch, cfg.PublishTimeout),
-		seenHeld: map[string]bool{}, retrying: map[string]int{}}
 
 	// 100 deliveries; every fifth was moved by an earlier run.
 	var ds []amqp.Delivery
@@ -80,19 +71,10 @@ func TestProcessAtALowRate(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool := testenv.Pool(t)
-	table := testenv.Outbox(t, pool)
-	st := testenv.NewStream(t, "bfrate")
-	id := st.Prefix[:len(st.Prefix)-1]
-
 	// 20 msg/s (bursts of 2): 224 messages wait 11.1 s, past 0.5 s + 10 s.
-	cfg := Config{AMQPURL: "amqp://unused", Queue: "unused", NATS: st.NC, Stream: st.Name,
-		SubjectPrefix: st.Prefix, DB: pool, Table: table, Rate: 20, PublishTimeout: 500 * time.Millisecond}
-	if err := cfg.applyDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	b := &runner{cfg: cfg, log: cfg.Logger, js: st.JS, pub: jspub.New(st.NC, st.Name, 2*cfg.Prefetch, cfg.PublishTimeout),
-		seenHeld: map[string]bool{}, retrying: map[string]int{}, limiter: rate.NewLimiter(20, 2)}
+	b, st := processRunner(t, "bfrate", func(c *Config) { c.Rate, c.PublishTimeout = 20, 500*time.Millisecond })
+	b.limiter = rate.NewLimiter(20, 2)
+	id := st.Prefix[:len(st.Prefix)-1]
 	var ds []amqp.Delivery
 	for tag := uint64(1); tag <= 224; tag++ {
 		ds = append(ds, amqp.Delivery{DeliveryTag: tag, MessageId: fmt.Sprintf("r-%s-%d", id, tag), RoutingKey: "orders", Body: []byte("x")})
@@ -105,4 +87,21 @@ func TestProcessAtALowRate(t *testing.T) {
 	if want := []string{"ack 224 true"}; !reflect.DeepEqual(rec.calls, want) {
 		t.Fatalf("frames sent to RabbitMQ: %v, want %v", rec.calls[:min(len(rec.calls), 5)], want)
 	}
+}
+
+// processRunner is a runner for process() alone, on Postgres and a stream
+// of the test's own (no RabbitMQ: the test hands it deliveries), its Config
+// as tune leaves it.
+func processRunner(t *testing.T, prefix string, tune func(*Config)) (*runner, *testenv.Stream) {
+	t.Helper()
+	pool := testenv.Pool(t)
+	st := testenv.NewStream(t, prefix)
+	cfg := Config{AMQPURL: "amqp://unused", Queue: "unused", NATS: st.NC, Stream: st.Name,
+		SubjectPrefix: st.Prefix, DB: pool, Table: testenv.Outbox(t, pool)}
+	tune(&cfg)
+	if err := cfg.applyDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	return &runner{cfg: cfg, log: cfg.Logger, js: st.JS, pub: jspub.New(st.NC, st.Name, 2*cfg.Prefetch, cfg.PublishTimeout),
+		seenHeld: map[string]bool{}, retrying: map[string]int{}}, st
 }

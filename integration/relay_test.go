@@ -214,17 +214,7 @@ func TestSIGKILLMidRun(t *testing.T) {
 // storing in dir, so the test can stop it without touching shared services.
 func startNATS(t *testing.T, port int, dir string) *natsserver.Server {
 	t.Helper()
-	s, err := natsserver.NewServer(&natsserver.Options{
-		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	return s
+	return testenv.NATSServer(t, &natsserver.Options{Port: port, JetStream: true, StoreDir: dir})
 }
 
 // NATS unreachable for 20 s mid-run: relayd stays up, RabbitMQ deliveries go

@@ -21,6 +21,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/outbox"
 )
 
@@ -61,21 +62,10 @@ func TestTLSAndNoSecretsInLogs(t *testing.T) {
 	dir := t.TempDir()
 	const natsPass, pgPass = "n4ts-s3cret-pw", "pg-s3cret-pw"
 	port := freePort(t)
-	opts := &natsserver.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
+	opts := &natsserver.Options{Port: port, JetStream: true, StoreDir: dir,
 		Username: "relay", Password: natsPass, TLSConfig: testCA(t, dir), TLSTimeout: 2}
-	start := func() *natsserver.Server {
-		s, err := natsserver.NewServer(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		go s.Start()
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatal("nats not ready")
-		}
-		return s
-	}
+	start := func() *natsserver.Server { return testenv.NATSServer(t, opts) }
 	ns := start()
-	t.Cleanup(func() { ns.Shutdown() })
 
 	natsURL := fmt.Sprintf("tls://relay:%s@127.0.0.1:%d", natsPass, port)
 	e := newEnvNATS(t, natsURL, nats.RootCAs(filepath.Join(dir, "ca.pem")))
@@ -106,7 +96,6 @@ func TestTLSAndNoSecretsInLogs(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // let the outage produce its error logs
 	ns = start()
-	t.Cleanup(func() { ns.Shutdown() })
 	e.waitDelivered(60 * time.Second)
 	r.stop(30 * time.Second)
 	logs += r.out.String()

@@ -100,15 +100,7 @@ func TestStartingUp(t *testing.T) {
 // RELAY_STARTUP_TIMEOUT of retrying (that is for a server not yet up).
 func TestNATSAuthRefusalFailsAtOnce(t *testing.T) {
 	t.Parallel()
-	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, Authorization: "s3cret-token", NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
+	srv := testenv.NATSServer(t, &natsserver.Options{Authorization: "s3cret-token"})
 	cfg, err := loadConfig(context.Background(), envconfig.MapLookuper(map[string]string{
 		"RELAY_DATABASE_URL": "postgres://unused", "RELAY_NATS_URL": "nats://wrong-token@" + srv.Addr().String(),
 		"RELAY_STARTUP_TIMEOUT": "30s",

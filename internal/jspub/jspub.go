@@ -19,12 +19,12 @@
 package jspub
 
 import (
-	"net/textproto"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/textproto"
 	"strconv"
 	"time"
 

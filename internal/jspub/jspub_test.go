@@ -116,17 +116,7 @@ func TestMain(m *testing.M) {
 // startServer runs a JetStream server of the test's own.
 func startServer(t *testing.T) *natsserver.Server {
 	t.Helper()
-	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT,
-		JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	return srv
+	return testenv.NATSServer(t, &natsserver.Options{JetStream: true, StoreDir: t.TempDir()})
 }
 
 // silent returns a connection to a server of the test's own with a stream

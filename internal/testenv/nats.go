@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -69,4 +70,29 @@ func CreateStream(t testing.TB, ctx context.Context, js jetstream.JetStream, cfg
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// NATSServer runs a NATS server of the test's own, embedded, with opts — on
+// 127.0.0.1 and a free port unless opts say, without signal handlers or
+// logs — and shuts it down when the test ends. The test may stop it before
+// (an outage) and start another on the same port and store directory.
+func NATSServer(t testing.TB, opts *natsserver.Options) *natsserver.Server {
+	t.Helper()
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.Port == 0 {
+		opts.Port = natsserver.RANDOM_PORT // 0 would be 4222, the shared server's
+	}
+	opts.NoSigs, opts.NoLog = true, true
+	s, err := natsserver.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	return s
 }

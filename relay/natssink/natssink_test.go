@@ -240,18 +240,7 @@ func setupEmbedded(t *testing.T) *env {
 // dir, so the test can stop it without touching the shared server.
 func startServer(t *testing.T, port int, dir string) *natsserver.Server {
 	t.Helper()
-	s, err := natsserver.NewServer(&natsserver.Options{
-		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		t.Fatal("nats server not ready")
-	}
-	return s
+	return testenv.NATSServer(t, &natsserver.Options{Port: port, JetStream: true, StoreDir: dir})
 }
 
 // setup makes the stream, the sink (on a connection that reconnects
