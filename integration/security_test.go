@@ -95,7 +95,7 @@ func TestTLSAndNoSecretsInLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second) // let the outage produce its error logs
-	start() // back; the test's end stops it
+	start()                     // back; the test's end stops it
 	e.waitDelivered(60 * time.Second)
 	r.stop(30 * time.Second)
 	logs += r.out.String()
