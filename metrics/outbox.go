@@ -20,6 +20,7 @@ type Outbox struct {
 	mu     sync.Mutex
 	stats  []relay.TargetStats
 	readAt time.Time // local clock, when stats were read
+	start  time.Time // NewOutbox's
 
 	lag, pending, parked, held, retrying, statsTime *prometheus.Desc
 }
@@ -38,7 +39,8 @@ func NewOutbox(reg prometheus.Registerer) *Outbox {
 		retrying: prometheus.NewDesc("relayd_outbox_retrying_messages",
 			"Pending rows waiting out a retry backoff after a failed publish (among the oldest 10000).", []string{"target"}, nil),
 		statsTime: prometheus.NewDesc("relayd_outbox_stats_timestamp_seconds",
-			"Unix time the backlog figures were last read from Postgres.", nil, nil),
+			"Unix time the backlog figures were last read from Postgres; the process's start while they never were.", nil, nil),
+		start: time.Now(),
 	}
 	reg.MustRegister(o)
 	return o
@@ -56,6 +58,10 @@ func (o *Outbox) Collect(ch chan<- prometheus.Metric) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.readAt.IsZero() {
+		// No figures yet: none is made up, but the time says since when
+		// there are none — a relay whose stats never read is stale from
+		// its start (RelaydStatsStale), not silent.
+		ch <- prometheus.MustNewConstMetric(o.statsTime, prometheus.GaugeValue, float64(o.start.UnixNano())/1e9)
 		return
 	}
 	since := time.Since(o.readAt)

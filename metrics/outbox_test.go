@@ -18,8 +18,13 @@ import (
 func TestOutboxGauges(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	o := NewOutbox(reg)
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
-		t.Fatalf("before the first read: %d samples, %v; want none (no made-up zeros)", n, err)
+	// Before the first read: no made-up zeros, but the stats timestamp, at
+	// the start — so that stats that never read are stale, not absent.
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 1 {
+		t.Fatalf("before the first read: %d samples, %v; want the stats timestamp alone", n, err)
+	}
+	if at := testutil.ToFloat64(o); at < float64(time.Now().Add(-time.Minute).Unix()) || at > float64(time.Now().Unix()+1) {
+		t.Fatalf("before the first read: stats timestamp %v, want the start", at)
 	}
 	o.Set([]relay.TargetStats{
 		{Target: relay.TargetAMQP},
