@@ -208,6 +208,9 @@ type env struct {
 	srv  *natsserver.Server // nil for the shared server
 	port int
 	dir  string
+	// owner is the test that made the env: a server restarted in one of
+	// its subtests (Up) runs, and is stopped, with the env.
+	owner *testing.T
 
 	mu   sync.Mutex
 	next uint64 // stream sequence Received reads from
@@ -226,7 +229,7 @@ func setupShared(t *testing.T) *env {
 
 func setupEmbedded(t *testing.T) *env {
 	t.Helper()
-	e := &env{dir: t.TempDir()}
+	e := &env{dir: t.TempDir(), owner: t}
 	e.srv = startServer(t, natsserver.RANDOM_PORT, e.dir)
 	e.port = e.srv.Addr().(*net.TCPAddr).Port
 	t.Cleanup(func() {
@@ -365,7 +368,7 @@ func (e *env) Down(t *testing.T) {
 // directory, so the stream survives; it returns once the stream answers.
 func (e *env) Up(t *testing.T) {
 	t.Helper()
-	e.srv = startServer(t, e.port, e.dir)
+	e.srv = startServer(e.owner, e.port, e.dir)
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
