@@ -187,6 +187,11 @@ type Relay struct {
 	store   *store
 	sinks   [2]Sink // indexed like Targets; nil when disabled
 	enabled [2]bool
+	// The stranded-row sweep's place (see finishStranded): the next
+	// slice starts past sweepFrom.
+	sweepMu    sync.Mutex
+	sweepFrom  int64
+	sweepSlice int
 	// retryBound caps the backoff of a row whose publish to the target had
 	// an unknown outcome (RetryBounder); 0: none.
 	retryBound [2]time.Duration
@@ -253,7 +258,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), drain: newKick(), log: cfg.Logger,
-		late: make(chan lateConfirm, lateBuffer), quickWalk: quickWalkEvery, cheapTook: cheapWalkTook, held: map[int64]struct{}{}}
+		late: make(chan lateConfirm, lateBuffer), quickWalk: quickWalkEvery, cheapTook: cheapWalkTook, held: map[int64]struct{}{},
+		sweepSlice: sweepSliceRows}
 	for _, s := range cfg.Sinks {
 		i := targetIndex(s.Target())
 		r.sinks[i], r.enabled[i] = s, true
@@ -1049,16 +1055,15 @@ func (r *Relay) cleanup(ctx context.Context) {
 	t := time.NewTicker(r.cfg.CleanupInterval)
 	defer t.Stop()
 	for {
-		// At start too: rows a phase change stranded (finishStranded).
-		if err := r.CleanupOnce(ctx); err != nil && ctx.Err() == nil {
-			errs.Error(err)
-		} else {
-			errs.OK()
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if err := r.CleanupOnce(ctx); err != nil && ctx.Err() == nil {
+			errs.Error(err)
+		} else {
+			errs.OK()
 		}
 	}
 }
@@ -1089,36 +1094,42 @@ func (r *Relay) CleanupOnce(ctx context.Context) error {
 	return first
 }
 
-// finishStranded moves out of the outbox, 1000 at a time, rows JetStream
-// has that no batch will finish in the nats-only phase: a batch claims only
-// rows owed to an enabled target, so a row that reached JetStream while
-// RabbitMQ still owed it (in retry, parked) is owed to no target once the
-// phase is nats only — and never left. Run at start (CleanupOnce) and with
-// each cleanup: an instance still in dual write may leave more until it
-// stops. Only in that phase: a row RabbitMQ has and JetStream still owes
-// stays through a move to amqp (back from dual write), so that it is sent
-// when dual write resumes — and during a move to dual write, instances
-// still in phase amqp must leave such rows to the dual-write ones.
+// finishStranded moves out of the outbox rows JetStream has that no batch
+// will finish in the nats-only phase: a batch claims only rows owed to an
+// enabled target, so a row that reached JetStream while RabbitMQ still owed
+// it (in retry, parked) is owed to no target once the phase is nats only —
+// and never left. Only in that phase: a row RabbitMQ has and JetStream
+// still owes stays through a move to amqp (back from dual write), so that it
+// is sent when dual write resumes — and during a move to dual write,
+// instances still in phase amqp must leave such rows to the dual-write ones.
+//
+// Each call (every cleanup) goes through the next slice of sweepSlice rows
+// in id order, round and round: an outbox of up to that many rows at once,
+// a backlog a slice a minute. Such rows are harmless leftovers, and a sweep
+// of a whole backlog at once (no index finds them) cost the nats-only
+// burn-down a twentieth of its rate.
 func (r *Relay) finishStranded(ctx context.Context) error {
 	if r.enabled != [2]bool{false, true} {
 		return nil
 	}
-	total := int64(0)
-	for {
-		tag, err := r.pool.Exec(ctx, r.store.finishSQL, r.enabled[0], r.enabled[1], 1000)
-		if err != nil {
-			return fmt.Errorf("cleanup: finish rows every enabled target has: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < 1000 {
-			break
-		}
+	r.sweepMu.Lock()
+	defer r.sweepMu.Unlock()
+	var last, scanned, n int64
+	if err := r.pool.QueryRow(ctx, r.store.finishSQL, r.sweepFrom, r.sweepSlice).Scan(&last, &scanned, &n); err != nil {
+		return fmt.Errorf("cleanup: finish rows JetStream has: %w", err)
 	}
-	if total > 0 {
-		r.log.Info("finished rows every enabled target has, which the targets before a phase change left in the outbox", "rows", total)
+	r.sweepFrom = last
+	if scanned < int64(r.sweepSlice) {
+		r.sweepFrom = 0 // the end: from the start next time
+	}
+	if n > 0 {
+		r.log.Info("finished rows JetStream has that RabbitMQ owed before the move to nats only", "rows", n)
 	}
 	return nil
 }
+
+// sweepSliceRows is how many outbox rows each finishStranded goes through.
+const sweepSliceRows = 50000
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

@@ -340,8 +340,10 @@ func TestPhaseChangeFinishesStrandedRows(t *testing.T) {
 		}
 	}
 	n := newFake(TargetNATS)
-	f.start(Config{Sinks: []Sink{n}})
-	testenv.Eventually(t, 10*time.Second, func() bool { return f.state(ids[0]).done && f.state(ids[1]).done }, "the stranded rows are still in the outbox")
+	r, _, _ := f.start(Config{Sinks: []Sink{n}})
+	if err := r.CleanupOnce(context.Background()); err != nil { // what the relay does every CleanupInterval
+		t.Fatal(err)
+	}
 	for i, want := range []rowState{{natsDelivered: true, done: true}, {natsDelivered: true, done: true}} {
 		if s := f.state(ids[i]); s != want {
 			t.Errorf("row %d: %+v, want %+v", i, s, want)
@@ -355,6 +357,42 @@ func TestPhaseChangeFinishesStrandedRows(t *testing.T) {
 	}
 	if got := n.total(); got != 0 {
 		t.Errorf("nats got %d publishes; the stranded rows are in it already, the others wait", got)
+	}
+}
+
+// The sweep goes through one slice of the outbox a cleanup, round and
+// round: a stranded row (here left by an instance still in dual write) is
+// found within a round, and no cleanup scans a whole backlog.
+func TestStrandedRowSweepGoesASliceAtATime(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ids := f.insert(35, "orders.created")
+	tbl := f.table.Ident()
+	// Pending for JetStream but not due: the relay leaves them be.
+	if _, err := f.pool.Exec(context.Background(), `UPDATE `+tbl+` SET nats_retry_at = now() + interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	r, _, _ := f.startWith(Config{Sinks: []Sink{newFake(TargetNATS)}, CleanupInterval: time.Hour}, func(r *Relay) { r.sweepSlice = 10 })
+
+	// Another instance, still in dual write, leaves the last row
+	// delivered to JetStream, owed to RabbitMQ.
+	if _, err := f.pool.Exec(context.Background(), `UPDATE `+tbl+` SET nats_delivered_at = now(), nats_retry_at = NULL, amqp_retry_at = now() + interval '1 hour' WHERE message_id = $1`, ids[34]); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	for ; calls < 6 && !f.state(ids[34]).done; calls++ {
+		if err := r.CleanupOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 35 rows in slices of 10: from the start, the fourth slice has it.
+	if calls != 4 || !f.state(ids[34]).done {
+		t.Fatalf("finished after %d cleanups (done %v), want the fourth: a slice of 10 each", calls, f.state(ids[34]).done)
+	}
+	for _, id := range ids[:34] {
+		if s := f.state(id); s.done {
+			t.Fatalf("row %s finished, still owed to JetStream", id)
+		}
 	}
 }
 

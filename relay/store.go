@@ -28,8 +28,8 @@ type store struct {
 	cleanupDeliveredSQL string
 	// cleanupBackfilledSQL trims the backfill's record of moved ids.
 	cleanupBackfilledSQL string
-	// finishSQL moves out of the outbox rows every enabled target has
-	// that no batch will: see Relay.finishStranded.
+	// finishSQL moves out of the outbox, a slice at a time, rows
+	// JetStream has that no batch will: see Relay.finishStranded.
 	finishSQL string
 }
 
@@ -85,21 +85,25 @@ SELECT id, message_id, amqp_at, nats_at, amqp_sent, clock_timestamp() FROM del`,
 
 		lateSQL: [2]string{lateSQL(tbl, "amqp"), lateSQL(tbl, "nats")},
 
-		// $1, $2: whether amqp and nats are enabled; $3 the most rows.
-		// No index finds these rows (they are few, and rarely there): a
-		// scan of the outbox, which holds only what is still owed.
+		// The next slice of the outbox in id order, past $1, at most $2
+		// rows (the primary key's order: no scan of the whole table, which
+		// during a backlog holds millions); of them, the rows JetStream has
+		// (the nats-only phase: see Relay.finishStranded). It returns the
+		// slice's last id, its rows, and the rows finished.
 		finishSQL: fmt.Sprintf(`
-WITH del AS (
+WITH slice AS MATERIALIZED (
+	SELECT id FROM %[1]s WHERE id > $1 ORDER BY id LIMIT $2
+), del AS (
 	DELETE FROM %[1]s o WHERE o.id IN (
-		SELECT id FROM %[1]s
-		WHERE done_at IS NULL AND (amqp_delivered_at IS NOT NULL OR nats_delivered_at IS NOT NULL)
-		  AND (amqp_delivered_at IS NOT NULL OR NOT $1::boolean) AND (nats_delivered_at IS NOT NULL OR NOT $2::boolean)
-		LIMIT $3 FOR UPDATE SKIP LOCKED)
+		SELECT id FROM %[1]s WHERE id IN (SELECT id FROM slice) AND nats_delivered_at IS NOT NULL AND done_at IS NULL
+		FOR UPDATE SKIP LOCKED)
 	RETURNING o.message_id, o.id, o.amqp_delivered_at, o.nats_delivered_at,
 		o.amqp_delivered_at IS NOT NULL OR o.amqp_attempts > 0 OR o.amqp_last_error IS NOT NULL AS amqp_sent
+), ins AS (
+	INSERT INTO %[2]s (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, done_at)
+	SELECT id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, clock_timestamp() FROM del
 )
-INSERT INTO %[2]s (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, done_at)
-SELECT id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, clock_timestamp() FROM del`, tbl, t.Delivered()),
+SELECT coalesce((SELECT max(id) FROM slice), 0), (SELECT count(*) FROM slice), (SELECT count(*) FROM del)`, tbl, t.Delivered()),
 
 		// Rows marked done in the outbox by relayd before migration 00005.
 		cleanupSQL: fmt.Sprintf(`
