@@ -69,7 +69,9 @@ type Config struct {
 	// leave the outbox at once. Default 24h.
 	Retention time.Duration
 	// CleanupInterval is how often delivered ids past Retention are
-	// deleted, in batches of 1000. Default 1m.
+	// deleted, in batches of 1000, and — in the nats-only phase — the
+	// next slice of the outbox is swept for rows JetStream has that
+	// RabbitMQ owed before the move (see finishStranded). Default 1m.
 	CleanupInterval time.Duration
 	// Logger receives the relay's logs. Default: discard.
 	Logger *slog.Logger
@@ -1068,7 +1070,8 @@ func (r *Relay) cleanup(ctx context.Context) {
 	}
 }
 
-// CleanupOnce deletes, 1000 at a time, the record of delivered ids past
+// CleanupOnce finishes the next slice's stranded rows (finishStranded),
+// then deletes, 1000 at a time, the record of delivered ids past
 // retention, the backfill's record of moved ids past retention, and rows
 // marked done in the outbox before migration 00005 past retention; it
 // returns the first error.
