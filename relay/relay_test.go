@@ -196,6 +196,14 @@ func (f *fixture) startWith(cfg Config, prepare func(*Relay)) (*Relay, context.C
 	return r, cancel, done
 }
 
+// setRow sets one row's columns: set is the SET list, a test's own.
+func (f *fixture) setRow(id, set string) {
+	f.t.Helper()
+	if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.table.Ident()+` SET `+set+` WHERE message_id = $1`, id); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // state reads one row's delivery columns.
 type rowState struct {
 	amqpDelivered, natsDelivered, done bool
@@ -321,23 +329,20 @@ func TestTargetBackFromAnOutageCatchesUpAtFullSpeed(t *testing.T) {
 
 // A phase change leaves rows that reached the target that stays while the
 // one dropped still owed them (in retry, or parked): no batch claims them
-// (they are owed to no enabled target), so the relay finishes them at start
+// (they are owed to no enabled target), so the relay's cleanup finishes them
 // — gone from the outbox, recorded as delivered — and leaves alone the rows
 // the remaining target still owes.
 func TestPhaseChangeFinishesStrandedRows(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ids := f.insert(4, "orders.created")
-	tbl := f.table.Ident()
 	for i, set := range []string{
 		"nats_delivered_at = now(), amqp_parked_at = now(), amqp_last_error = 'refused'",          // stranded
 		"nats_delivered_at = now(), amqp_retry_at = now() + interval '1 hour'",                    // stranded
 		"amqp_delivered_at = now(), nats_retry_at = now() + interval '1 hour', nats_attempts = 1", // still owed to nats
 		"amqp_delivered_at = now(), nats_parked_at = now()",                                       // parked for nats
 	} {
-		if _, err := f.pool.Exec(context.Background(), `UPDATE `+tbl+` SET `+set+` WHERE message_id = $1`, ids[i]); err != nil {
-			t.Fatal(err)
-		}
+		f.setRow(ids[i], set)
 	}
 	n := newFake(TargetNATS)
 	r, _, _ := f.start(Config{Sinks: []Sink{n}})
@@ -376,9 +381,7 @@ func TestStrandedRowSweepGoesASliceAtATime(t *testing.T) {
 
 	// Another instance, still in dual write, leaves the last row
 	// delivered to JetStream, owed to RabbitMQ.
-	if _, err := f.pool.Exec(context.Background(), `UPDATE `+tbl+` SET nats_delivered_at = now(), nats_retry_at = NULL, amqp_retry_at = now() + interval '1 hour' WHERE message_id = $1`, ids[34]); err != nil {
-		t.Fatal(err)
-	}
+	f.setRow(ids[34], "nats_delivered_at = now(), nats_retry_at = NULL, amqp_retry_at = now() + interval '1 hour'")
 	calls := 0
 	for ; calls < 6 && !f.state(ids[34]).done; calls++ {
 		if err := r.CleanupOnce(context.Background()); err != nil {
@@ -404,9 +407,7 @@ func TestPhaseAMQPLeavesRowsJetStreamOwes(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ids := f.insert(1, "orders.created")
-	if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.table.Ident()+` SET amqp_delivered_at = now(), nats_retry_at = now() + interval '1 hour' WHERE message_id = $1`, ids[0]); err != nil {
-		t.Fatal(err)
-	}
+	f.setRow(ids[0], "amqp_delivered_at = now(), nats_retry_at = now() + interval '1 hour'")
 	r, _, _ := f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}})
 	if err := r.CleanupOnce(context.Background()); err != nil {
 		t.Fatal(err)
@@ -434,9 +435,7 @@ func TestUnknownOutcomeRetriedWithinTheDedupeWindow(t *testing.T) {
 	f := setup(t)
 	n := newFake(TargetNATS)
 	ids := f.insert(1, "orders.created")
-	if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.table.Ident()+` SET nats_attempts = 10 WHERE message_id = $1`, ids[0]); err != nil {
-		t.Fatal(err)
-	}
+	f.setRow(ids[0], "nats_attempts = 10")
 	var once sync.Once
 	n.setFail(func(*Message) error {
 		var err error
