@@ -87,7 +87,13 @@ func newEnv(t *testing.T, natsURL ...string) *env {
 // for the test's own NATS client.
 func newEnvNATS(t *testing.T, natsURL string, natsOpts ...nats.Option) *env {
 	t.Helper()
-	e := &env{t: t, dbURL: testenv.DatabaseURL(t), amqpURL: testenv.AMQPURL(t), natsURL: natsURL}
+	return newEnvAt(t, testenv.AMQPURL(t), natsURL, natsOpts...)
+}
+
+// newEnvAt is newEnvNATS with the RabbitMQ at amqpURL.
+func newEnvAt(t *testing.T, amqpURL, natsURL string, natsOpts ...nats.Option) *env {
+	t.Helper()
+	e := &env{t: t, dbURL: testenv.DatabaseURL(t), amqpURL: amqpURL, natsURL: natsURL}
 	if e.natsURL == "" {
 		e.natsURL = testenv.NATSURL(t)
 	}

@@ -14,10 +14,13 @@
 // sink reconnects by itself with capped backoff. A publish still unanswered
 // at its deadline on a live connection stays registered: its confirm, when
 // it comes, is reported to OnLateConfirm (the relay records the delivery)
-// and answers a retry of the same message on this sink.
+// and answers a retry of the same message on this sink. A connection
+// RabbitMQ blocks (a resource alarm) is kept, not closed: the sink is not
+// Ready and publishes nothing new until RabbitMQ unblocks it.
 package amqpsink
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -120,7 +123,7 @@ func (s *Sink) Ready() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur != nil {
-		return nil
+		return s.cur.blockedErr()
 	}
 	if s.lastErr != nil {
 		return relay.Unavailable(s.lastErr)
@@ -164,9 +167,19 @@ func (s *Sink) connect() (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	sess := newSession(conn, ch, s.confirmedLate, s.cfg.beforeEvent)
+	sess := newSession(conn, ch, s.confirmedLate, s.cfg.beforeEvent, s.blockedBy)
 	sess.cork = cork
 	return sess, nil
+}
+
+// blockedBy logs RabbitMQ blocking (reason) and unblocking ("") the
+// connection.
+func (s *Sink) blockedBy(reason string) {
+	if reason != "" {
+		s.log.Warn("RabbitMQ blocked the connection (resource alarm): publishing paused until it clears", "reason", reason)
+		return
+	}
+	s.log.Info("RabbitMQ unblocked the connection: publishing again")
 }
 
 // lateTTL bounds how long a late confirm is remembered: far longer than the
@@ -309,6 +322,10 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		}
 	}
 	defer uncork()
+	// Nothing new onto a connection RabbitMQ does not read (a resource
+	// alarm): the write would wait in the socket for the alarm to clear,
+	// and the batch's confirms with it.
+	blocked := sess.blockedErr()
 	waits := make([]*pending, len(msgs))
 	for i, m := range msgs {
 		if len(m.Topic) > 255 {
@@ -334,6 +351,10 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			// Publishing again would queue a second copy: wait for that
 			// one's verdict instead.
 			waits[i] = p
+			continue
+		}
+		if blocked != nil {
+			results[i] = blocked
 			continue
 		}
 		p, err := sess.publish(ctx, s.cfg.Exchange, m.Topic, m.MessageID, pub)
@@ -434,8 +455,10 @@ type session struct {
 	earlyRet map[string]string // returns that beat their registration
 	dead     bool
 	err      error
-	lateOK   func(msgID string) // told of confirms that came after their publisher gave up
-	hook     func()             // Config.beforeEvent
+	blocked  string              // why RabbitMQ blocked the connection; "" while it is not
+	lateOK   func(msgID string)  // told of confirms that came after their publisher gave up
+	hook     func()              // Config.beforeEvent
+	onBlock  func(reason string) // told when RabbitMQ blocks ("" when it unblocks) the connection
 
 	done chan struct{} // closed when the channel or connection is gone
 }
@@ -456,9 +479,9 @@ const (
 	returnBuffer  = 1 << 10
 )
 
-func newSession(conn *amqp.Connection, ch *amqp.Channel, lateOK func(string), hook func()) *session {
+func newSession(conn *amqp.Connection, ch *amqp.Channel, lateOK func(string), hook func(), onBlock func(string)) *session {
 	s := &session{
-		conn: conn, ch: ch, lateOK: lateOK, hook: hook,
+		conn: conn, ch: ch, lateOK: lateOK, hook: hook, onBlock: onBlock,
 		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
 		early: map[uint64]bool{}, earlyRet: map[string]string{},
 		done: make(chan struct{}),
@@ -545,12 +568,26 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 			buffered()
 			end(amqpErr("connection closed", e))
 		case b := <-blocked:
+			// A resource alarm: RabbitMQ stopped reading from the
+			// connection. What it read before goes on to the queues and
+			// is confirmed; what it had not read waits in the socket
+			// until the alarm clears, and is read then. So the session
+			// stays: its pending publishes get their verdicts (late ones
+			// through lateOK), and no message is sent again while its
+			// first copy may still be read. New publishes are refused
+			// until RabbitMQ unblocks the connection (see Publish).
+			// Closing it instead, as this did, turned every publish in
+			// flight into an unknown to retry: a second copy of each one
+			// RabbitMQ had read, once per alarm.
+			reason := ""
 			if b.Active {
-				// RabbitMQ stopped reading our publishes (resource alarm).
-				// Treat it as down: pending confirms resolve as unknown
-				// and the sink reconnects once the alarm clears.
-				buffered()
-				end(fmt.Errorf("amqp connection blocked: %s", b.Reason))
+				reason = cmp.Or(b.Reason, "no reason given")
+			}
+			s.mu.Lock()
+			s.blocked = reason
+			s.mu.Unlock()
+			if s.onBlock != nil {
+				s.onBlock(reason)
 			}
 		}
 	}
@@ -593,6 +630,17 @@ func (s *session) publish(ctx context.Context, exchange, key, msgID string, pub 
 	s.byTag[dc.DeliveryTag] = p
 	s.byMsgID[msgID] = p
 	return p, nil
+}
+
+// blockedErr is the error of a publish refused because RabbitMQ blocked the
+// connection, nil while it has not.
+func (s *session) blockedErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.blocked == "" {
+		return nil
+	}
+	return relay.Unavailable(fmt.Errorf("amqp: connection blocked by RabbitMQ (resource alarm): %s", s.blocked))
 }
 
 // inFlight returns the unanswered publish of msgID on this session, if any.

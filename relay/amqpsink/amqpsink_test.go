@@ -456,7 +456,12 @@ func setup(t *testing.T) *env { t.Helper(); return setupWith(t, nil) }
 // setupWith is setup with the sink's Config adjusted by tune.
 func setupWith(t *testing.T, tune func(*amqpsink.Config)) *env {
 	t.Helper()
-	rawURL := testenv.AMQPURL(t)
+	return setupAt(t, testenv.AMQPURL(t), tune)
+}
+
+// setupAt is setupWith on the RabbitMQ at rawURL.
+func setupAt(t *testing.T, rawURL string, tune func(*amqpsink.Config)) *env {
+	t.Helper()
 	name := testenv.Name("sinktest")
 	e := &env{exchange: name, queue: name + "_q", got: map[string][]sinktest.Delivery{}}
 
@@ -614,4 +619,84 @@ func TestCloseIsBoundedWhenTheBrokerStopsReading(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Sink.Close still waiting after 10 s on a connection the broker does not read")
 	}
+}
+
+// A resource alarm, a real one on a RabbitMQ node of the test's own:
+// RabbitMQ blocks the publishing connection and stops reading from it. No
+// message is queued twice. Publishes RabbitMQ had not read yet wait in the
+// socket and are read, queued and confirmed once the alarm clears (to
+// OnLateConfirm, their batch having given up); a retry of them, during the
+// alarm or after it, sends nothing new; and while the connection is
+// blocked the sink is not Ready and says why. (The sink used to close a
+// blocked connection: every publish in flight became an unknown to retry,
+// and each one RabbitMQ had read was queued again.)
+func TestResourceAlarmQueuesEachMessageOnce(t *testing.T) {
+	t.Parallel()
+	node := testenv.NewRabbitNode(t)
+	e := setupAt(t, node.URL, nil)
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	var mu sync.Mutex
+	late := map[string]bool{}
+	e.sink.OnLateConfirm(func(id string) {
+		mu.Lock()
+		defer mu.Unlock()
+		late[id] = true
+	})
+	before := sinktest.Messages("prealarm", 20)
+	sinktest.RequireAllNil(t, before, sinktest.Publish(t, e.sink, 10*time.Second, before))
+
+	node.MemoryAlarm(true)
+	msgs := sinktest.Messages("alarm", 300)
+	// RabbitMQ blocks the connection at its first publish after the alarm:
+	// it reads that one (at least) and then nothing more.
+	notUnavailable := func(when string, results []error) {
+		t.Helper()
+		for i, err := range results {
+			if err != nil && !errors.Is(err, relay.ErrUnavailable) {
+				t.Fatalf("%s: %s: %v, want confirmed or unavailable", when, msgs[i].MessageID, err)
+			}
+		}
+	}
+	notUnavailable("during the alarm", sinktest.Publish(t, e.sink, 2*time.Second, msgs))
+	testenv.Eventually(t, 10*time.Second, func() bool { return e.sink.Ready() != nil }, "sink Ready while RabbitMQ blocks its connection")
+	if err := e.sink.Ready(); !errors.Is(err, relay.ErrUnavailable) || !strings.Contains(err.Error(), "blocked") {
+		t.Fatalf("Ready during the alarm: %v, want unavailable, saying the connection is blocked", err)
+	}
+	// The relay's retry of the batch, still during the alarm.
+	retry := sinktest.Publish(t, e.sink, time.Second, msgs)
+	notUnavailable("retried during the alarm", retry)
+	waited := 0
+	for _, err := range retry {
+		if errors.Is(err, relay.ErrAwaitingConfirm) {
+			waited++ // its first publish is still unanswered: waited for, not sent again
+		}
+	}
+	if waited == 0 {
+		t.Fatal("no retry waited for its first publish's confirm: were the first publishes dropped?")
+	}
+	// And a batch of messages never sent is refused at once, unwritten.
+	fresh := sinktest.Messages("blocked", 5)
+	start := time.Now()
+	res := sinktest.Publish(t, e.sink, 5*time.Second, fresh)
+	sinktest.RequireAllUnavailable(t, fresh, res)
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("publish onto a blocked connection took %v, want an answer at once", took)
+	}
+	for i, err := range res {
+		if !strings.Contains(err.Error(), "blocked") {
+			t.Fatalf("%s refused with %v, want it to say the connection is blocked", fresh[i].MessageID, err)
+		}
+	}
+
+	node.MemoryAlarm(false)
+	testenv.Eventually(t, 10*time.Second, func() bool { return e.sink.Ready() == nil }, "sink not Ready after the alarm cleared")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(late) > 0
+	}, "no late confirm after the alarm cleared")
+	// The relay retries what it had no verdict for: each is confirmed.
+	sinktest.RequireAllNil(t, msgs, sinktest.Publish(t, e.sink, 20*time.Second, msgs))
+	sinktest.RequireAllNil(t, fresh, sinktest.Publish(t, e.sink, 20*time.Second, fresh))
+	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), append(append(before, msgs...), fresh...), 1)
 }
