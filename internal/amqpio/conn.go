@@ -65,6 +65,15 @@ type Conn struct {
 // corkLimit is how much a cork holds before it writes anyway.
 const corkLimit = 128 << 10
 
+// WriteWait bounds every write that has no deadline of its own (writes
+// outside a cork, and a cork's flush at corkLimit). A peer that stops
+// reading (RabbitMQ blocks a publishing connection during a resource alarm)
+// would otherwise hold the writer, and with it this connection's mutex and
+// amqp091-go's, for as long as it does not read: every other publish and
+// the heartbeats wait behind it. A write that times out closes the
+// connection, as any failed write does.
+var WriteWait = 10 * time.Second
+
 func (c *Conn) Read(p []byte) (int, error) {
 	if c.r == c.w {
 		if len(p) >= readBuffer {
@@ -92,7 +101,14 @@ func (c *Conn) Write(p []byte) (int, error) {
 		return 0, c.err
 	}
 	if c.corks == 0 && len(c.buf) == 0 {
-		return c.Conn.Write(p)
+		c.Conn.SetWriteDeadline(time.Now().Add(WriteWait)) //nolint:errcheck // a conn that cannot take one fails the write below
+		n, err := c.Conn.Write(p)
+		c.Conn.SetWriteDeadline(time.Time{}) //nolint:errcheck // as above
+		if err != nil {
+			c.err = err
+			c.Conn.Close()
+		}
+		return n, err
 	}
 	c.buf = append(c.buf, p...)
 	if c.corks > 0 && len(c.buf) < corkLimit {
@@ -112,7 +128,7 @@ func (c *Conn) Cork() {
 }
 
 // Uncork ends a Cork and sends what has collected, whoever's it is, giving
-// up at deadline (zero: none).
+// up at deadline (zero: after WriteWait).
 func (c *Conn) Uncork(deadline time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -127,10 +143,11 @@ func (c *Conn) flushLocked(deadline time.Time) error {
 	if len(c.buf) == 0 {
 		return nil
 	}
-	if !deadline.IsZero() {
-		c.Conn.SetWriteDeadline(deadline) //nolint:errcheck // a conn that cannot take one fails the write below
-		defer c.Conn.SetWriteDeadline(time.Time{})
+	if deadline.IsZero() {
+		deadline = time.Now().Add(WriteWait)
 	}
+	c.Conn.SetWriteDeadline(deadline) //nolint:errcheck // a conn that cannot take one fails the write below
+	defer c.Conn.SetWriteDeadline(time.Time{})
 	_, err := c.Conn.Write(c.buf)
 	c.buf = c.buf[:0]
 	if err != nil {

@@ -173,3 +173,35 @@ func TestCorkIsBounded(t *testing.T) {
 		t.Fatalf("after Uncork, %d writes in all, want 2", n)
 	}
 }
+
+// A peer that stops reading (as RabbitMQ does with a connection it blocks)
+// holds no write for good: a write outside a cork and a cork's flush at its
+// limit give up after WriteWait, close the connection, and every later
+// write fails at once — they used to wait in the kernel for as long as the
+// peer did not read, holding the connection's mutex.
+func TestWritesToAPeerThatDoesNotReadAreBounded(t *testing.T) {
+	defer func(w time.Duration) { WriteWait = w }(WriteWait)
+	WriteWait = 300 * time.Millisecond
+	for _, corked := range []bool{false, true} {
+		c, _, _, _ := pair(t) // the server side never reads
+		if corked {
+			c.Cork()
+		}
+		chunk := make([]byte, 64<<10)
+		start := time.Now()
+		var err error
+		for i := 0; i < 1000 && err == nil; i++ { // far more than the socket buffers hold
+			_, err = c.Write(chunk)
+		}
+		took := time.Since(start)
+		if err == nil {
+			t.Fatalf("corked %v: 64 MiB written to a peer that reads nothing", corked)
+		}
+		if took > 5*time.Second {
+			t.Fatalf("corked %v: the write failed after %v, want about WriteWait (%v)", corked, took, WriteWait)
+		}
+		if _, err := c.Write([]byte("x")); err == nil {
+			t.Fatalf("corked %v: a write after the timed-out one succeeded, want the connection closed", corked)
+		}
+	}
+}

@@ -239,14 +239,26 @@ func (s *session) close() {
 		s.cork.Close() //nolint:errcheck // the handshake ends with the socket
 		<-done
 	}
+	// And the socket in any case: amqp091-go's Close returns at once on a
+	// connection it is already shutting down, which it may be doing
+	// without having closed the socket yet (its shutdown waits for a
+	// writer stuck on a peer that does not read).
+	s.cork.Close() //nolint:errcheck // closed either way
 }
 
 // supervise keeps a session up until Close.
 func (s *Sink) supervise(sess *session) {
 	defer close(s.stopped)
 	backoff := time.Duration(0)
+	alarm := "" // why RabbitMQ had blocked the last connection when it ended
 	for {
 		if sess != nil {
+			if alarm != "" {
+				sess.mu.Lock() // blocked before anyone sees it
+				sess.blocked, sess.probing = alarm+" (on the connection before; probing this one)", true
+				sess.mu.Unlock()
+				go sess.probe()
+			}
 			s.mu.Lock()
 			s.cur, s.lastErr = sess, nil
 			s.mu.Unlock()
@@ -261,6 +273,7 @@ func (s *Sink) supervise(sess *session) {
 				return
 			case <-sess.done:
 			}
+			alarm = sess.blockedReason()
 			s.drop(sess, sess.err)
 			s.log.Warn("amqp connection lost", "error", errString(sess.err))
 			sess.close()
@@ -310,11 +323,17 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		}
 		return
 	}
+	// Nothing new onto a connection RabbitMQ does not read (a resource
+	// alarm): the write would wait in the socket for the alarm to clear,
+	// and the batch's confirms with it.
+	blocked := sess.blockedErr()
 	// The batch's publishes leave in one write (see amqpio.Conn), sent
 	// before the waiting starts.
 	deadline, _ := ctx.Deadline()
-	sess.cork.Cork()
-	corked := true
+	corked := blocked == nil
+	if corked {
+		sess.cork.Cork()
+	}
 	uncork := func() {
 		if corked {
 			corked = false
@@ -322,10 +341,6 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		}
 	}
 	defer uncork()
-	// Nothing new onto a connection RabbitMQ does not read (a resource
-	// alarm): the write would wait in the socket for the alarm to clear,
-	// and the batch's confirms with it.
-	blocked := sess.blockedErr()
 	waits := make([]*pending, len(msgs))
 	for i, m := range msgs {
 		if len(m.Topic) > 255 {
@@ -456,6 +471,7 @@ type session struct {
 	dead     bool
 	err      error
 	blocked  string              // why RabbitMQ blocked the connection; "" while it is not
+	probing  bool                // blocked only until probe hears otherwise
 	lateOK   func(msgID string)  // told of confirms that came after their publisher gave up
 	hook     func()              // Config.beforeEvent
 	onBlock  func(reason string) // told when RabbitMQ blocks ("" when it unblocks) the connection
@@ -567,7 +583,11 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 			connClosed = nil
 			buffered()
 			end(amqpErr("connection closed", e))
-		case b := <-blocked:
+		case b, ok := <-blocked:
+			if !ok { // amqp091-go closes it with the connection
+				blocked = nil
+				continue
+			}
 			// A resource alarm: RabbitMQ stopped reading from the
 			// connection. What it read before goes on to the queues and
 			// is confirmed; what it had not read waits in the socket
@@ -584,7 +604,7 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 				reason = cmp.Or(b.Reason, "no reason given")
 			}
 			s.mu.Lock()
-			s.blocked = reason
+			s.blocked, s.probing = reason, false
 			s.mu.Unlock()
 			if s.onBlock != nil {
 				s.onBlock(reason)
@@ -631,6 +651,57 @@ func (s *session) publish(ctx context.Context, exchange, key, msgID string, pub 
 	s.byMsgID[msgID] = p
 	return p, nil
 }
+
+// blockedReason is why RabbitMQ blocked the connection, "" if it has not.
+func (s *session) blockedReason() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blocked
+}
+
+// probeKey routes a probe nowhere: the default exchange delivers to the
+// queue of that name, and no client may declare a queue named "amq.…".
+const probeKey = "amq.relayd.alarm-probe"
+
+// probe finds out whether RabbitMQ still blocks publishers, on a new
+// connection that replaced one it had blocked (supervise marks it blocked
+// and probing first). RabbitMQ tells
+// a connection it is blocked only once it publishes, so until then the
+// session counts as blocked, and one empty message goes to probeKey: if an
+// alarm is still on, RabbitMQ blocks the connection at it (and readEvents
+// hears so); if not, it answers the probe. Without this, every
+// reconnection during an alarm wrote whole batches into a connection that
+// RabbitMQ then stopped reading.
+func (s *session) probe() {
+	p, err := s.publish(context.Background(), "", probeKey, fmt.Sprintf("relayd-alarm-probe-%p", s), amqp.Publishing{})
+	if err != nil {
+		return // the session is ending
+	}
+	select {
+	case <-p.done:
+	case <-s.done:
+		return
+	}
+	if errors.Is(p.err, relay.ErrUnavailable) {
+		return // the session ended before an answer
+	}
+	// Answered. A connection.blocked sent before the answer may reach
+	// readEvents after it (two buffers): give it a moment.
+	select {
+	case <-time.After(probeGrace):
+	case <-s.done:
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.probing { // no connection.blocked since: RabbitMQ reads
+		s.blocked, s.probing = "", false
+	}
+}
+
+// probeGrace is how long after a probe's answer a connection.blocked may
+// still come.
+const probeGrace = 250 * time.Millisecond
 
 // blockedErr is the error of a publish refused because RabbitMQ blocked the
 // connection, nil while it has not.
@@ -727,8 +798,17 @@ func (s *session) failAll(err error) {
 		return
 	}
 	s.dead, s.err = true, err
+	verdict := relay.Unavailable(err)
+	if s.blocked != "" {
+		// RabbitMQ had stopped reading: what it had not read may still be
+		// in its socket buffer, read (and queued) when the alarm clears
+		// although the connection is gone. Hold these back as long as
+		// a confirm that may still come (the relay waits a publish
+		// timeout at least before publishing them again).
+		verdict = relay.AwaitingConfirm(fmt.Errorf("%w (RabbitMQ had blocked the connection: %s)", err, s.blocked))
+	}
 	for _, p := range s.byTag {
-		p.resolve(relay.Unavailable(err))
+		p.resolve(verdict)
 	}
 	s.byTag, s.byMsgID = nil, nil
 }

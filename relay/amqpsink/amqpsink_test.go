@@ -700,3 +700,95 @@ func TestResourceAlarmQueuesEachMessageOnce(t *testing.T) {
 	sinktest.RequireAllNil(t, fresh, sinktest.Publish(t, e.sink, 20*time.Second, fresh))
 	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), append(append(before, msgs...), fresh...), 1)
 }
+
+// The connection dies while RabbitMQ blocks it (here the sink's socket is
+// closed under it). Its unanswered publishes come back as awaiting confirm
+// — RabbitMQ may still read them from its socket buffer when the alarm
+// clears — so the relay holds them back; and the connection that replaces
+// it is not Ready, and sends RabbitMQ nothing but one probe, until RabbitMQ
+// reads again. Then everything arrives.
+func TestConnectionLostDuringAnAlarm(t *testing.T) {
+	t.Parallel()
+	node := testenv.NewRabbitNode(t)
+	var mu sync.Mutex
+	var conns []net.Conn
+	e := setupAt(t, node.URL, func(c *amqpsink.Config) {
+		amqpsink.WrapConn(c, func(nc net.Conn) net.Conn {
+			mu.Lock()
+			defer mu.Unlock()
+			conns = append(conns, nc)
+			return nc
+		})
+	})
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
+	node.MemoryAlarm(true)
+	msgs := sinktest.Messages("lost", 100)
+	first := sinktest.Publish(t, e.sink, time.Second, msgs) // RabbitMQ blocks the connection at the first
+	testenv.Eventually(t, 10*time.Second, func() bool { return e.sink.Ready() != nil }, "sink Ready while RabbitMQ blocks its connection")
+	var owed []*relay.Message // what the relay would publish again: not confirmed
+	for i, err := range first {
+		if err != nil {
+			owed = append(owed, msgs[i])
+		}
+	}
+
+	// The relay's retry, while the connection dies under it.
+	var retry []error
+	done := make(chan struct{})
+	go func() { defer close(done); retry, _ = publishOf(e.sink, 5*time.Second, owed) }()
+	time.Sleep(200 * time.Millisecond) // the retry is waiting: pacing, not a wait for a result
+	mu.Lock()
+	conns[0].Close()
+	mu.Unlock()
+	<-done
+	for i, err := range retry {
+		if !errors.Is(err, relay.ErrAwaitingConfirm) {
+			t.Fatalf("%s after its connection died while blocked: %v, want awaiting confirm", owed[i].MessageID, err)
+		}
+	}
+	// A new connection comes, and stays unready: RabbitMQ blocks it at the
+	// probe.
+	testenv.Eventually(t, 15*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(conns) >= 2 }, "no new connection")
+	time.Sleep(2 * time.Second) // long enough for a reconnected sink to call itself Ready: pacing
+	if err := e.sink.Ready(); err == nil || !strings.Contains(err.Error(), "blocked") {
+		t.Fatalf("Ready on the connection that replaced a blocked one, during the alarm: %v, want blocked", err)
+	}
+	fresh := sinktest.Messages("fresh", 5)
+	sinktest.RequireAllUnavailable(t, fresh, sinktest.Publish(t, e.sink, time.Second, fresh))
+
+	node.MemoryAlarm(false)
+	testenv.Eventually(t, 15*time.Second, func() bool { return e.sink.Ready() == nil }, "sink not Ready after the alarm cleared")
+	sinktest.RequireAllNil(t, fresh, sinktest.Publish(t, e.sink, 20*time.Second, fresh))
+	sinktest.RequireAllNil(t, owed, sinktest.Publish(t, e.sink, 20*time.Second, owed))
+	got := sinktest.Settle(t, e.sink, e)
+	// What the dead connection had written and RabbitMQ had not read came
+	// in when the alarm cleared, and the retry above sent it again: those
+	// (at most the batch) are the unknowns the relay's guarantees allow.
+	for _, m := range fresh {
+		if n := len(got[m.MessageID]); n != 1 {
+			t.Errorf("%s, published once the alarm cleared, at the broker %d times, want 1", m.MessageID, n)
+		}
+	}
+	if extra := len(got) - len(fresh) - len(msgs) - 1; extra != 0 { // 1: the sentinel
+		t.Errorf("%d messages at the broker that were never published (the probe?)", extra)
+	}
+	twice := 0
+	for _, m := range msgs {
+		switch n := len(got[m.MessageID]); {
+		case n == 2:
+			twice++
+		case n != 1:
+			t.Errorf("%s at the broker %d times, want 1 (or 2: written before the connection died)", m.MessageID, n)
+		}
+	}
+	t.Logf("%d of the %d messages written before the connection died came twice", twice, len(msgs))
+}
+
+// publishOf is sinktest.Publish for a goroutine other than the test's.
+func publishOf(sink relay.Sink, timeout time.Duration, msgs []*relay.Message) ([]error, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	results := make([]error, len(msgs))
+	sink.Publish(ctx, msgs, results)
+	return results, ""
+}
