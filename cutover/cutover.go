@@ -280,6 +280,12 @@ func versions(ctx context.Context, addrs []string) []Condition {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 		resp.Body.Close()
 		v := strings.TrimSpace(string(b))
+		if resp.StatusCode != http.StatusOK || v == "" {
+			// Not a relayd's answer (a relayd too old for /version, a
+			// proxy's error page): error pages that agree prove nothing.
+			bad = append(bad, fmt.Sprintf("%s: /version answered %s", a, resp.Status))
+			continue
+		}
 		seen[v] = append(seen[v], a)
 	}
 	c := Condition{Name: CondInstances}

@@ -676,3 +676,42 @@ func TestReadyzFollowsBlackhole(t *testing.T) {
 		})
 	}
 }
+
+// SIGTERM while Postgres does not answer (its bytes dropped, connections
+// left open): relayd holds no rows — its claims are waiting — so it stops
+// at once and exits 0. It used to wait for its claims' own deadline
+// (RELAY_PUBLISH_TIMEOUT + 30 s), past RELAY_SHUTDOWN_TIMEOUT, and exit 1
+// saying batches had not finished. The rows stay owed: once Postgres
+// answers, a new relayd delivers every one.
+func TestStopWhilePostgresDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	px := newFaultProxy(t, "postgres", hostOf(t, e.dbURL))
+	r := e.startRelay("relay", "RELAY_DATABASE_URL="+px.url(e.dbURL), "RELAY_SHUTDOWN_TIMEOUT=20s")
+	ctx := context.Background()
+	write := func(n int) {
+		for i := range n {
+			if _, err := e.writer.Write(ctx, e.pool, outbox.Message{Topic: "test.stop", Payload: []byte{byte(i)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(20)
+	e.waitDelivered(30 * time.Second)
+	heal := px.inject("timeout", map[string]any{"timeout": 0}, "upstream", "downstream")
+	write(20)               // the NOTIFYs do not reach relayd either; its polls (200 ms) hang
+	time.Sleep(time.Second) // every worker is now waiting on Postgres: pacing, not a wait for a result
+	start := time.Now()
+	code := r.stop(30 * time.Second)
+	took := time.Since(start)
+	heal()
+	if code != 0 || took > 10*time.Second {
+		t.Fatalf("relayd exited %d %v after SIGTERM with Postgres not answering, want 0 within seconds:\n%s", code, took.Round(time.Millisecond), r.out.String())
+	}
+	t.Logf("exited 0 in %v", took.Round(time.Millisecond))
+	e.startRelay("relay2")
+	e.waitDelivered(30 * time.Second)
+	if total, _, _ := e.counts(); total != 40 {
+		t.Fatalf("%d rows, want 40", total)
+	}
+}

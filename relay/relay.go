@@ -651,7 +651,12 @@ func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+30*time.Second)
 	defer cancel()
-	conn, err := r.pool.Acquire(bctx)
+	// Until it holds rows, a batch stops with the relay: a shutdown does
+	// not wait for a connection, or a claim, from a Postgres that does not
+	// answer. (A claim cut short rolls back; the rows stay owed.)
+	cctx, ccancel := context.WithDeadline(ctx, time.Now().Add(r.cfg.PublishTimeout+30*time.Second))
+	defer ccancel()
+	conn, err := r.pool.Acquire(cctx)
 	if err != nil {
 		return 0, 0, fmt.Errorf("begin: %w", err)
 	}
@@ -680,7 +685,7 @@ func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
 		r.testHookClaiming()
 	}
 	claimStart := time.Now()
-	rows, snap, err := r.store.claim(bctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor, r.heldRows())
+	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor, r.heldRows())
 	if err == nil {
 		if floor == 0 {
 			r.cheapWalk = len(rows) < r.cfg.BatchSize && time.Since(claimStart) < r.cheapTook
@@ -1018,33 +1023,42 @@ func (r *Relay) listen(ctx context.Context) {
 	errs := errlog.New(r.log, "listen")
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, errs)
+		listened, err := r.listenOnce(ctx, errs)
 		if ctx.Err() != nil {
 			return
 		}
 		errs.Error(err)
 		r.wake.signal()
+		if listened {
+			// A connection that listened and then went (a failover, an
+			// idle timeout) starts the backoff again: otherwise, after a
+			// few such over a process's life, every later reconnection
+			// waited 5–10 s, NOTIFYs unheard.
+			backoff = 0
+		}
 		backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
 		sleep(ctx, jitter(backoff))
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) error {
+// listenOnce listens on one connection until it fails; listened says
+// whether LISTEN took.
+func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, r.pool.Config().ConnConfig.Copy())
 	cancel()
 	if err != nil {
-		return fmt.Errorf("listen: connect: %w", err)
+		return false, fmt.Errorf("listen: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Table.Channel()}.Sanitize()); err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return false, fmt.Errorf("listen: %w", err)
 	}
 	errs.OK()
 	r.wake.signal() // rows may have arrived while not listening
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return fmt.Errorf("listen: %w", err)
+			return true, fmt.Errorf("listen: %w", err)
 		}
 		r.wake.signal()
 	}

@@ -1775,3 +1775,36 @@ func TestKeyedBurstDrainsWithoutPolls(t *testing.T) {
 	checkKeyOrder(t, "amqp", a.confirmedOrder(), keyOf)
 	checkKeyOrder(t, "nats", n.confirmedOrder(), keyOf)
 }
+
+// The LISTEN connection dropped again and again over a process's life
+// (failovers, idle-session timeouts): each time it had listened, the next
+// reconnection comes at once. The backoff used to double across drops and
+// never reset: after seven, every reconnection waited 5–10 s, and the
+// NOTIFYs of that time were lost.
+func TestListenReconnectsAtOnceAfterEachDrop(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}, PollInterval: time.Hour})
+	ctx := context.Background()
+	listening := func() (pid int) {
+		f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE query = $1 AND state = 'idle'`, //nolint:errcheck // none: 0
+			"LISTEN "+pgx.Identifier{f.table.Channel()}.Sanitize()).Scan(&pid)
+		return pid
+	}
+	for i := range 9 {
+		var pid int
+		start := time.Now()
+		testenv.Eventually(t, 30*time.Second, func() bool { pid = listening(); return pid != 0 }, "no LISTEN connection (drop %d)", i)
+		if took := time.Since(start); i > 0 && took > 2*time.Second {
+			t.Fatalf("LISTEN back %v after drop %d, want at once (the backoff restarts after a connection that listened)", took, i)
+		}
+		if _, err := f.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool { return listening() != pid }, "LISTEN connection %d not gone", pid)
+	}
+	// And a NOTIFY is heard on the last one.
+	testenv.Eventually(t, 30*time.Second, func() bool { return listening() != 0 }, "no LISTEN connection at the end")
+	f.insert(1, "orders.created")
+	testenv.Eventually(t, 5*time.Second, func() bool { return f.countDone() == 1 }, "row not delivered after its NOTIFY (poll interval 1h)")
+}

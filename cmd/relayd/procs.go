@@ -28,8 +28,8 @@ func procs(l envconfig.Lookuper) (int, error) {
 	if !ok || v == "" {
 		return defaultProcs, nil
 	}
-	// As the runtime reads it: base 10, 32 bits, no spaces.
-	if n, err := strconv.ParseInt(v, 10, 32); err != nil || n < 1 {
+	// As the runtime reads it: base 10, 32 bits, no spaces, no sign.
+	if n, err := strconv.ParseInt(v, 10, 32); err != nil || n < 1 || v[0] == '+' {
 		return 0, badVar("GOMAXPROCS", "%q is not a whole number of at least 1", v)
 	}
 	return 0, nil

@@ -21,6 +21,7 @@ func TestProcs(t *testing.T) {
 		{map[string]string{"GOMAXPROCS": "4"}, 0, false},
 		{map[string]string{"GOMAXPROCS": "1"}, 0, false},
 		{map[string]string{"GOMAXPROCS": "0"}, 0, true},
+		{map[string]string{"GOMAXPROCS": "+2"}, 0, true}, // strconv takes the sign, the runtime does not
 		{map[string]string{"GOMAXPROCS": "-2"}, 0, true},
 		{map[string]string{"GOMAXPROCS": "two"}, 0, true},
 		{map[string]string{"GOMAXPROCS": "1.5"}, 0, true},

@@ -64,11 +64,24 @@ func cmdRun(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int
 	ctx, stop := signalContext(log)
 	defer stop()
 	if err := serve(ctx, cfg, log); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, errShutdownTimeout) {
+			// A signal while starting (waiting for Postgres or a broker):
+			// nothing was claimed, so nothing is left to finish.
+			log.Info("relayd stopped before it had started", "error", err.Error())
+			return exitOK
+		}
 		log.Error("relayd failed", "error", err.Error())
 		return exitFailure
 	}
 	return exitOK
 }
+
+// poolCloseWait bounds the wait for the Postgres connections to close at
+// exit.
+const poolCloseWait = 2 * time.Second
+
+// errShutdownTimeout: in-flight batches outlasted RELAY_SHUTDOWN_TIMEOUT.
+var errShutdownTimeout = errors.New("in-flight batches did not finish within RELAY_SHUTDOWN_TIMEOUT")
 
 // newPool connects to Postgres. Relay sessions carry an
 // idle_in_transaction_session_timeout so that a relay frozen mid-batch
@@ -134,7 +147,24 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	closePool := true
+	defer func() {
+		// Not after RELAY_SHUTDOWN_TIMEOUT: Close waits for every
+		// connection in use, and the batches holding them are what did
+		// not finish. And not for long: it also waits for the cancel
+		// request pgx sends for a query cut short, which a Postgres that
+		// does not answer leaves hanging for 15 s. Exiting closes them.
+		if !closePool {
+			return
+		}
+		closed := make(chan struct{})
+		go func() { pool.Close(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(poolCloseWait):
+			log.Warn("Postgres connections not closed in time; exiting anyway", "waited", poolCloseWait.String())
+		}
+	}()
 
 	if err := checkSchema(ctx, cfg, pool, log); err != nil {
 		return err
@@ -253,7 +283,8 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	case err := <-done:
 		return err
 	case <-time.After(cfg.ShutdownGrace):
-		return fmt.Errorf("in-flight batches did not finish within RELAY_SHUTDOWN_TIMEOUT=%s; their rows will be published again", cfg.ShutdownGrace)
+		closePool = false
+		return fmt.Errorf("%w=%s; their rows will be published again", errShutdownTimeout, cfg.ShutdownGrace)
 	}
 }
 
@@ -295,6 +326,12 @@ func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn
 		nats.PingInterval(5 * time.Second),
 		nats.MaxPingsOutstanding(3),
 		nats.Timeout(5 * time.Second),
+		// A write into a server that does not read gives up within a
+		// publish timeout (default: a minute). nats.go flushes a full
+		// buffer inside Publish, holding the connection's lock: a stalled
+		// server held the batch past its own deadline, its record then
+		// failed, and RabbitMQ's confirms of that batch were lost with it.
+		nats.FlusherTimeout(cfg.PublishTimeout),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "error", err.Error())
