@@ -94,6 +94,29 @@ func TestCheckNamesEachFailingCondition(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// 1b. Rows finished without JetStream lately: from before dual write
+	// (before the first row JetStream got), fine; after it (an instance
+	// running RELAY_TARGETS=amqp), never pending for nats, and caught here.
+	delivered := func(id int, ago string, nats bool) {
+		t.Helper()
+		natsAt := "NULL"
+		if nats {
+			natsAt = "now() - interval '" + ago + "'"
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, amqp_delivered_at, nats_delivered_at)
+			VALUES (now() - $1::interval, $2, gen_random_uuid(), now(), `+natsAt+`)`, ago, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	delivered(1000, "10 minutes", false) // legacy only, then dual write
+	delivered(1001, "5 minutes", true)
+	check(true, "", "")
+	delivered(1002, "1 minute", false) // an instance still legacy only
+	check(false, cutover.CondOutbox, "1 rows finished in the last 15m0s without JetStream")
+	if _, err := pool.Exec(ctx, `UPDATE `+table.Delivered()+` SET nats_delivered_at = now() WHERE id = 1002`); err != nil {
+		t.Fatal(err)
+	}
+
 	// 2. The legacy queue not empty.
 	if err := ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{Body: []byte("x")}); err != nil {
 		t.Fatal(err)
