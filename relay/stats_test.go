@@ -60,41 +60,52 @@ func TestStatsCountsPendingParkedAndLag(t *testing.T) {
 	}
 }
 
-// Reading stats stays cheap however large the backlog: with N pending rows
+// Reading stats stays cheap however large the backlog: the reads look at
+// 10,000 index entries per target at most, so with N pending rows
 // (RELAY_TEST_STATS_ROWS, default 200,000; the README's figure is for
-// 1,000,000) one read takes under 50 ms. Scrapes never query at all.
+// 1,000,000) a read takes about what it takes with 10,000 — not 20 (or 100)
+// times as long, as a scan of the backlog would. Measured against itself,
+// not against a fixed figure: this machine's speed, and what the tests
+// beside it do, are not the code's. Scrapes never query at all.
 func TestStatsCheapWithLargeBacklog(t *testing.T) {
 	t.Parallel()
 	n := 200_000
 	if s := os.Getenv("RELAY_TEST_STATS_ROWS"); s != "" {
 		n, _ = strconv.Atoi(s)
 	}
+	const small = 10_000
 	f := setup(t)
 	ctx := context.Background()
-	f.fill(n)
-	if _, err := f.pool.Exec(ctx, `ANALYZE `+f.table.Ident()); err != nil {
-		t.Fatal(err)
-	}
-	var best time.Duration
-	var stats []TargetStats
-	for i := range 5 {
-		start := time.Now()
-		var err error
-		stats, err = ReadStats(ctx, f.pool, f.table, Targets)
-		if err != nil {
+	read := func(rows int) (time.Duration, []TargetStats) {
+		t.Helper()
+		if _, err := f.pool.Exec(ctx, `ANALYZE `+f.table.Ident()); err != nil {
 			t.Fatal(err)
 		}
-		if d := time.Since(start); i == 0 || d < best {
-			best = d
+		var best time.Duration
+		var stats []TargetStats
+		for i := range 7 {
+			start := time.Now()
+			var err error
+			stats, err = ReadStats(ctx, f.pool, f.table, Targets)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); i == 0 || d < best {
+				best = d
+			}
 		}
+		t.Logf("%d pending rows: stats read %v (best of 7)", rows, best)
+		return best, stats
 	}
+	f.fill(small)
+	base, _ := read(small)
+	f.fill(n - small)
+	best, stats := read(n)
 	if stats[0].Pending < int64(n) || stats[0].PendingExact {
 		t.Fatalf("pending %d (exact %v), want the estimate >= %d", stats[0].Pending, stats[0].PendingExact, n)
 	}
-
-	t.Logf("%d pending rows: stats read %v (best of 5)", n, best)
-	if best > 50*time.Millisecond {
-		t.Fatalf("stats read %v with %d pending rows, want < 50ms", best, n)
+	if limit := 3*base + 20*time.Millisecond; best > limit {
+		t.Fatalf("stats read %v with %d pending rows, %v with %d: want at most %v — the reads grow with the backlog", best, n, base, small, limit)
 	}
 }
 
