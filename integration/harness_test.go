@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -443,12 +442,4 @@ func (e *env) checkExactlyOnce(committed map[string]bool, allowAMQPDupes bool) (
 }
 
 // freePort returns a TCP port on loopback that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { t.Helper(); return testenv.FreePort(t) }

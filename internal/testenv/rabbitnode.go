@@ -47,7 +47,7 @@ func NewRabbitNode(t testing.TB) *RabbitNode {
 		}
 		t.Skipf("cannot start a RabbitMQ node: %v", err)
 	}
-	port, dist := freePort(t), freePort(t)
+	port, dist := FreePort(t), FreePort(t)
 	name := Name("relaytest") + "@localhost"
 	// Not t.TempDir: the node runs as another user, who cannot enter a
 	// directory only root may.
@@ -182,7 +182,8 @@ func chownAll(dir string) error {
 	})
 }
 
-func freePort(t testing.TB) int {
+// FreePort returns a TCP port on loopback that was free a moment ago.
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -338,13 +338,7 @@ func TestFailedFlushIsUnknown(t *testing.T) {
 func TestLateConfirmIsReported(t *testing.T) {
 	t.Parallel()
 	e := setupReady(t)
-	var mu sync.Mutex
-	late := map[string]bool{}
-	e.sink.OnLateConfirm(func(id string) {
-		mu.Lock()
-		defer mu.Unlock()
-		late[id] = true
-	})
+	late := lateConfirms(e.sink)
 	toxic, err := json.Marshal(map[string]any{"name": "slow", "type": "latency", "stream": "downstream",
 		"attributes": map[string]any{"latency": 1500}})
 	if err != nil {
@@ -359,11 +353,7 @@ func TestLateConfirmIsReported(t *testing.T) {
 			t.Fatalf("%s: %v, want awaiting confirm (and unavailable)", msgs[i].MessageID, err)
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(late) == len(msgs)
-	}, "late confirms not reported")
+	testenv.Eventually(t, 10*time.Second, func() bool { return late() == len(msgs) }, "late confirms not reported")
 	if err := e.proxy.Toxics.RemoveToxic(context.Background(), "slow"); err != nil {
 		t.Fatal(err)
 	}
@@ -556,9 +546,32 @@ func setupReady(t *testing.T) *env { t.Helper(); return setupReadyWith(t, nil) }
 // setupReadyWith is setupWith, then waits for the sink to be Ready.
 func setupReadyWith(t *testing.T, tune func(*amqpsink.Config)) *env {
 	t.Helper()
-	e := setupWith(t, tune)
+	return setupReadyAt(t, testenv.AMQPURL(t), tune)
+}
+
+// setupReadyAt is setupAt, then waits for the sink to be Ready.
+func setupReadyAt(t *testing.T, rawURL string, tune func(*amqpsink.Config)) *env {
+	t.Helper()
+	e := setupAt(t, rawURL, tune)
 	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
 	return e
+}
+
+// lateConfirms records the ids sink reports to OnLateConfirm; it returns
+// how many it has.
+func lateConfirms(sink *amqpsink.Sink) func() int {
+	var mu sync.Mutex
+	late := map[string]bool{}
+	sink.OnLateConfirm(func(id string) {
+		mu.Lock()
+		defer mu.Unlock()
+		late[id] = true
+	})
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(late)
+	}
 }
 
 func (e *env) add(d amqp.Delivery) {
@@ -633,15 +646,8 @@ func TestCloseIsBoundedWhenTheBrokerStopsReading(t *testing.T) {
 func TestResourceAlarmQueuesEachMessageOnce(t *testing.T) {
 	t.Parallel()
 	node := testenv.NewRabbitNode(t)
-	e := setupAt(t, node.URL, nil)
-	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
-	var mu sync.Mutex
-	late := map[string]bool{}
-	e.sink.OnLateConfirm(func(id string) {
-		mu.Lock()
-		defer mu.Unlock()
-		late[id] = true
-	})
+	e := setupReadyAt(t, node.URL, nil)
+	late := lateConfirms(e.sink)
 	before := sinktest.Messages("prealarm", 20)
 	sinktest.RequireAllNil(t, before, sinktest.Publish(t, e.sink, 10*time.Second, before))
 
@@ -690,11 +696,7 @@ func TestResourceAlarmQueuesEachMessageOnce(t *testing.T) {
 
 	node.MemoryAlarm(false)
 	testenv.Eventually(t, 10*time.Second, func() bool { return e.sink.Ready() == nil }, "sink not Ready after the alarm cleared")
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(late) > 0
-	}, "no late confirm after the alarm cleared")
+	testenv.Eventually(t, 10*time.Second, func() bool { return late() > 0 }, "no late confirm after the alarm cleared")
 	// The relay retries what it had no verdict for: each is confirmed.
 	sinktest.RequireAllNil(t, msgs, sinktest.Publish(t, e.sink, 20*time.Second, msgs))
 	sinktest.RequireAllNil(t, fresh, sinktest.Publish(t, e.sink, 20*time.Second, fresh))
@@ -712,7 +714,7 @@ func TestConnectionLostDuringAnAlarm(t *testing.T) {
 	node := testenv.NewRabbitNode(t)
 	var mu sync.Mutex
 	var conns []net.Conn
-	e := setupAt(t, node.URL, func(c *amqpsink.Config) {
+	e := setupReadyAt(t, node.URL, func(c *amqpsink.Config) {
 		amqpsink.WrapConn(c, func(nc net.Conn) net.Conn {
 			mu.Lock()
 			defer mu.Unlock()
@@ -720,7 +722,6 @@ func TestConnectionLostDuringAnAlarm(t *testing.T) {
 			return nc
 		})
 	})
-	testenv.Eventually(t, 5*time.Second, func() bool { return e.sink.Ready() == nil }, "sink never Ready")
 	node.MemoryAlarm(true)
 	msgs := sinktest.Messages("lost", 100)
 	first := sinktest.Publish(t, e.sink, time.Second, msgs) // RabbitMQ blocks the connection at the first
