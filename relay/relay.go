@@ -403,6 +403,9 @@ func (r *Relay) work(ctx context.Context, id int) {
 	for ctx.Err() == nil {
 		start := time.Now()
 		n, keyed, err := r.runBatch(ctx)
+		if ctx.Err() != nil {
+			return // stopping: a claim cut short is not a failure to report
+		}
 		took := time.Since(start)
 		switch {
 		case err == nil:
@@ -654,8 +657,9 @@ func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
 	// Until it holds rows, a batch stops with the relay: a shutdown does
 	// not wait for a connection, or a claim, from a Postgres that does not
 	// answer. (A claim cut short rolls back; the rows stay owed.)
-	cctx, ccancel := context.WithDeadline(ctx, time.Now().Add(r.cfg.PublishTimeout+30*time.Second))
+	cctx, ccancel := context.WithCancel(bctx)
 	defer ccancel()
+	defer context.AfterFunc(ctx, ccancel)()
 	conn, err := r.pool.Acquire(cctx)
 	if err != nil {
 		return 0, 0, fmt.Errorf("begin: %w", err)

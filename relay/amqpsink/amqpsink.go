@@ -665,9 +665,9 @@ const probeKey = "amq.relayd.alarm-probe"
 
 // probe finds out whether RabbitMQ still blocks publishers, on a new
 // connection that replaced one it had blocked (supervise marks it blocked
-// and probing first). RabbitMQ tells
-// a connection it is blocked only once it publishes, so until then the
-// session counts as blocked, and one empty message goes to probeKey: if an
+// and probing first). RabbitMQ tells a connection it is blocked only once
+// it publishes, so until then the session counts as blocked, and one
+// empty message goes to probeKey: if an
 // alarm is still on, RabbitMQ blocks the connection at it (and readEvents
 // hears so); if not, it answers the probe. Without this, every
 // reconnection during an alarm wrote whole batches into a connection that
