@@ -403,7 +403,7 @@ func (r *Relay) work(ctx context.Context, id int) {
 	for ctx.Err() == nil {
 		start := time.Now()
 		n, keyed, err := r.runBatch(ctx)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 			return // stopping: a claim cut short is not a failure to report
 		}
 		took := time.Since(start)
@@ -482,7 +482,7 @@ func (r *Relay) Unready() []string {
 			out = append(out, fmt.Sprintf("%s: %v", t, err))
 			continue
 		}
-		if n, last := r.breaker[i].failing(); n > 0 {
+		if n, last := r.breaker[i].failing(time.Now(), r.cfg.PublishTimeout+r.cfg.PollInterval+time.Second); n > 0 {
 			out = append(out, fmt.Sprintf("%s: paused after %d failed batch(es) in a row: %s", t, n, last))
 		}
 	}

@@ -1808,3 +1808,30 @@ func TestListenReconnectsAtOnceAfterEachDrop(t *testing.T) {
 	f.insert(1, "orders.created")
 	testenv.Eventually(t, 5*time.Second, func() bool { return f.countDone() == 1 }, "row not delivered after its NOTIFY (poll interval 1h)")
 }
+
+// A batch that failed for want of the broker pauses the target and makes it
+// unready; when no row comes after it, nothing can close the breaker, and
+// the target used to stay unready (/readyz 503) until the next row. It is
+// ready again once its pause ended and a batch's time passed with no new
+// failure.
+func TestPauseWithoutLaterRowsEndsUnready(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	n := newFake(TargetNATS)
+	var failed atomic.Bool
+	n.setFail(func(*Message) error {
+		if failed.CompareAndSwap(false, true) {
+			return Unavailable(errors.New("nats: timeout"))
+		}
+		return nil
+	})
+	id := f.insert(1, "orders.created")[0]
+	r, _, _ := f.start(Config{Sinks: []Sink{n}, PublishTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond,
+		RetryMin: time.Hour, RetryMax: time.Hour})
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(r.Unready()) > 0 }, "target not paused by the failed batch")
+	// The row waits an hour (RetryMin): no batch closes the breaker.
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(r.Unready()) == 0 }, "target still unready with no batch since its pause")
+	if got, tries := n.count(id); got != 0 || tries != 1 {
+		t.Fatalf("row published %d times (%d confirmed), want once, failed: no batch after the pause", tries, got)
+	}
+}

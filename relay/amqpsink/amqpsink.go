@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -255,7 +256,7 @@ func (s *Sink) supervise(sess *session) {
 		if sess != nil {
 			if alarm != "" {
 				sess.mu.Lock() // blocked before anyone sees it
-				sess.blocked, sess.probing = alarm+" (on the connection before; probing this one)", true
+				sess.blocked, sess.probing = alarm+probingSuffix, true
 				sess.mu.Unlock()
 				go sess.probe()
 			}
@@ -273,7 +274,7 @@ func (s *Sink) supervise(sess *session) {
 				return
 			case <-sess.done:
 			}
-			alarm = sess.blockedReason()
+			alarm = sess.alarmReason()
 			s.drop(sess, sess.err)
 			s.log.Warn("amqp connection lost", "error", errString(sess.err))
 			sess.close()
@@ -548,6 +549,18 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 		returnsFirst()
 		s.onConfirm(c)
 	}
+	setBlocked := func(b amqp.Blocking) {
+		reason := ""
+		if b.Active {
+			reason = cmp.Or(b.Reason, "no reason given")
+		}
+		s.mu.Lock()
+		s.blocked, s.probing = reason, false
+		s.mu.Unlock()
+		if s.onBlock != nil {
+			s.onBlock(reason)
+		}
+	}
 	buffered := func() {
 		for {
 			select {
@@ -559,6 +572,21 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 			default:
 			}
 			returnsFirst()
+			// A connection.blocked that came before the close: the
+			// session ends blocked (failAll: awaiting confirm).
+			for blocked != nil {
+				select {
+				case b, ok := <-blocked:
+					if !ok {
+						blocked = nil
+						continue
+					}
+					setBlocked(b)
+					continue
+				default:
+				}
+				break
+			}
 			return
 		}
 	}
@@ -599,16 +627,7 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 			// Closing it instead, as this did, turned every publish in
 			// flight into an unknown to retry: a second copy of each one
 			// RabbitMQ had read, once per alarm.
-			reason := ""
-			if b.Active {
-				reason = cmp.Or(b.Reason, "no reason given")
-			}
-			s.mu.Lock()
-			s.blocked, s.probing = reason, false
-			s.mu.Unlock()
-			if s.onBlock != nil {
-				s.onBlock(reason)
-			}
+			setBlocked(b)
 		}
 	}
 }
@@ -652,15 +671,23 @@ func (s *session) publish(ctx context.Context, exchange, key, msgID string, pub 
 	return p, nil
 }
 
-// blockedReason is why RabbitMQ blocked the connection, "" if it has not.
-func (s *session) blockedReason() string {
+// alarmReason is why RabbitMQ blocked the connection — or the one before
+// it, while probing — "" if it has not.
+func (s *session) alarmReason() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.blocked
+	return strings.TrimSuffix(s.blocked, probingSuffix)
 }
+
+// probingSuffix marks the reason of a session still probing.
+const probingSuffix = " (on the connection before this one; probing it)"
 
 // probeKey routes a probe nowhere: the default exchange delivers to the
 // queue of that name, and no client may declare a queue named "amq.…".
+// It goes unmandatory, on a channel of its own: a user not allowed to write
+// to the default exchange has that channel closed (403), which answers the
+// probe as well as an ack — RabbitMQ read it — and leaves the session's
+// channel alone.
 const probeKey = "amq.relayd.alarm-probe"
 
 // probe finds out whether RabbitMQ still blocks publishers, on a new
@@ -673,17 +700,24 @@ const probeKey = "amq.relayd.alarm-probe"
 // reconnection during an alarm wrote whole batches into a connection that
 // RabbitMQ then stopped reading.
 func (s *session) probe() {
-	p, err := s.publish(context.Background(), "", probeKey, fmt.Sprintf("relayd-alarm-probe-%p", s), amqp.Publishing{})
+	ch, err := s.conn.Channel()
 	if err != nil {
 		return // the session is ending
 	}
-	select {
-	case <-p.done:
-	case <-s.done:
+	defer ch.Close() //nolint:errcheck // closed or closing either way
+	if err := ch.Confirm(false); err != nil {
 		return
 	}
-	if errors.Is(p.err, relay.ErrUnavailable) {
-		return // the session ended before an answer
+	acked := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := ch.PublishWithContext(context.Background(), "", probeKey, false, false, amqp.Publishing{}); err != nil {
+		return
+	}
+	select {
+	case <-acked:
+	case <-closed: // refused (or the connection went: then s.done too)
+	case <-s.done:
+		return
 	}
 	// Answered. A connection.blocked sent before the answer may reach
 	// readEvents after it (two buffers): give it a moment.

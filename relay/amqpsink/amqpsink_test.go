@@ -737,7 +737,7 @@ func TestConnectionLostDuringAnAlarm(t *testing.T) {
 	var retry []error
 	done := make(chan struct{})
 	go func() { defer close(done); retry, _ = publishOf(e.sink, 5*time.Second, owed) }()
-	time.Sleep(200 * time.Millisecond) // the retry is waiting: pacing, not a wait for a result
+	time.Sleep(time.Second) // the retry is waiting (its ctx: 5 s): pacing, not a wait for a result
 	mu.Lock()
 	conns[0].Close()
 	mu.Unlock()
