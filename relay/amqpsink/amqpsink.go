@@ -27,7 +27,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -256,7 +255,7 @@ func (s *Sink) supervise(sess *session) {
 		if sess != nil {
 			if alarm != "" {
 				sess.mu.Lock() // blocked before anyone sees it
-				sess.blocked, sess.probing = alarm+probingSuffix, true
+				sess.blocked, sess.probing = alarm, true
 				sess.mu.Unlock()
 				go sess.probe()
 			}
@@ -676,11 +675,17 @@ func (s *session) publish(ctx context.Context, exchange, key, msgID string, pub 
 func (s *session) alarmReason() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return strings.TrimSuffix(s.blocked, probingSuffix)
+	return s.blocked
 }
 
-// probingSuffix marks the reason of a session still probing.
-const probingSuffix = " (on the connection before this one; probing it)"
+// blockedText says why the session is blocked, for errors. Called with mu
+// held.
+func (s *session) blockedText() string {
+	if s.probing {
+		return s.blocked + " (on the connection before this one; probing it)"
+	}
+	return s.blocked
+}
 
 // probeKey routes a probe nowhere: the default exchange delivers to the
 // queue of that name, and no client may declare a queue named "amq.…".
@@ -745,7 +750,7 @@ func (s *session) blockedErr() error {
 	if s.blocked == "" {
 		return nil
 	}
-	return relay.Unavailable(fmt.Errorf("amqp: connection blocked by RabbitMQ (resource alarm): %s", s.blocked))
+	return relay.Unavailable(fmt.Errorf("amqp: connection blocked by RabbitMQ (resource alarm): %s", s.blockedText()))
 }
 
 // inFlight returns the unanswered publish of msgID on this session, if any.
@@ -839,7 +844,7 @@ func (s *session) failAll(err error) {
 		// although the connection is gone. Hold these back as long as
 		// a confirm that may still come (the relay waits a publish
 		// timeout at least before publishing them again).
-		verdict = relay.AwaitingConfirm(fmt.Errorf("%w (RabbitMQ had blocked the connection: %s)", err, s.blocked))
+		verdict = relay.AwaitingConfirm(fmt.Errorf("%w (RabbitMQ had blocked the connection: %s)", err, s.blockedText()))
 	}
 	for _, p := range s.byTag {
 		p.resolve(verdict)
