@@ -17,6 +17,7 @@
 package relay
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -1055,7 +1056,11 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 		return false, fmt.Errorf("listen: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Table.Channel()}.Sanitize()); err != nil {
+	channel, err := notifyChannel(ctx, conn, r.cfg.Table)
+	if err != nil {
+		return false, fmt.Errorf("listen: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return false, fmt.Errorf("listen: %w", err)
 	}
 	errs.OK()
@@ -1066,6 +1071,29 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 		}
 		r.wake.signal()
 	}
+}
+
+// notifyChannel is the channel the table's insert trigger notifies: the one
+// written into the trigger by the migration, which follows the spelling of
+// the table's name it was given — "outbox" and "public.outbox" are one table
+// but two channels, and a relay configured with the other spelling heard no
+// NOTIFY, its rows waiting for the poll interval. Without the trigger
+// (dropped by hand), the channel the relay's own spelling gives.
+func notifyChannel(ctx context.Context, conn *pgx.Conn, t schema.Table) (string, error) {
+	var args []byte
+	err := conn.QueryRow(ctx, `SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2`,
+		t.Ident(), t.Name+"_notify").Scan(&args)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return t.Channel(), nil
+	case err != nil:
+		return "", fmt.Errorf("read the table's notify trigger: %w", err)
+	}
+	channel, _, _ := bytes.Cut(args, []byte{0}) // tgargs: each argument ends in a NUL
+	if len(channel) == 0 {
+		return t.Channel(), nil
+	}
+	return string(channel), nil
 }
 
 // cleanup deletes the record of ids delivered more than Retention ago, in

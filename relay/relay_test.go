@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
 
 	"github.com/relayd/relayd/internal/testenv"
@@ -1805,6 +1806,49 @@ func TestListenReconnectsAtOnceAfterEachDrop(t *testing.T) {
 	}
 	// And a NOTIFY is heard on the last one.
 	testenv.Eventually(t, 30*time.Second, func() bool { return listening() != 0 }, "no LISTEN connection at the end")
+	f.insert(1, "orders.created")
+	testenv.Eventually(t, 5*time.Second, func() bool { return f.countDone() == 1 }, "row not delivered after its NOTIFY (poll interval 1h)")
+}
+
+// The insert trigger's channel follows the spelling of the table's name
+// migrate was given: a table migrated as "name" (on the search_path) and
+// relayed as "schema.name" is one table with two channel names. The relay
+// listens on the trigger's, so its NOTIFYs are heard (they went unheard, the
+// rows waiting for the poll interval).
+func TestNotifyHeardWhateverTheSpellingOfTheTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	sch, name := testenv.Name("t"), testenv.Name("o")
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{sch}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{sch}.Sanitize()+` CASCADE`) }) //nolint:errcheck // best effort
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = sch
+	onPath, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDBFromPool(onPath)
+	_, err = schema.Up(ctx, db, schema.Table{Name: name}, nil)
+	db.Close()
+	onPath.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f := &fixture{t: t, pool: pool, table: schema.Table{Schema: sch, Name: name}}
+	f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}, PollInterval: time.Hour})
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var n int
+		pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' || $1 || '%' AND state = 'idle'`, name).Scan(&n) //nolint:errcheck // none: 0
+		return n == 1
+	}, "no LISTEN connection")
+	time.Sleep(100 * time.Millisecond) // the claims that follow LISTEN are done
 	f.insert(1, "orders.created")
 	testenv.Eventually(t, 5*time.Second, func() bool { return f.countDone() == 1 }, "row not delivered after its NOTIFY (poll interval 1h)")
 }

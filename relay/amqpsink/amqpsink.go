@@ -356,6 +356,13 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			results[i] = relay.Permanent("amqp: headers: %v", err)
 			continue
 		}
+		if n, most := contentHeaderSize(&pub), sess.conn.Config.FrameSize-frameOverhead; most > 0 && n > most {
+			// amqp091-go splits only the body into frames: RabbitMQ closes
+			// the connection on a content header over its frame_max, and
+			// every publish in flight on it with it, batch after batch.
+			results[i] = relay.Permanent("amqp: headers: the message's properties take %d bytes, more than a frame holds (%d: RabbitMQ's frame_max)", n, most)
+			continue
+		}
 		if s.takeLate(m.MessageID) {
 			results[i] = nil // confirmed after its publish gave up waiting
 			continue
@@ -427,6 +434,43 @@ func Publishing(m *relay.Message) amqp.Publishing {
 		}
 	}
 	return p
+}
+
+// frameOverhead is an AMQP frame's bytes around its payload: type, channel
+// and size before it, the end octet after.
+const frameOverhead = 8
+
+// contentHeaderSize is the payload of p's content header frame as amqp091-go
+// writes it: class, weight, body size and property flags, then each
+// property set. It counts the properties Publishing sets.
+func contentHeaderSize(p *amqp.Publishing) int {
+	n := 2 + 2 + 8 + 2
+	shortstr := func(s string) {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	shortstr(p.ContentType)
+	shortstr(p.CorrelationId)
+	shortstr(p.MessageId)
+	if len(p.Headers) > 0 {
+		n += 4 // the table's length
+		for k, v := range p.Headers {
+			n += 1 + len(k) + 1 // key (a short string), value type
+			if s, ok := v.(string); ok {
+				n += 4 + len(s) // a long string
+			} else {
+				n += 8 // no other type is set; the widest scalar
+			}
+		}
+	}
+	if p.DeliveryMode != 0 {
+		n++
+	}
+	if !p.Timestamp.IsZero() {
+		n += 8
+	}
+	return n
 }
 
 // badHeaders says why RabbitMQ cannot take one of h's headers, or "".

@@ -198,8 +198,22 @@ func TestHeaderOverShortStringIsPermanent(t *testing.T) {
 		sinktest.RequireAllNil(t, ok, []error{results[0], results[2]})
 		sinktest.WaitArrived(t, e, ok)
 	}
+	// Headers whose field table does not fit one frame (frame_max, 128 KiB
+	// by default): amqp091-go splits only the body into frames, and RabbitMQ
+	// closes the connection on a content header over frame_max.
+	msgs := sinktest.Messages("bigheaders", 3)
+	msgs[1].Headers = map[string]string{"x-a": strings.Repeat("a", 70_000), "x-b": strings.Repeat("b", 70_000)}
+	results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
+	var pe *relay.PermanentError
+	if !errors.As(results[1], &pe) || errors.Is(results[1], relay.ErrUnavailable) {
+		t.Fatalf("headers of 140,000 bytes: result %v (%T), want a *relay.PermanentError", results[1], results[1])
+	}
+	ok := []*relay.Message{msgs[0], msgs[2]}
+	sinktest.RequireAllNil(t, ok, []error{results[0], results[2]})
+	sinktest.WaitArrived(t, e, ok)
+
 	// A long value in any other header fits a field table (a long string).
-	msgs := sinktest.Messages("longstr", 1)
+	msgs = sinktest.Messages("longstr", 1)
 	msgs[0].Headers = map[string]string{"x-note": strings.Repeat("a", 4096)}
 	sinktest.RequireAllNil(t, msgs, sinktest.Publish(t, e.sink, 20*time.Second, msgs))
 	sinktest.WaitArrived(t, e, msgs)
