@@ -35,6 +35,7 @@ type Message struct {
 	Topic string
 	// Key orders messages: the relay publishes messages with the same key in
 	// the order they were written. Empty is stored as NULL (no ordering).
+	// At most [MaxKeyLen] bytes.
 	Key string
 	// Headers are published as AMQP and NATS headers; see [ValidateHeaders].
 	// Nil or empty is stored as NULL.
@@ -49,10 +50,12 @@ type Config struct {
 	// Table is the outbox table, "name" or "schema.name"; see
 	// [schema.ParseTable]. Default: "outbox" (on the search_path).
 	Table string
-	// MaxPayload is the largest payload accepted, in bytes. Default: 0, no
-	// limit. Set it to the smallest message size limit of the brokers relayd
-	// publishes to, so an oversized message fails here rather than being
-	// parked by the relay.
+	// MaxPayload is the largest message accepted, in bytes: the payload,
+	// the headers as NATS counts them ("key: value" lines) and 512 bytes
+	// for the relay's own (Nats-Msg-Id, Nats-Expected-Stream). Default: 0,
+	// no limit. Set it to the smallest message size limit of the brokers
+	// relayd publishes to (NATS: max_payload, 1 MiB by default), so an
+	// oversized message fails here rather than being parked by the relay.
 	MaxPayload int
 }
 
@@ -117,8 +120,8 @@ ORDER BY n`
 // such as a unique violation on a given ID, are returned as pgx reports them
 // and, like any failed statement, abort tx.
 //
-// Rows get ascending ids in the order of msgs, which is the order the relay
-// publishes them in. Large batches are written with COPY; like the INSERT, it
+// Rows get ascending ids in the order of msgs: the relay publishes the
+// messages of one Key in that order (messages without a key, in any order). Large batches are written with COPY; like the INSERT, it
 // fires the table's trigger, which wakes the relay with one NOTIFY at commit.
 func (w *Writer) Write(ctx context.Context, tx PgxTx, msgs ...Message) ([]string, error) {
 	b, err := w.prepare(msgs)
@@ -198,6 +201,7 @@ func (w *Writer) prepare(msgs []Message) (*batch, error) {
 		headers:  make([]*string, len(msgs)),
 		payloads: make([][]byte, len(msgs)),
 	}
+	var given map[[16]byte]int // the given ids, to refuse one given twice
 	for i, m := range msgs {
 		if err := w.validate(m); err != nil {
 			err.Index = i
@@ -207,6 +211,14 @@ func (w *Writer) prepare(msgs []Message) (*batch, error) {
 			b.uuids[i] = newUUID()
 		} else {
 			b.uuids[i], _ = parseUUID(m.ID) // validated
+			if given == nil {
+				given = make(map[[16]byte]int)
+			}
+			if j, ok := given[b.uuids[i]]; ok {
+				// The unique index would refuse it, aborting tx.
+				return nil, &ValidationError{Index: i, Field: "id", Reason: fmt.Sprintf("%s is also message %d's", m.ID, j)}
+			}
+			given[b.uuids[i]] = i
 		}
 		b.ids[i] = formatUUID(b.uuids[i])
 		b.topics[i] = m.Topic

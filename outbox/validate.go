@@ -35,6 +35,16 @@ func (e *ValidationError) Is(target error) bool { return target == ErrInvalidMes
 // maxTopicLen is the longest AMQP routing key (a short string).
 const maxTopicLen = 255
 
+// MaxKeyLen is the longest key, in bytes. The outbox's key indexes take an
+// entry of at most about 2,700 bytes (a B-tree page's third), and a longer
+// key would fail the INSERT, aborting the caller's transaction.
+const MaxKeyLen = 1024
+
+// relayHeaders is what the relay's own NATS headers add to a message, at
+// most: Nats-Msg-Id (a UUID) and Nats-Expected-Stream (a stream name), with
+// the headers' first and last lines when the message has none of its own.
+const relayHeaders = 512
+
 // ValidateTopic reports whether topic can be published as both an AMQP
 // routing key and the suffix of a NATS subject: it must be 1 to 255 bytes of
 // UTF-8, with no whitespace or control characters, no NATS wildcards ('*',
@@ -78,7 +88,8 @@ func topicReason(topic string) string {
 // string), and not start with "Nats-" in any case (those headers control
 // JetStream; the relay sets Nats-Msg-Id from the message id); values must be UTF-8 with no '\r', '\n' or NUL, and at most
 // 255 bytes for content-type and correlation-id (they set the AMQP
-// properties). The relay parks a row written with plain SQL whose headers a
+// properties); keys and values together at most [headers.MaxTotal] (64 KiB)
+// bytes. The relay parks a row written with plain SQL whose headers a
 // broker refuses, for that broker, with the reason. The error is a
 // *[ValidationError] with Index -1.
 func ValidateHeaders(h map[string]string) error {
@@ -109,7 +120,7 @@ func headersReason(h map[string]string) string {
 			return reason
 		}
 	}
-	return ""
+	return headers.TotalReason(h)
 }
 
 // validate checks m; the error's Index is for the caller to set.
@@ -130,14 +141,18 @@ func (w *Writer) validate(m Message) *ValidationError {
 	if !utf8.ValidString(m.Key) || strings.IndexByte(m.Key, 0) >= 0 {
 		return invalid("key", fmt.Sprintf("%q is not valid UTF-8 or contains NUL", m.Key))
 	}
+	if len(m.Key) > MaxKeyLen {
+		return invalid("key", fmt.Sprintf("is %d bytes, more than %d", len(m.Key), MaxKeyLen))
+	}
 	if r := headersReason(m.Headers); r != "" {
 		return invalid("headers", r)
 	}
 	switch {
 	case m.Payload == nil:
 		return invalid("payload", "is nil")
-	case w.maxPayload > 0 && len(m.Payload) > w.maxPayload:
-		return invalid("payload", fmt.Sprintf("is %d bytes, more than MaxPayload %d", len(m.Payload), w.maxPayload))
+	case w.maxPayload > 0 && len(m.Payload)+headers.NATSSize(m.Headers)+relayHeaders > w.maxPayload:
+		return invalid("payload", fmt.Sprintf("is %d bytes, with the headers %d, more than MaxPayload %d (less %d for the relay's own headers)",
+			len(m.Payload), len(m.Payload)+headers.NATSSize(m.Headers), w.maxPayload, relayHeaders))
 	}
 	return nil
 }

@@ -181,3 +181,23 @@ func TestUUID(t *testing.T) {
 		seen[u] = true
 	}
 }
+
+// An id given twice in one batch is refused before anything is sent: the
+// unique index would refuse it too, but abort the caller's transaction.
+func TestPrepareRefusesAnIDGivenTwice(t *testing.T) {
+	t.Parallel()
+	w, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "0190a5d2-7c1e-4b8e-9a2f-3d4c5b6a7f80"
+	msgs := []Message{{ID: id, Topic: "t", Payload: []byte{}}, {Topic: "t", Payload: []byte{}}, {ID: id, Topic: "t", Payload: []byte{}}}
+	_, err = w.prepare(msgs)
+	var ve *ValidationError
+	if !errors.As(err, &ve) || ve.Index != 2 || ve.Field != "id" {
+		t.Fatalf("prepare = %v; want a *ValidationError for message 2, field id", err)
+	}
+	if _, err := w.prepare(msgs[:2]); err != nil {
+		t.Fatalf("prepare of distinct ids: %v", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -403,8 +404,13 @@ func TestWriteInvalid(t *testing.T) {
 		{"header key with colon", Message{Topic: "t", Headers: map[string]string{"a:b": "c"}, Payload: []byte{}}, "headers"},
 		{"header value with newline", Message{Topic: "t", Headers: map[string]string{"a": "b\nc"}, Payload: []byte{}}, "headers"},
 		{"reserved header", Message{Topic: "t", Headers: map[string]string{"nats-msg-id": "x"}, Payload: []byte{}}, "headers"},
+		{"key of 1,025 bytes", Message{Topic: "t", Key: strings.Repeat("k", 1025), Payload: []byte{}}, "key"},
+		{"headers of 65,537 bytes", Message{Topic: "t", Headers: map[string]string{"a": strings.Repeat("a", 32<<10), "b": strings.Repeat("b", 32<<10)}, Payload: []byte{}}, "headers"},
 		{"nil payload", Message{Topic: "t"}, "payload"},
 		{"payload too large", Message{Topic: "t", Payload: make([]byte, 1<<20+1)}, "payload"},
+		// What NATS counts against max_payload: the headers and the
+		// relay's own too.
+		{"payload too large with the headers", Message{Topic: "t", Headers: map[string]string{"content-type": "application/json"}, Payload: make([]byte, 1<<20-512-20)}, "payload"},
 	} {
 		for _, p := range paths {
 			t.Run(tc.name+"/"+p.name, func(t *testing.T) {

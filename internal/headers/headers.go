@@ -58,6 +58,39 @@ func AMQPReason(k, v string) string {
 	return ""
 }
 
+// MaxTotal is the most bytes of keys and values a message's headers may
+// take, all together, as package outbox takes them: well inside RabbitMQ's
+// default frame_max (128 KiB; amqp091-go puts all the properties in one
+// frame, and RabbitMQ closes the connection on a larger one) and NATS's
+// max_payload (1 MiB, headers and payload together).
+const MaxTotal = 64 << 10
+
+// TotalReason says why h's headers are too large all together, or "".
+func TotalReason(h map[string]string) string {
+	n := 0
+	for k, v := range h {
+		n += len(k) + len(v)
+	}
+	if n > MaxTotal {
+		return fmt.Sprintf("keys and values take %d bytes, more than %d", n, MaxTotal)
+	}
+	return ""
+}
+
+// NATSSize is how many bytes h adds to a NATS message as nats.go writes it
+// and the server counts it against max_payload: "NATS/1.0", a "key: value"
+// line each, a blank line.
+func NATSSize(h map[string]string) int {
+	if len(h) == 0 {
+		return 0
+	}
+	n := len("NATS/1.0\r\n\r\n")
+	for k, v := range h {
+		n += len(k) + len(": \r\n") + len(v)
+	}
+	return n
+}
+
 // IsAMQPProperty says whether header k also sets an AMQP property: the
 // content-type or correlation-id (amqpsink.Publishing).
 func IsAMQPProperty(k string) bool {
