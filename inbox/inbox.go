@@ -148,7 +148,10 @@ type Config struct {
 	// message-id nor [DerivedIDHeader] (a legacy producer's message).
 	// Default: backfill.DeriveID, the derivation `relayd backfill` uses, so
 	// such a message read from the legacy queue and its backfilled JetStream
-	// copy share one id. A function returning "" makes such deliveries
+	// copy share one id. Two such messages identical in everything the id
+	// is made of (routing key, timestamp, headers, body, ...; see
+	// backfill.DeriveID) are one message: the second is acked as a
+	// duplicate, unhandled. A function returning "" makes such deliveries
 	// poison (rejected with [ErrNoMessageID]).
 	DeriveAMQPID func(amqp.Delivery) string
 	// Logger receives RunCleanup's errors. Default: nil, logs are
