@@ -107,6 +107,20 @@ func (b *runner) session(ctx context.Context) error {
 	}
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	acks := newAcker(ch)
+	// sctx ends with the session: batches trying messages again in place
+	// (process) stop, and what they hold goes back to the queue. Watched
+	// apart from the loop below, which waits in flush while every batch is
+	// trying again.
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	connGone := conn.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		select {
+		case <-connGone:
+		case <-sctx.Done():
+		}
+		scancel()
+	}()
 
 	var (
 		wg       sync.WaitGroup
@@ -143,12 +157,15 @@ func (b *runner) session(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			b.process(ctx, acks, items, dlq)
+			b.process(sctx, acks, items, dlq)
 			inFlight.Add(-int64(len(items)))
 			b.progress()
 		}()
 	}
 	stop := func(err error) {
+		if err != nil {
+			scancel() // the run ends: nothing is tried again
+		}
 		if !stopping {
 			stopping, endErr = true, err
 			ch.Cancel(tag, false) //nolint:errcheck // the channel closes below anyway
@@ -164,11 +181,13 @@ func (b *runner) session(ctx context.Context) error {
 			wg.Wait()
 			return fmt.Errorf("%w: %v", errLost, e)
 		case e := <-dlqClosed:
+			scancel()
 			flush()
 			wg.Wait()
 			return fmt.Errorf("%w: dead-letter channel: %v", errLost, e)
 		case d, ok := <-deliveries:
 			if !ok {
+				scancel()
 				flush()
 				wg.Wait()
 				if ctx.Err() != nil {
@@ -251,7 +270,7 @@ func (b *runner) session(ctx context.Context) error {
 		lateFrom := time.Now().UnixNano()
 		for len(late) > 0 {
 			n := min(len(late), batchMax)
-			b.process(ctx, acks, late[:n], dlq)
+			b.process(sctx, acks, late[:n], dlq)
 			late = late[n:]
 		}
 		b.progress()
@@ -313,13 +332,47 @@ func (b *runner) heldCount() int {
 
 // process settles one batch: skip what JetStream already has, publish the
 // rest, record and ack what JetStream acked, dead-letter or hold what it
-// refuses for good, requeue the rest.
+// refuses for good, and try the rest again after a wait.
+//
+// What cannot move for now (JetStream down or full, Postgres down) stays
+// unacked, ours, and is tried again here — not requeued: RabbitMQ counts
+// each return of a message to a quorum queue against the queue's
+// delivery-limit (20 by default from RabbitMQ 4.0) and drops or
+// dead-letters it past that, so requeueing after each wait (5 s at most)
+// lost messages in an outage of a minute or two. They are requeued when
+// ctx ends (the run stops, or the session's connection is gone) or after
+// retryInPlace, well inside RabbitMQ's consumer_timeout (30 min by default,
+// past which it closes the channel): one return per retryInPlace.
 func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, dlq *deadLetter) {
 	items := make([]*item, len(ds))
 	for i, d := range ds {
 		items[i] = b.prepare(d)
 		items[i].acks = acks
 	}
+	start := time.Now()
+	for {
+		retry, err := b.settle(ctx, acks, items, dlq)
+		if len(retry) == 0 {
+			return
+		}
+		sleepCtx(ctx, b.retryWait(retry, err))
+		if ctx.Err() != nil || time.Since(start) >= retryInPlace {
+			for _, it := range retry {
+				b.requeue(it)
+			}
+			return
+		}
+		items = retry
+	}
+}
+
+// retryInPlace is how long a batch's messages that cannot move for now are
+// kept and tried again before they go back to the queue.
+var retryInPlace = 5 * time.Minute
+
+// settle makes one attempt at items (see process) and returns those that
+// could not move for now, with the first reason.
+func (b *runner) settle(ctx context.Context, acks *acker, items []*item, dlq *deadLetter) (retry []*item, retryErr error) {
 	// A cancelled run still settles its batch: bounded by PublishTimeout.
 	settleBudget := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.WithoutCancel(ctx), b.cfg.PublishTimeout+10*time.Second)
@@ -329,29 +382,13 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 
 	known, err := b.known(wctx, items)
 	if err != nil {
-		b.log.Error("backfill: cannot read the relay's record of delivered ids; requeueing", "error", err.Error())
-		sleepCtx(ctx, b.retryWait(items, err)) // not at once: redelivered at once, it would fail the same
-		for _, it := range items {
-			b.requeue(it)
-		}
-		return
+		b.log.Error("backfill: cannot read the relay's record of delivered ids; trying again", "error", err.Error())
+		return items, err
 	}
-	// What could not move for now goes back to the queue after a wait:
-	// RabbitMQ redelivers a requeued message at once, and a stream that is
-	// full refuses at once — without the wait, the run spun through the
-	// same messages as fast as the three services could go.
-	var retry []*item
-	var retryErr error
+	// What could not move for now is tried again after a wait (process): a
+	// stream that is full refuses at once — without the wait, the run spun
+	// through the same messages as fast as the three services could go.
 	later := func(it *item, err error) { retry, retryErr = append(retry, it), cmp.Or(retryErr, err) }
-	defer func() {
-		if len(retry) == 0 {
-			return
-		}
-		sleepCtx(ctx, b.retryWait(retry, retryErr))
-		for _, it := range retry {
-			b.requeue(it)
-		}
-	}()
 	var toPublish []*item
 	var already []settled
 	for _, it := range items {
@@ -368,7 +405,7 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	}
 	acks.ackAll(already)
 	if len(toPublish) == 0 {
-		return
+		return retry, retryErr
 	}
 	if b.limiter != nil {
 		for range toPublish {
@@ -405,18 +442,18 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 			}
 			continue
 		}
-		b.log.Debug("backfill: publish failed, requeueing", "message_id", it.id, "error", err.Error())
+		b.log.Debug("backfill: publish failed, trying again", "message_id", it.id, "error", err.Error())
 		later(it, err)
 	}
 	if len(moved) == 0 {
-		return
+		return retry, retryErr
 	}
 	b.forgetRetries(moved)
 	// Record before acking: a crash between the two then costs a skip on
-	// the rerun, not a duplicate. A failed record does not stop the ack —
-	// once acked, the message cannot come back.
-	if err := b.record(wctx, moved); err != nil {
-		b.log.Warn("backfill: could not record moved ids (a crash before the acks below would re-send them)", "error", err.Error())
+	// the rerun, not a duplicate. A record that keeps failing does not
+	// stop the ack — once acked, the message cannot come back.
+	if err := b.recordMoved(wctx, moved); err != nil {
+		b.log.Warn("backfill: could not record moved ids; acking them (an ack lost now, or a crash before it, has a rerun publish them again)", "error", err.Error())
 	}
 	done := make([]settled, len(moved))
 	for i, it := range moved {
@@ -428,6 +465,7 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 		}}
 	}
 	acks.ackAll(done)
+	return retry, retryErr
 }
 
 // Waits before requeueing a message that could not move for now: 100 ms,
@@ -459,7 +497,7 @@ func (b *runner) retryWait(items []*item, err error) time.Duration {
 	b.nRetrying.Store(int64(len(b.retrying)))
 	if now := time.Now(); now.Sub(b.lastRetryWarn) >= retryWarnEvery {
 		b.lastRetryWarn = now
-		b.log.Warn("backfill: messages cannot move for now; requeueing them after a wait (100 ms, doubling to 5 s for a message refused again)",
+		b.log.Warn("backfill: messages cannot move for now; trying them again after a wait (100 ms, doubling to 5 s for a message refused again; kept unacked, back to the queue only after 5 min)",
 			"messages", len(items), "error", err.Error())
 	}
 	if most >= 7 {

@@ -105,3 +105,50 @@ func processRunner(t *testing.T, prefix string, tune func(*Config)) (*runner, *t
 	return &runner{cfg: cfg, log: cfg.Logger, js: st.JS, pub: jspub.New(st.NC, st.Name, 2*cfg.Prefetch, cfg.PublishTimeout),
 		seenHeld: map[string]bool{}, retrying: map[string]int{}}, st
 }
+
+// A record of moved ids that fails is tried again before the acks: acked
+// unrecorded, a message whose ack is then lost comes back and is published
+// again (after JetStream's duplicate window, a second copy in the stream).
+func TestProcessRecordsThroughAPostgresBlip(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres and NATS")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, st := processRunner(t, "bfrec", func(*Config) {})
+	pool, table := b.cfg.DB, b.cfg.Table
+	// The record fails while the table refuse holds a row.
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+table.Schema+`.refuse (x int);
+INSERT INTO `+table.Schema+`.refuse VALUES (1);
+CREATE FUNCTION `+table.Schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF EXISTS (SELECT FROM `+table.Schema+`.refuse) THEN RAISE EXCEPTION 'test: record refused'; END IF;
+	RETURN NULL;
+END $$;
+CREATE TRIGGER refuse AFTER INSERT ON `+table.Backfilled()+` FOR EACH STATEMENT EXECUTE FUNCTION `+table.Schema+`.refuse();`); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(500*time.Millisecond, func() {
+		if _, err := pool.Exec(context.Background(), `DELETE FROM `+table.Schema+`.refuse`); err != nil {
+			t.Error(err)
+		}
+	})
+	id := st.Prefix[:len(st.Prefix)-1]
+	var ds []amqp.Delivery
+	for tag := uint64(1); tag <= 50; tag++ {
+		ds = append(ds, amqp.Delivery{DeliveryTag: tag, MessageId: fmt.Sprintf("b-%s-%d", id, tag), RoutingKey: "orders", Body: []byte("x")})
+	}
+	rec := &recAck{}
+	b.process(ctx, newAcker(rec), ds, nil)
+	if want := []string{"ack 50 true"}; !reflect.DeepEqual(rec.calls, want) {
+		t.Fatalf("frames sent to RabbitMQ: %v, want %v", rec.calls[:min(len(rec.calls), 5)], want)
+	}
+	var recorded int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table.Backfilled()).Scan(&recorded); err != nil {
+		t.Fatal(err)
+	}
+	if recorded != 50 {
+		t.Fatalf("%d of 50 moved ids recorded before their acks, want all", recorded)
+	}
+}

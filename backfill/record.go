@@ -91,6 +91,35 @@ ON CONFLICT (message_id) DO NOTHING`, b.cfg.Table.Backfilled()), ids, derived, b
 	return err
 }
 
+// recordMoved records moved ids, trying again while ctx lasts (the batch's
+// time to settle) when Postgres fails: a message acked unrecorded comes
+// back when the ack is lost (the connection dropping with it) and is
+// published again, a second copy in the stream once JetStream's duplicate
+// window has passed. Acking on the first failure made every blip of
+// Postgres a window for that.
+func (b *runner) recordMoved(ctx context.Context, moved []*item) error {
+	wait := recordRetryMin
+	for {
+		err := b.record(ctx, moved)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		b.log.Debug("backfill: record of moved ids failed; trying again", "error", err.Error(), "wait", wait)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, recordRetryMax)
+	}
+}
+
+// The waits between attempts to record a batch's moved ids.
+const (
+	recordRetryMin = 100 * time.Millisecond
+	recordRetryMax = 2 * time.Second
+)
+
 // dryRun looks at every ready message (up to Limit) without acking any,
 // counts what a real run would do, then returns them all to the queue by
 // closing the channel. Nothing is published and nothing recorded.
