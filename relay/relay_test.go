@@ -1197,6 +1197,51 @@ func TestHeldKeyLongerThanTheWindow(t *testing.T) {
 	}
 }
 
+// A key whose backlog fills the claim's window — a bulk job's rows of one
+// key, ahead of the rest — advances one row per batch round trip; the keys
+// after it go meanwhile (found past the window by a skip scan of the keys),
+// not once its backlog is down to a window's worth.
+func TestHotKeyAheadOfTheWindowDoesNotHoldBackTheOthers(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a := newFake(TargetAMQP)
+	const batch = 10 // window: keyWindow × 10 keyed rows
+	hot := f.insertKeyed(1, 3*keyWindow*batch)
+	others := f.insertKeyed(6, 1) // k0..k5: k0 is the hot key
+	for id, k := range others {
+		if k == "k0" {
+			hot[id] = k
+			delete(others, id)
+		}
+	}
+	a.setFail(func(m *Message) error {
+		if m.Key == "k0" {
+			time.Sleep(10 * time.Millisecond) // a round trip of the hot key's
+		}
+		return nil
+	})
+	f.start(Config{Sinks: []Sink{a}, BatchSize: batch, Workers: 2})
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(hot)+len(others) }, "not all rows done")
+	order := a.confirmedOrder()
+	hotBefore, left := 0, len(others)
+	for _, id := range order {
+		if left == 0 {
+			break
+		}
+		if _, ok := others[id]; ok {
+			left--
+		} else {
+			hotBefore++
+		}
+	}
+	if hotBefore > keyWindow*batch {
+		t.Fatalf("the other keys' %d rows went after %d of the hot key's %d: held back until its backlog fit the window (%d rows)",
+			len(others), hotBefore, len(hot), keyWindow*batch)
+	}
+	checkKeyOrder(t, "hot key", order, hot)
+	t.Logf("the other keys' rows done after %d of the hot key's %d", hotBefore, len(hot))
+}
+
 // In dual write with both brokers healthy, each row goes to both in one
 // batch and is written once: JetStream's claims do not run ahead of
 // RabbitMQ's (which would claim and rewrite every row twice).

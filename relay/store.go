@@ -198,13 +198,42 @@ func claimSQL(tbl string) string {
 	// min(id) by key, hashed: DISTINCT ON (key) sorted the window by key
 	// first (EXPLAIN ANALYZE, 1,000 keys, a window of 2,000 rows: the
 	// claim took 4.0–5.1 ms with the sort, 3.2–4.4 ms without).
+	//
+	// A window that a few keys fill — a bulk job's thousands of rows of one
+	// key ahead of the rest — holds few heads, and those mostly in flight:
+	// the keys after it waited until its backlog was down to a window's
+	// worth, one row per batch round trip (minutes). Such a window (fewer
+	// than one distinct key in four rows) is topped up with the first row
+	// of the keys it does not hold, found by a skip scan of the key_pending
+	// index in key order — one descent per key, whatever the backlog of the
+	// keys skipped — at most 2 × $6 keys a claim. Every row of such a key is
+	// past the window (the window takes the oldest), so its first row in
+	// the index is its first owed — or parked, or in retry, and then its
+	// key is held and left out as in the window.
 	heads := func(p, active string) string {
-		return fmt.Sprintf(`SELECT min(id) AS id FROM (
-		SELECT id, key FROM %[1]s WHERE %[3]s AND key IS NOT NULL AND %[4]s
-		  AND key NOT IN (SELECT key FROM %[1]s WHERE key IS NOT NULL AND %[2]s_delivered_at IS NULL AND done_at IS NULL
+		waiting := fmt.Sprintf(`SELECT key FROM %[1]s WHERE key IS NOT NULL AND %[2]s_delivered_at IS NULL AND done_at IS NULL
 		                    AND (%[2]s_retry_at IS NOT NULL OR %[2]s_parked_at IS NOT NULL)
-		                    AND ((%[2]s_parked_at IS NULL AND %[2]s_retry_at > now()) OR (%[2]s_parked_at IS NOT NULL AND NOT $4::boolean)))
-		ORDER BY id LIMIT $5) w GROUP BY key`, tbl, p, active, owed(p))
+		                    AND ((%[2]s_parked_at IS NULL AND %[2]s_retry_at > now()) OR (%[2]s_parked_at IS NOT NULL AND NOT $4::boolean))`, tbl, p)
+		return fmt.Sprintf(`WITH RECURSIVE w AS MATERIALIZED (
+		SELECT key, min(id) AS id, count(*) AS n FROM (
+			SELECT id, key FROM %[1]s WHERE %[3]s AND key IS NOT NULL AND %[4]s
+			  AND key NOT IN (%[5]s)
+			ORDER BY id LIMIT $5) r
+		GROUP BY key
+	), ks(key, id, n) AS (
+		SELECT k.key, k.id, 1 FROM (
+			SELECT key, id FROM %[1]s WHERE key IS NOT NULL AND %[2]s_delivered_at IS NULL AND done_at IS NULL
+			ORDER BY key, id LIMIT 1) k
+		WHERE %[3]s AND (SELECT sum(n) >= $5 AND count(*) * 4 < $5 FROM w)
+		UNION ALL
+		SELECT k.key, k.id, ks.n + 1 FROM ks CROSS JOIN LATERAL (
+			SELECT key, id FROM %[1]s WHERE key IS NOT NULL AND key > ks.key AND %[2]s_delivered_at IS NULL AND done_at IS NULL
+			ORDER BY key, id LIMIT 1) k
+		WHERE ks.n < $6 * 2
+	)
+	SELECT id FROM w
+	UNION ALL
+	SELECT id FROM ks WHERE %[3]s AND key NOT IN (SELECT key FROM w) AND key NOT IN (%[5]s)`, tbl, p, active, owed(p), waiting)
 	}
 	// bound: the nats walks stay below the amqp walk of the same kind when
 	// that came back full.
