@@ -57,6 +57,12 @@ func (b *runner) loop(ctx context.Context) error {
 			b.progress()
 			return err
 		}
+		if ae := (*amqp.Error)(nil); errors.As(err, &ae) && permanentAMQP(ae.Code) {
+			// The queue deleted, the user's rights revoked: reconnecting
+			// would meet the same answer every 10 s, for ever.
+			b.progress()
+			return fmt.Errorf("%w (RabbitMQ's answer does not change by retrying)", err)
+		}
 		backoff = min(max(2*backoff, 200*time.Millisecond), 10*time.Second)
 		b.log.Warn("backfill: reconnecting to RabbitMQ", "in", backoff.String(), "error", err.Error())
 		select {
@@ -66,6 +72,16 @@ func (b *runner) loop(ctx context.Context) error {
 		case <-time.After(backoff):
 		}
 	}
+}
+
+// permanentAMQP says whether a RabbitMQ error code means the run cannot go
+// on: no such queue or virtual host, or access refused.
+func permanentAMQP(code int) bool {
+	switch code {
+	case amqp.NotFound, amqp.AccessRefused, amqp.NotAllowed:
+		return true
+	}
+	return false
 }
 
 // session consumes on one connection. It returns nil when the run is over

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -696,6 +697,37 @@ func TestBackfillLosesNothingFromAQuorumQueueWithADeliveryLimit(t *testing.T) {
 	}
 	if sum.Moved != 40 || sum.Requeued != 0 {
 		t.Fatalf("summary %+v: want 40 moved, none requeued", sum)
+	}
+}
+
+// The legacy queue deleted under a run (--follow: it would go on for
+// ever): the run ends, exit 1, naming RabbitMQ's answer, instead of
+// reconnecting every 10 s to meet the same NOT_FOUND.
+func TestBackfillEndsWhenTheQueueIsGone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.legacyPublish([]amqp.Publishing{{MessageId: "gone-1", Body: []byte("x"), DeliveryMode: amqp.Persistent}}, "orders.gone")
+	_, out, done := e.startBackfill(t, "", "--follow")
+	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() == 1 }, "the message never moved")
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(e.queue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Fatalf("backfill ended with %v, want exit status 1:\n%s", err, out.String())
+		}
+		if !strings.Contains(out.String(), "NOT_FOUND") {
+			t.Fatalf("output does not name RabbitMQ's answer (NOT_FOUND):\n%s", out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("backfill still running 30 s after its queue was deleted:\n%s", out.String())
 	}
 }
 
