@@ -108,6 +108,7 @@ type Summary struct {
 	Moved            int64         `json:"moved"`             // published to JetStream and acked
 	AlreadyDelivered int64         `json:"already_delivered"` // the relay or an earlier run had it: acked, not re-sent
 	Derived          int64         `json:"derived_ids"`       // of the moved, how many had no message-id
+	Duplicates       int64         `json:"duplicates"`        // of the moved, how many JetStream already held (a repeat within its duplicate window: dropped, not stored twice)
 	DeadLettered     int64         `json:"dead_lettered"`     // refused by JetStream for good, parked in the dead-letter queue
 	Failed           int64         `json:"failed"`            // refused for good and held (no dead-letter queue): back in the queue at the end
 	Requeued         int64         `json:"requeued"`          // transient failures, requeued to try again
@@ -199,7 +200,7 @@ type runner struct {
 	start   time.Time
 	depth0  int64
 
-	moved, already, derived, dead, failed, requeued atomic.Int64
+	moved, already, derived, dups, dead, failed, requeued atomic.Int64
 	lastRequeue                                     atomic.Int64 // unix ns
 
 	mu       sync.Mutex
@@ -210,11 +211,12 @@ type runner struct {
 	nRetrying     atomic.Int64 // len(retrying)
 	lastGhostWarn time.Time    // the main loop's alone (drained)
 	lastRetryWarn time.Time
+	lastDupWarn   time.Time
 }
 
 func (b *runner) summary() Summary {
 	s := Summary{
-		Moved: b.moved.Load(), AlreadyDelivered: b.already.Load(), Derived: b.derived.Load(),
+		Moved: b.moved.Load(), AlreadyDelivered: b.already.Load(), Derived: b.derived.Load(), Duplicates: b.dups.Load(),
 		DeadLettered: b.dead.Load(), Failed: b.failed.Load(), Requeued: b.requeued.Load(),
 		Duration: time.Since(b.start), DryRun: b.cfg.DryRun,
 	}

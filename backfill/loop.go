@@ -443,13 +443,18 @@ func (b *runner) settle(ctx context.Context, acks *acker, items []*item, dlq *de
 		msgs[i] = it.msg // with its Nats-Msg-Id and Nats-Expected-Stream (prepare)
 	}
 	errs := make([]error, len(toPublish))
-	b.pub.Publish(pctx, msgs, errs, make([]bool, len(toPublish)))
+	dups := make([]bool, len(toPublish))
+	b.pub.Publish(pctx, msgs, errs, dups)
 	var moved []*item
+	var dupIDs []string
 	lookup := jspub.NewLookup(b.js)
 	for i, it := range toPublish {
 		err := errs[i]
 		if err == nil {
 			moved = append(moved, it)
+			if dups[i] {
+				dupIDs = append(dupIDs, it.id)
+			}
 			continue
 		}
 		if reason := b.permanent(wctx, it, err, lookup); reason != "" {
@@ -465,6 +470,9 @@ func (b *runner) settle(ctx context.Context, acks *acker, items []*item, dlq *de
 		return retry, retryErr
 	}
 	b.forgetRetries(moved)
+	if len(dupIDs) > 0 {
+		b.duplicates(dupIDs)
+	}
 	// Record before acking: a crash between the two then costs a skip on
 	// the rerun, not a duplicate. A record that keeps failing does not
 	// stop the ack — once acked, the message cannot come back.
@@ -520,6 +528,21 @@ func (b *runner) retryWait(items []*item, err error) time.Duration {
 		return retryWaitMax
 	}
 	return min(retryWaitMax, retryWaitMin<<(most-1))
+}
+
+// duplicates counts ids JetStream already held, and says so every 30 s at
+// most: a repeat of a message moved or delivered moments ago (a rerun after
+// a crash, the relay's copy not yet recorded), or two legacy messages
+// sharing an id — of which the stream keeps the first.
+func (b *runner) duplicates(ids []string) {
+	b.dups.Add(int64(len(ids)))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now := time.Now(); now.Sub(b.lastDupWarn) >= retryWarnEvery {
+		b.lastDupWarn = now
+		b.log.Warn("backfill: JetStream already held these ids and kept its copy (a repeat within its duplicate window); two different messages sharing an id keep only the first",
+			"messages", len(ids), "example", ids[0], "total", b.dups.Load())
+	}
 }
 
 // forgetRetries forgets the refusals of items, which moved.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/time/rate"
 
@@ -150,5 +152,44 @@ CREATE TRIGGER refuse AFTER INSERT ON `+table.Backfilled()+` FOR EACH STATEMENT 
 	}
 	if recorded != 50 {
 		t.Fatalf("%d of 50 moved ids recorded before their acks, want all", recorded)
+	}
+}
+
+// Ids JetStream already held (within its duplicate window) are moved — acked
+// and recorded, the stream keeping its one copy — and counted apart, so that
+// a run shows them (two legacy messages sharing an id keep only the first).
+func TestProcessCountsDuplicates(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres and NATS")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, st := processRunner(t, "bfdup", func(*Config) {})
+	id := st.Prefix[:len(st.Prefix)-1]
+	var ds []amqp.Delivery
+	for tag := uint64(1); tag <= 30; tag++ {
+		msgID := fmt.Sprintf("d-%s-%d", id, tag)
+		ds = append(ds, amqp.Delivery{DeliveryTag: tag, MessageId: msgID, RoutingKey: "orders", Body: []byte("x")})
+		if tag <= 10 { // published before, by someone else
+			m := nats.NewMsg(st.Prefix + "orders")
+			m.Header.Set(jetstream.MsgIDHeader, msgID)
+			m.Data = []byte("earlier")
+			if _, err := st.JS.PublishMsg(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rec := &recAck{}
+	b.process(ctx, newAcker(rec), ds, nil)
+	if s := b.summary(); s.Moved != 30 || s.Duplicates != 10 {
+		t.Fatalf("moved %d, duplicates %d; want 30 and 10", s.Moved, s.Duplicates)
+	}
+	info, err := st.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 30 {
+		t.Fatalf("stream holds %d messages, want 30", info.State.Msgs)
 	}
 }

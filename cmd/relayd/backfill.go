@@ -183,8 +183,8 @@ func printSummary(w io.Writer, s backfill.Summary, asJSON bool) {
 	if s.DryRun {
 		title = "backfill (dry run: nothing was changed; figures are what a run would do)"
 	}
-	fmt.Fprintf(w, "%s\n  moved:             %d\n  already delivered: %d\n  derived ids:       %d\n  dead-lettered:     %d\n  failed (held):     %d\n  requeued (retry):  %d\n  rate:              %.0f msg/s\n  duration:          %s\n",
-		title, s.Moved, s.AlreadyDelivered, s.Derived, s.DeadLettered, s.Failed, s.Requeued, s.Rate, s.Duration.Round(time.Millisecond))
+	fmt.Fprintf(w, "%s\n  moved:             %d\n  already delivered: %d\n  derived ids:       %d\n  duplicates:        %d\n  dead-lettered:     %d\n  failed (held):     %d\n  requeued (retry):  %d\n  rate:              %.0f msg/s\n  duration:          %s\n",
+		title, s.Moved, s.AlreadyDelivered, s.Derived, s.Duplicates, s.DeadLettered, s.Failed, s.Requeued, s.Rate, s.Duration.Round(time.Millisecond))
 }
 
 // reporter shows progress: a bar on a terminal, a log line every 5 s
