@@ -201,7 +201,7 @@ type runner struct {
 	depth0  int64
 
 	moved, already, derived, dups, dead, failed, requeued atomic.Int64
-	lastRequeue                                     atomic.Int64 // unix ns
+	lastRequeue                                           atomic.Int64 // unix ns
 
 	mu       sync.Mutex
 	seenHeld map[string]bool // ids refused for good and held this run
