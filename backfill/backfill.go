@@ -50,6 +50,17 @@ const DerivedIDHeader = "Relay-Derived-Id"
 // ReasonHeader carries, on a dead-lettered message, why JetStream refused it.
 const ReasonHeader = "x-relay-dead-letter-reason"
 
+// The headers with which a dead-lettered message keeps where it was
+// published to — the dead-letter publish goes through the default exchange
+// to the dead-letter queue, and a message re-driven from there needs its
+// routing key (its subject) and exchange — and its expiration, which it
+// does not keep as a property (it would expire in the dead-letter queue).
+const (
+	RoutingKeyHeader = "x-relay-original-routing-key"
+	ExchangeHeader   = "x-relay-original-exchange"
+	ExpirationHeader = "x-relay-original-expiration"
+)
+
 // Config configures a backfill run.
 type Config struct {
 	// AMQPURL and Queue name the legacy queue to drain. Required.

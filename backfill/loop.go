@@ -686,10 +686,16 @@ func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadL
 		headers[k] = v
 	}
 	headers[ReasonHeader] = reason
+	headers[RoutingKeyHeader] = it.d.RoutingKey
+	headers[ExchangeHeader] = it.d.Exchange
+	if it.d.Expiration != "" {
+		headers[ExpirationHeader] = it.d.Expiration
+	}
 	pub := amqp.Publishing{
 		Headers: headers, ContentType: it.d.ContentType, ContentEncoding: it.d.ContentEncoding,
-		DeliveryMode: amqp.Persistent, CorrelationId: it.d.CorrelationId, MessageId: it.d.MessageId,
-		Timestamp: it.d.Timestamp, Type: it.d.Type, AppId: it.d.AppId, Body: it.d.Body,
+		DeliveryMode: amqp.Persistent, Priority: it.d.Priority, CorrelationId: it.d.CorrelationId,
+		ReplyTo: it.d.ReplyTo, MessageId: it.d.MessageId, Timestamp: it.d.Timestamp, Type: it.d.Type,
+		AppId: it.d.AppId, Body: it.d.Body,
 	}
 	if err := dlq.publish(ctx, b.cfg.DeadLetterQueue, pub); err != nil {
 		b.log.Error("backfill: dead-letter publish failed; requeueing", "message_id", it.id, "error", err.Error())

@@ -293,7 +293,7 @@ func TestBackfillDeadLetters(t *testing.T) {
 	for i := range 100 {
 		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("ok-%d", i), Body: []byte("small"), DeliveryMode: amqp.Persistent})
 	}
-	big := amqp.Publishing{MessageId: "too-big", Body: make([]byte, int(e.nc.MaxPayload())+1), DeliveryMode: amqp.Persistent}
+	big := amqp.Publishing{MessageId: "too-big", Body: make([]byte, int(e.nc.MaxPayload())+1), DeliveryMode: amqp.Persistent, Priority: 3, ReplyTo: "replies"}
 	msgs = append(msgs[:50], append([]amqp.Publishing{big}, msgs[50:]...)...)
 	e.legacyPublish(msgs, "orders.dlq")
 
@@ -315,6 +315,12 @@ func TestBackfillDeadLetters(t *testing.T) {
 	reason, _ := d.Headers[backfill.ReasonHeader].(string)
 	if d.MessageId != "too-big" || len(d.Body) != len(big.Body) || !strings.Contains(reason, "max_payload") {
 		t.Fatalf("dead-lettered %q (%d bytes) reason %q; want too-big, whole, with the max_payload reason", d.MessageId, len(d.Body), reason)
+	}
+	// Where it was published to, for a re-drive: its routing key is its
+	// subject.
+	if rk, ex := d.Headers[backfill.RoutingKeyHeader], d.Headers[backfill.ExchangeHeader]; rk != "orders.dlq" || ex != e.exchange || d.Priority != 3 || d.ReplyTo != "replies" {
+		t.Fatalf("dead-lettered with routing key %v, exchange %v, priority %d, reply-to %q; want orders.dlq, %s, 3, replies",
+			rk, ex, d.Priority, d.ReplyTo, e.exchange)
 	}
 	ids := e.streamIDs()
 	for i := range 100 {
@@ -338,7 +344,7 @@ func TestBackfillHoldsARefusedMessageAndMovesTheRest(t *testing.T) {
 	for i := range 200 {
 		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("ok-%d", i), Body: []byte("small"), DeliveryMode: amqp.Persistent})
 	}
-	big := amqp.Publishing{MessageId: "too-big", Body: make([]byte, int(e.nc.MaxPayload())+1), DeliveryMode: amqp.Persistent}
+	big := amqp.Publishing{MessageId: "too-big", Body: make([]byte, int(e.nc.MaxPayload())+1), DeliveryMode: amqp.Persistent, Priority: 3, ReplyTo: "replies"}
 	msgs = append(msgs[:10], append([]amqp.Publishing{big}, msgs[10:]...)...)
 	e.legacyPublish(msgs, "orders.held")
 
