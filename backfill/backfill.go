@@ -40,6 +40,7 @@ import (
 	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/outbox"
+	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -134,6 +135,11 @@ func (s Summary) Handled() int64 { return s.Moved + s.AlreadyDelivered + s.DeadL
 // ErrOtherConsumers is returned when other consumers share the queue and
 // AllowOtherConsumers is not set.
 var ErrOtherConsumers = errors.New("other consumers are attached to the queue")
+
+// ErrNotDualWrite is returned when a relayd instance finished rows lately
+// without JetStream (see relay.FinishedWithoutNATS): the backfill needs every
+// instance in dual write.
+var ErrNotDualWrite = errors.New("the relays are not all in dual write")
 
 // ErrHeldFull is returned when the messages JetStream refuses for good, held
 // unacked for want of a dead-letter queue, take the whole prefetch: RabbitMQ
@@ -288,6 +294,23 @@ func (b *runner) preflight(ctx context.Context) error {
 	}
 	if _, err := b.js.Stream(ctx, b.cfg.Stream); err != nil {
 		return fmt.Errorf("nats: stream %q: %w", b.cfg.Stream, err)
+	}
+	// The backfill skips a message whose row is still in the outbox owed to
+	// JetStream: the relay will deliver it. An instance without nats in
+	// RELAY_TARGETS never will, and the message it has in flight (its copy
+	// in the queue before its confirm is recorded) would reach JetStream by
+	// neither.
+	n, err := relay.FinishedWithoutNATS(ctx, b.cfg.DB, b.cfg.Table)
+	if err != nil {
+		return fmt.Errorf("postgres: %s: %w", b.cfg.Table.Delivered(), err)
+	}
+	if n > 0 {
+		err := fmt.Errorf("%w: %d rows left %s in the last %s without reaching JetStream: a relayd instance runs without nats in RELAY_TARGETS, and the messages it has in flight would reach JetStream by neither it nor the backfill; switch every instance to RELAY_TARGETS=amqp,nats first",
+			ErrNotDualWrite, n, b.cfg.Table, relay.DualWriteLookback)
+		if !b.cfg.DryRun {
+			return err
+		}
+		b.log.Warn("backfill: a real run would refuse to start", "error", err.Error())
 	}
 	b.log.Info("backfill starting", "queue", b.cfg.Queue, "depth", b.depth0, "stream", b.cfg.Stream, "dry_run", b.cfg.DryRun)
 	return nil

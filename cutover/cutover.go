@@ -178,10 +178,6 @@ func allOK(cs []Condition) bool {
 }
 
 // sample reads the point-in-time conditions, fresh.
-// dualWriteLookback is how far back the outbox condition looks for rows
-// finished without JetStream.
-const dualWriteLookback = 15 * time.Minute
-
 func sample(ctx context.Context, cfg Config) (snapshot, error) {
 	var s snapshot
 	stats, err := relay.ReadStats(ctx, cfg.DB, cfg.Table, []relay.Target{relay.TargetNATS})
@@ -189,20 +185,10 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 		return s, fmt.Errorf("cutover: outbox: %w", err)
 	}
 	n := stats[0]
-	// Rows that left the outbox without JetStream lately, after the first
-	// that reached it (or, none having reached it, at all): an instance
-	// runs without nats in RELAY_TARGETS (missed in the dual-write rollout,
-	// rolled back, or no instance is in dual write yet). Its rows are never
-	// pending for nats — a row leaves once its instance's targets have it
-	// — so the figures above cannot show it, and once consumers read only
-	// JetStream, its rows reach nobody. (Legacy-only rows from before dual
-	// write came before the first row JetStream got: not counted.)
-	var amqpOnly int64
-	if err := cfg.DB.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %[1]s
-WHERE done_at > now() - $1::interval AND nats_delivered_at IS NULL
-  AND done_at > coalesce((SELECT min(done_at) FROM %[1]s
-                          WHERE done_at > now() - $1::interval AND nats_delivered_at IS NOT NULL), '-infinity')`, cfg.Table.Delivered()),
-		fmt.Sprintf("%d seconds", int(dualWriteLookback.Seconds()))).Scan(&amqpOnly); err != nil {
+	// Rows that left the outbox without JetStream lately: once consumers
+	// read only JetStream, such an instance's rows reach nobody.
+	amqpOnly, err := relay.FinishedWithoutNATS(ctx, cfg.DB, cfg.Table)
+	if err != nil {
 		return s, fmt.Errorf("cutover: delivered rows: %w", err)
 	}
 	c0 := Condition{
@@ -211,7 +197,7 @@ WHERE done_at > now() - $1::interval AND nats_delivered_at IS NULL
 		Detail: fmt.Sprintf("pending for nats %d, parked %d, lag %s", n.Pending, n.Parked, n.Lag.Round(time.Millisecond)),
 	}
 	if amqpOnly > 0 {
-		c0.Detail += fmt.Sprintf("; %d rows finished in the last %s without JetStream: an instance runs without nats in RELAY_TARGETS", amqpOnly, dualWriteLookback)
+		c0.Detail += fmt.Sprintf("; %d rows finished in the last %s without JetStream: an instance runs without nats in RELAY_TARGETS", amqpOnly, relay.DualWriteLookback)
 	}
 	s.conds = append(s.conds, c0)
 

@@ -706,6 +706,33 @@ func TestBackfillLosesNothingFromAQuorumQueueWithADeliveryLimit(t *testing.T) {
 	}
 }
 
+// A relayd instance still on RELAY_TARGETS=amqp (missed in the dual-write
+// rollout) finished a row without JetStream lately: the backfill refuses to
+// start (exit 1, saying why) — it would skip the queue's copies of the rows
+// such an instance has in flight, still owed to JetStream in the outbox,
+// and JetStream would get them from neither. A dry run says so and goes on.
+func TestBackfillRefusesWhileAnInstanceIsNotInDualWrite(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.legacyPublish([]amqp.Publishing{{MessageId: "dw-1", Body: []byte("x"), DeliveryMode: amqp.Persistent}}, "orders.dw")
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO `+e.table.Delivered()+`
+		(done_at, id, message_id, amqp_delivered_at, nats_delivered_at) VALUES (now(), 1, gen_random_uuid(), now(), NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.backfillWithin(t, 30*time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "RELAY_TARGETS=amqp,nats") {
+		t.Fatalf("backfill: %v, want exit 1 naming RELAY_TARGETS:\n%s", err, out)
+	}
+	if n := e.streamCount(); n != 0 {
+		t.Fatalf("%d messages moved by a run that refused to start", n)
+	}
+	out, err = e.backfillWithin(t, 30*time.Second, "--dry-run")
+	if err != nil || !strings.Contains(string(out), "would refuse to start") {
+		t.Fatalf("dry run: %v, want it to go on with a warning:\n%s", err, out)
+	}
+}
+
 // The legacy queue deleted under a run (--follow: it would go on for
 // ever): the run ends, exit 1, naming RabbitMQ's answer, instead of
 // reconnecting every 10 s to meet the same NOT_FOUND.
