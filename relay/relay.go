@@ -333,12 +333,17 @@ func (r *Relay) recordLate(stop <-chan struct{}) {
 
 func (r *Relay) recordLateSet(ti int, ids []string, stopping bool) {
 	for attempt := 1; ; attempt++ {
-		limit := time.Minute
+		// A row a batch in flight holds is locked for up to the batch's
+		// publish timeout and its record: a fixed 30 s gave up on such
+		// rows, the whole set with them, with RELAY_PUBLISH_TIMEOUT over
+		// 30 s.
+		lockWait := r.cfg.PublishTimeout + 30*time.Second
+		limit := lockWait + 30*time.Second
 		if stopping {
 			limit = 5 * time.Second // the process is on its way out
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), limit)
-		n, err := r.store.recordLate(ctx, r.pool, ti, ids, r.enabled)
+		n, err := r.store.recordLate(ctx, r.pool, ti, ids, r.enabled, lockWait)
 		cancel()
 		if err == nil {
 			r.cfg.Metrics.LateConfirmed(Targets[ti], len(ids))

@@ -449,13 +449,16 @@ func (b *batchRecord) args() []any {
 // came after their batches gave up), in a transaction of its own: rows every
 // enabled target now has leave the outbox as a batch's do. It returns how
 // many rows it marked.
-func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, ti int, msgIDs []string, enabled [2]bool) (int, error) {
+//
+// It waits for a row's lock at most lockWait: a batch in flight holds its
+// rows for up to its publish timeout and its record.
+func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, ti int, msgIDs []string, enabled [2]bool, lockWait time.Duration) (int, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '30s'"); err != nil {
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", lockWait.Milliseconds())); err != nil {
 		return 0, err
 	}
 	rows, err := tx.Query(ctx, s.lateSQL[ti], msgIDs)
