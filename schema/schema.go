@@ -215,7 +215,10 @@ func (m Migrations) Provider(db *sql.DB, t Table, logger *slog.Logger) (*goose.P
 	if err != nil {
 		return nil, err
 	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(m.LockID))
+	// An instance waits for another's migration up to an hour, trying
+	// every 2 s: goose's default, 5 minutes, failed the instances started
+	// beside one rebuilding an index on a large table.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(m.LockID), lock.WithLockTimeout(2, 1800))
 	if err != nil {
 		return nil, err
 	}

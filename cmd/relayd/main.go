@@ -162,7 +162,7 @@ const migrateHelp = `Usage: relayd migrate [--inbox TABLE] [up|status]
 Creates or upgrades the outbox table named by RELAY_OUTBOX_TABLE (default
 "outbox") in RELAY_DATABASE_URL — or, with --inbox, a consumer's inbox table
 (package inbox). Safe to run from several instances at once: a Postgres
-advisory lock serialises them.
+advisory lock serialises them (one waits up to an hour for another).
 
   up       apply pending migrations (default)
   status   list migrations and whether each is applied
