@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -669,7 +670,17 @@ func (d *deadLetter) staleReturns() {
 // queue (then ack), or held unacked for the rest of the session (the acks
 // of the messages after it go out one by one).
 func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadLetter) (retry error) {
-	b.log.Warn("backfill: JetStream refuses message for good", "message_id", it.id, "routing_key", it.d.RoutingKey, "reason", reason)
+	// Once a message: one whose dead-letter publish fails comes back here
+	// every few seconds (process), and the wait's warning (retryWait) says
+	// why every 30 s.
+	b.mu.Lock()
+	again := b.retrying[it.id] > 0
+	b.mu.Unlock()
+	level := slog.LevelWarn
+	if again {
+		level = slog.LevelDebug
+	}
+	b.log.Log(ctx, level, "backfill: JetStream refuses message for good", "message_id", it.id, "routing_key", it.d.RoutingKey, "reason", reason)
 	if dlq == nil {
 		it.acks.hold(it.d)
 		b.mu.Lock()
@@ -698,8 +709,8 @@ func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadL
 		AppId: it.d.AppId, Body: it.d.Body,
 	}
 	if err := dlq.publish(ctx, b.cfg.DeadLetterQueue, pub); err != nil {
-		b.log.Error("backfill: dead-letter publish failed; requeueing", "message_id", it.id, "error", err.Error())
-		return err // requeued after a wait (process)
+		b.log.Debug("backfill: dead-letter publish failed; trying again", "message_id", it.id, "error", err.Error())
+		return fmt.Errorf("dead-letter publish: %w", err) // tried again after a wait (process), which says so
 	}
 	it.acks.ack(it.d, func() { b.dead.Add(1) })
 	return nil

@@ -333,6 +333,60 @@ func TestBackfillDeadLetters(t *testing.T) {
 	}
 }
 
+// The dead-letter queue deleted mid-run: a message refused for good stays
+// ours, tried again every few seconds, and is dead-lettered once the queue
+// is back — saying that it is refused once, and that it cannot move once,
+// not on every try.
+func TestBackfillWaitsForAMissingDeadLetterQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dlq := e.queue + "_dlq"
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, err := amqp.Dial(e.amqpURL); err == nil {
+			if ch, err := c.Channel(); err == nil {
+				ch.QueueDelete(dlq, false, false, false)
+			}
+			c.Close()
+		}
+	})
+	cmd, out, done := e.startBackfill(t, "", "--dead-letter-queue", dlq, "--follow")
+	testenv.Eventually(t, 30*time.Second, func() bool { _, c := e.queueDepth(e.queue); return c == 1 }, "the backfill never consumed")
+	if _, err := ch.QueueDelete(dlq, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	big := amqp.Publishing{MessageId: "too-big", Body: make([]byte, int(e.nc.MaxPayload())+1), DeliveryMode: amqp.Persistent}
+	e.legacyPublish([]amqp.Publishing{big}, "orders.dlq")
+	time.Sleep(8 * time.Second) // tried again 5 to 6 times meanwhile
+	if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { n, _ := e.queueDepth(dlq); return n == 1 }, "not dead-lettered once the queue was back:\n%s", out.String())
+	if n, _ := e.queueDepth(e.queue); n != 0 {
+		t.Fatalf("%d messages left in the legacy queue", n)
+	}
+	cmd.Process.Signal(syscall.SIGINT) //nolint:errcheck // the wait below fails if it did not stop
+	sum := finished(t, done, out, 30*time.Second, "backfill after SIGINT")
+	if sum.DeadLettered != 1 || sum.Requeued != 0 {
+		t.Fatalf("summary %+v: want 1 dead-lettered, none requeued", sum)
+	}
+	for _, line := range []string{`level=WARN msg="backfill: JetStream refuses message for good"`, `level=WARN msg="backfill: messages cannot move for now`} {
+		if n := strings.Count(out.String(), line); n != 1 {
+			t.Errorf("said %q %d times, want once:\n%s", line, n, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "level=ERROR") {
+		t.Errorf("errors logged:\n%s", out.String())
+	}
+}
+
 // Without a dead-letter queue, a message JetStream will never take is held
 // unacked until the run ends, and the messages after it still move and are
 // acked: more of them than the prefetch, so a held delivery that held up
