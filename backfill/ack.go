@@ -12,17 +12,20 @@ import (
 // a frame and a write per run instead of per message, for the backfill and
 // for RabbitMQ. Requeues go out at once, one by one. A multiple-ack never
 // covers a delivery still in flight: the run stops at the first unsettled
-// tag. Nor one held unacked (hold): past the first, acks go one by one.
+// tag. Nor one held unacked (hold) or kept to settle later (keep): while one
+// is, acks go one by one.
 type acker struct {
 	ch amqp.Acknowledger
 
 	mu      sync.Mutex
 	next    uint64                // lowest tag not yet settled
 	settled map[uint64]settlement // settled tags above next
-	// holding: a delivery below next is held unacked, and a multiple-ack
-	// would ack it too.
-	holding bool
-	held    int // deliveries held
+	held    int                   // deliveries held, unacked for the session
+	// heldBelow: of those, below next (a multiple-ack would ack them).
+	heldBelow int
+	// kept: deliveries below next left unacked for now, to be acked or
+	// requeued later, each on its own.
+	kept map[uint64]bool
 }
 
 // settlement is how a tag was settled: acked (done, called once the ack
@@ -38,11 +41,16 @@ const (
 	settleAck settleKind = iota
 	settleRequeue
 	settleHold
+	settleKeep
 )
 
 func newAcker(ch amqp.Acknowledger) *acker {
-	return &acker{ch: ch, next: 1, settled: map[uint64]settlement{}}
+	return &acker{ch: ch, next: 1, settled: map[uint64]settlement{}, kept: map[uint64]bool{}}
 }
+
+// holding says whether a delivery below next is unacked, which a
+// multiple-ack would ack too.
+func (a *acker) holding() bool { return a.heldBelow > 0 || len(a.kept) > 0 }
 
 // ack acks d once every earlier delivery is settled too, then calls done
 // (if the ack reached the channel; if it did not, the channel is gone and
@@ -72,6 +80,14 @@ func (a *acker) ackAll(ss []settled) {
 		if done == nil {
 			done = func() {}
 		}
+		if a.kept[s.d.DeliveryTag] {
+			// Below next: on its own, now.
+			delete(a.kept, s.d.DeliveryTag)
+			if err := a.ch.Ack(s.d.DeliveryTag, false); err == nil {
+				done()
+			}
+			continue
+		}
 		a.settled[s.d.DeliveryTag] = settlement{done: done, kind: settleAck}
 	}
 	a.advance()
@@ -82,9 +98,27 @@ func (a *acker) requeue(d amqp.Delivery) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	err := a.ch.Nack(d.DeliveryTag, false, true)
-	a.settled[d.DeliveryTag] = settlement{kind: settleRequeue}
+	if a.kept[d.DeliveryTag] {
+		delete(a.kept, d.DeliveryTag)
+	} else {
+		a.settled[d.DeliveryTag] = settlement{kind: settleRequeue}
+	}
 	a.advance()
 	return err
+}
+
+// keep leaves d unacked for now, to be acked (ack, ackAll) or requeued
+// later, without holding up the acks of the deliveries after it: a
+// message tried again in place. Keeping a delivery already kept does
+// nothing.
+func (a *acker) keep(d amqp.Delivery) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.kept[d.DeliveryTag] {
+		return
+	}
+	a.settled[d.DeliveryTag] = settlement{kind: settleKeep}
+	a.advance()
 }
 
 // hold leaves d unacked for as long as the channel lasts (it goes back to
@@ -93,8 +127,13 @@ func (a *acker) requeue(d amqp.Delivery) error {
 func (a *acker) hold(d amqp.Delivery) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.settled[d.DeliveryTag] = settlement{kind: settleHold}
 	a.held++
+	if a.kept[d.DeliveryTag] {
+		delete(a.kept, d.DeliveryTag)
+		a.heldBelow++
+		return
+	}
+	a.settled[d.DeliveryTag] = settlement{kind: settleHold}
 	a.advance()
 }
 
@@ -122,8 +161,10 @@ func (a *acker) advance() {
 		delete(a.settled, a.next)
 		switch {
 		case s.kind == settleHold:
-			a.holding = true
-		case s.kind == settleAck && a.holding:
+			a.heldBelow++
+		case s.kind == settleKeep:
+			a.kept[a.next] = true
+		case s.kind == settleAck && a.holding():
 			single = append(single, one{a.next, s.done})
 		case s.kind == settleAck:
 			last = a.next

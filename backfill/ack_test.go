@@ -83,3 +83,38 @@ func TestAckerHoldDoesNotBlockLaterAcks(t *testing.T) {
 		t.Errorf("done callbacks for %v, want 1, 2, 4–7, 9", acked)
 	}
 }
+
+// A delivery kept to settle later (tried again in place) does not hold up
+// the acks after it: they go one by one while it is kept, and as
+// multiple-acks again once it is settled, acked or requeued on its own.
+func TestAckerKeepDoesNotBlockLaterAcks(t *testing.T) {
+	r := &recAck{}
+	a := newAcker(r)
+	d := func(tag uint64) amqp.Delivery { return amqp.Delivery{DeliveryTag: tag} }
+	acked := map[uint64]bool{}
+	ack := func(tag uint64) { a.ack(d(tag), func() { acked[tag] = true }) }
+
+	ack(1)
+	a.keep(d(2))
+	a.keep(d(2)) // again: no change
+	ack(3)       // past the kept one: on its own
+	ack(2)       // the kept one, on its own
+	ack(4)       // nothing kept: multiple-acks again
+	a.keep(d(5))
+	ack(6)
+	a.requeue(d(5))
+	ack(7)
+	a.keep(d(8))
+	a.hold(d(8)) // refused for good after all: held for the session
+	ack(9)
+	want := []string{"ack 1 true", "ack 3 false", "ack 2 false", "ack 4 true", "ack 6 false", "nack 5 false true", "ack 7 true", "ack 9 false"}
+	if !reflect.DeepEqual(r.calls, want) {
+		t.Fatalf("calls %v, want %v", r.calls, want)
+	}
+	if len(acked) != 7 || acked[5] || acked[8] {
+		t.Fatalf("done callbacks for %v, want 1–4, 6, 7, 9", acked)
+	}
+	if a.heldCount() != 1 {
+		t.Fatalf("held %d, want 1", a.heldCount())
+	}
+}

@@ -228,6 +228,7 @@ type runner struct {
 	nRetrying     atomic.Int64 // len(retrying)
 	lastGhostWarn time.Time    // the main loop's alone (drained)
 	lastRetryWarn time.Time
+	dualWriteAt   time.Time // the database's time of the last checkDualWrite
 	lastDupWarn   time.Time
 }
 
@@ -300,14 +301,11 @@ func (b *runner) preflight(ctx context.Context) error {
 	// RELAY_TARGETS never will, and the message it has in flight (its copy
 	// in the queue before its confirm is recorded) would reach JetStream by
 	// neither.
-	n, err := relay.FinishedWithoutNATS(ctx, b.cfg.DB, b.cfg.Table)
-	if err != nil {
-		return fmt.Errorf("postgres: %s: %w", b.cfg.Table.Delivered(), err)
-	}
-	if n > 0 {
-		err := fmt.Errorf("%w: %d rows left %s in the last %s without reaching JetStream: a relayd instance runs without nats in RELAY_TARGETS, and the messages it has in flight would reach JetStream by neither it nor the backfill; switch every instance to RELAY_TARGETS=amqp,nats first",
-			ErrNotDualWrite, n, b.cfg.Table, relay.DualWriteLookback)
-		if !b.cfg.DryRun {
+	// Checked again every dualWriteRecheck while the run goes on (a quiet
+	// outbox proves nothing: an instance on RELAY_TARGETS=amqp that has
+	// finished nothing lately shows only once it does).
+	if err := b.checkDualWrite(ctx); err != nil {
+		if !b.cfg.DryRun || !errors.Is(err, ErrNotDualWrite) {
 			return err
 		}
 		b.log.Warn("backfill: a real run would refuse to start", "error", err.Error())
@@ -315,6 +313,30 @@ func (b *runner) preflight(ctx context.Context) error {
 	b.log.Info("backfill starting", "queue", b.cfg.Queue, "depth", b.depth0, "stream", b.cfg.Stream, "dry_run", b.cfg.DryRun)
 	return nil
 }
+
+// checkDualWrite fails with ErrNotDualWrite when rows left the outbox
+// without JetStream since the last check (at the first, in the last
+// relay.DualWriteLookback, after the first that reached it).
+func (b *runner) checkDualWrite(ctx context.Context) error {
+	since := b.dualWriteAt
+	if !since.IsZero() {
+		since = since.Add(-time.Minute) // a record's done_at is its transaction's start
+	}
+	n, at, err := relay.FinishedWithoutNATS(ctx, b.cfg.DB, b.cfg.Table, since)
+	if err != nil {
+		return fmt.Errorf("postgres: %s: %w", b.cfg.Table.Delivered(), err)
+	}
+	if n > 0 {
+		return fmt.Errorf("%w: %d rows left %s lately without reaching JetStream: a relayd instance runs without nats in RELAY_TARGETS, and the messages it has in flight would reach JetStream by neither it nor the backfill; switch every instance to RELAY_TARGETS=amqp,nats, then run the backfill",
+			ErrNotDualWrite, n, b.cfg.Table)
+	}
+	b.dualWriteAt = at
+	return nil
+}
+
+// dualWriteRecheck is how often a run checks that every instance is still
+// in dual write (checkDualWrite).
+const dualWriteRecheck = 30 * time.Second
 
 // item is one delivery on its way.
 type item struct {

@@ -48,6 +48,7 @@ var errNotDrained = errors.New("requeued after the drain")
 // run.
 func (b *runner) loop(ctx context.Context) error {
 	backoff := time.Duration(0)
+	var permanentSince time.Time // since when every session met permanentAMQP
 	for {
 		err := b.session(ctx)
 		if errors.Is(err, errNotDrained) {
@@ -60,9 +61,19 @@ func (b *runner) loop(ctx context.Context) error {
 		}
 		if ae := (*amqp.Error)(nil); errors.As(err, &ae) && permanentAMQP(ae.Code) {
 			// The queue deleted, the user's rights revoked: reconnecting
-			// would meet the same answer every 10 s, for ever.
-			b.progress()
-			return fmt.Errorf("%w (RabbitMQ's answer does not change by retrying)", err)
+			// would meet the same answer every 10 s, for ever. But a
+			// cluster node restarting answers so for a while too (a
+			// classic queue's home node down: NOT_FOUND; a vhost still
+			// starting: NOT_ALLOWED).
+			if permanentSince.IsZero() {
+				permanentSince = time.Now()
+			}
+			if time.Since(permanentSince) >= permanentAfter {
+				b.progress()
+				return fmt.Errorf("%w (RabbitMQ's answer for %s)", err, permanentAfter)
+			}
+		} else {
+			permanentSince = time.Time{}
 		}
 		backoff = min(max(2*backoff, 200*time.Millisecond), 10*time.Second)
 		b.log.Warn("backfill: reconnecting to RabbitMQ", "in", backoff.String(), "error", err.Error())
@@ -76,7 +87,8 @@ func (b *runner) loop(ctx context.Context) error {
 }
 
 // permanentAMQP says whether a RabbitMQ error code means the run cannot go
-// on: no such queue or virtual host, or access refused.
+// on — no such queue or virtual host, or access refused — when RabbitMQ
+// keeps giving it for permanentAfter.
 func permanentAMQP(code int) bool {
 	switch code {
 	case amqp.NotFound, amqp.AccessRefused, amqp.NotAllowed:
@@ -84,6 +96,10 @@ func permanentAMQP(code int) bool {
 	}
 	return false
 }
+
+// permanentAfter is how long RabbitMQ must keep giving a permanentAMQP
+// answer for the run to stop.
+const permanentAfter = 30 * time.Second
 
 // session consumes on one connection. It returns nil when the run is over
 // (drained, limit), ctx's error on cancel, or errLost.
@@ -103,7 +119,7 @@ func (b *runner) session(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", errLost, err)
 	}
 	var dlq *deadLetter
-	var dlqClosed chan *amqp.Error // nil without a dead-letter queue: never ready
+	var dlqClosed, dlqGone chan *amqp.Error // nil without a dead-letter queue: never ready
 	if b.cfg.DeadLetterQueue != "" {
 		dch, err := conn.Channel()
 		if err != nil {
@@ -116,6 +132,7 @@ func (b *runner) session(ctx context.Context) error {
 		// RabbitMQ may close the channel alone (a channel error): every
 		// dead-letter publish would fail for the rest of the session.
 		dlqClosed = dch.NotifyClose(make(chan *amqp.Error, 1))
+		dlqGone = dch.NotifyClose(make(chan *amqp.Error, 1))
 	}
 	const tag = "relayd-backfill"
 	deliveries, err := ch.ConsumeWithContext(ctx, b.cfg.Queue, tag, false, false, false, false, nil)
@@ -124,16 +141,19 @@ func (b *runner) session(ctx context.Context) error {
 	}
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	acks := newAcker(ch)
-	// sctx ends with the session: batches trying messages again in place
-	// (process) stop, and what they hold goes back to the queue. Watched
-	// apart from the loop below, which waits in flush while every batch is
-	// trying again.
+	// sctx ends with the session — the connection, the consumer's channel
+	// or the dead-letter channel gone: batches trying messages again in
+	// place (process) stop, and what they keep goes back to the queue.
+	// Watched apart from the loop below, which waits in flush while every
+	// batch is trying again.
 	sctx, scancel := context.WithCancel(ctx)
 	defer scancel()
-	connGone := conn.NotifyClose(make(chan *amqp.Error, 1))
+	connGone, chGone := conn.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
 		select {
 		case <-connGone:
+		case <-chGone:
+		case <-dlqGone:
 		case <-sctx.Done():
 		}
 		scancel()
@@ -145,14 +165,16 @@ func (b *runner) session(ctx context.Context) error {
 		inFlight atomic.Int64 // deliveries received and not yet settled
 		// reserved: deliveries taken toward Limit — counting what earlier
 		// sessions of the run settled (what they had not is redelivered).
-		reserved    = b.moved.Load() + b.already.Load() + b.dead.Load()
-		batch       = make([]amqp.Delivery, 0, batchMax)
-		flushT      = time.NewTimer(time.Hour)
-		checkT      = time.NewTicker(250 * time.Millisecond)
-		stopping    = false
-		drainedStop = false
-		limitStop   = false
-		endErr      error
+		reserved      = b.moved.Load() + b.already.Load() + b.dead.Load()
+		batch         = make([]amqp.Delivery, 0, batchMax)
+		batchFrom     time.Time    // when batch's first delivery came
+		lastDualWrite = time.Now() // the last checkDualWrite (preflight's, at first)
+		flushT        = time.NewTimer(time.Hour)
+		checkT        = time.NewTicker(250 * time.Millisecond)
+		stopping      = false
+		drainedStop   = false
+		limitStop     = false
+		endErr        error
 	)
 	defer checkT.Stop()
 	defer flushT.Stop()
@@ -164,7 +186,7 @@ func (b *runner) session(ctx context.Context) error {
 		if len(batch) == 0 {
 			return
 		}
-		items := batch
+		items, from := batch, batchFrom
 		batch = make([]amqp.Delivery, 0, batchMax)
 		if testHookFlush != nil {
 			testHookFlush(inFlight.Load())
@@ -174,7 +196,7 @@ func (b *runner) session(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			b.process(sctx, acks, items, dlq)
+			b.process(sctx, acks, items, dlq, from)
 			inFlight.Add(-int64(len(items)))
 			b.progress()
 		}()
@@ -222,6 +244,7 @@ func (b *runner) session(ctx context.Context) error {
 			inFlight.Add(1)
 			batch = append(batch, d)
 			if len(batch) == 1 {
+				batchFrom = time.Now()
 				flushT.Reset(batchWait)
 			}
 			if len(batch) >= batchMax {
@@ -231,6 +254,16 @@ func (b *runner) session(ctx context.Context) error {
 			flush()
 		case <-checkT.C:
 			flush()
+			if !b.cfg.DryRun && time.Since(lastDualWrite) >= dualWriteRecheck {
+				lastDualWrite = time.Now()
+				if err := b.checkDualWrite(ctx); errors.Is(err, ErrNotDualWrite) {
+					b.log.Error("backfill: stopping: a relayd instance is not in dual write; messages of its rows in flight that this run skipped may not reach JetStream", "error", err.Error())
+					stop(err)
+					continue
+				} else if err != nil {
+					b.log.Warn("backfill: cannot check that the relays are in dual write", "error", err.Error())
+				}
+			}
 			if b.cfg.Limit > 0 && taken() >= b.cfg.Limit && inFlight.Load() == 0 {
 				limitStop = true
 				stop(nil)
@@ -284,14 +317,17 @@ func (b *runner) session(ctx context.Context) error {
 			}
 			late = late[:room]
 		}
-		lateFrom := time.Now().UnixNano()
+		lateFrom := time.Now()
 		for len(late) > 0 {
 			n := min(len(late), batchMax)
-			b.process(sctx, acks, late[:n], dlq)
+			b.process(sctx, acks, late[:n], dlq, lateFrom)
 			late = late[n:]
 		}
 		b.progress()
-		if b.lastRequeue.Load() >= lateFrom && ctx.Err() == nil {
+		if ctx.Err() != nil {
+			return ctx.Err() // interrupted: what could not move went back
+		}
+		if b.lastRequeue.Load() >= lateFrom.UnixNano() {
 			// Some could not move for now and went back: not drained.
 			return errNotDrained
 		}
@@ -357,23 +393,31 @@ func (b *runner) heldCount() int {
 // delivery-limit (20 by default from RabbitMQ 4.0) and drops or
 // dead-letters it past that, so requeueing after each wait (5 s at most)
 // lost messages in an outage of a minute or two. They are requeued when
-// ctx ends (the run stops, or the session's connection is gone) or after
-// retryInPlace, well inside RabbitMQ's consumer_timeout (30 min by default,
-// past which it closes the channel): one return per retryInPlace.
-func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, dlq *deadLetter) {
+// ctx ends (the run stops, or the session is gone) or retryInPlace after
+// the batch's first delivery came (received), well inside RabbitMQ's
+// consumer_timeout (30 min by default, past which it closes the channel):
+// one return per retryInPlace. Meanwhile they are kept (acker.keep): the
+// acks of the deliveries after them go out, one by one — a message that
+// alone cannot move (its dead-letter queue gone) does not stop the rest.
+// While whole batches cannot move, the deliveries behind them wait for a
+// batch's slot: at the default prefetch, four rounds, so that a message
+// stays unacked some 5 minutes at most.
+func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, dlq *deadLetter, received time.Time) {
 	items := make([]*item, len(ds))
 	for i, d := range ds {
 		items[i] = b.prepare(d)
 		items[i].acks = acks
 	}
-	start := time.Now()
 	for {
 		retry, err := b.settle(ctx, acks, items, dlq)
 		if len(retry) == 0 {
 			return
 		}
+		for _, it := range retry {
+			acks.keep(it.d)
+		}
 		sleepCtx(ctx, b.retryWait(retry, err))
-		if ctx.Err() != nil || time.Since(start) >= retryInPlace {
+		if ctx.Err() != nil || time.Since(received) >= retryInPlace {
 			for _, it := range retry {
 				b.requeue(it)
 			}
@@ -383,9 +427,10 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	}
 }
 
-// retryInPlace is how long a batch's messages that cannot move for now are
-// kept and tried again before they go back to the queue.
-var retryInPlace = 5 * time.Minute
+// retryInPlace is how long after its batch's first delivery came a message
+// that cannot move for now is kept and tried again before it goes back to
+// the queue.
+var retryInPlace = time.Minute
 
 // settle makes one attempt at items (see process) and returns those that
 // could not move for now, with the first reason.

@@ -363,7 +363,14 @@ func TestBackfillWaitsForAMissingDeadLetterQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	big := amqp.Publishing{MessageId: "too-big", Body: make([]byte, int(e.nc.MaxPayload())+1), DeliveryMode: amqp.Persistent}
-	e.legacyPublish([]amqp.Publishing{big}, "orders.dlq")
+	msgs := []amqp.Publishing{big}
+	// More than the prefetch (4,096) after it: the message kept unacked
+	// does not hold up their acks, or RabbitMQ would stop delivering.
+	for i := range 6000 {
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("after-%d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
+	}
+	e.legacyPublish(msgs, "orders.dlq")
+	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() == 6000 }, "the messages after the one that cannot move did not all move")
 	time.Sleep(8 * time.Second) // tried again 5 to 6 times meanwhile
 	if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
@@ -374,8 +381,8 @@ func TestBackfillWaitsForAMissingDeadLetterQueue(t *testing.T) {
 	}
 	cmd.Process.Signal(syscall.SIGINT) //nolint:errcheck // the wait below fails if it did not stop
 	sum := finished(t, done, out, 30*time.Second, "backfill after SIGINT")
-	if sum.DeadLettered != 1 || sum.Requeued != 0 {
-		t.Fatalf("summary %+v: want 1 dead-lettered, none requeued", sum)
+	if sum.DeadLettered != 1 || sum.Moved != 6000 || sum.Requeued != 0 {
+		t.Fatalf("summary %+v: want 1 dead-lettered, 6,000 moved, none requeued", sum)
 	}
 	for _, line := range []string{`level=WARN msg="backfill: JetStream refuses message for good"`, `level=WARN msg="backfill: messages cannot move for now`} {
 		if n := strings.Count(out.String(), line); n != 1 {
@@ -787,9 +794,33 @@ func TestBackfillRefusesWhileAnInstanceIsNotInDualWrite(t *testing.T) {
 	}
 }
 
+// An instance on RELAY_TARGETS=amqp that had finished nothing lately passes
+// the check at start; once it finishes a row, the run stops (exit 1),
+// within the 30 s between checks.
+func TestBackfillStopsWhenAnInstanceLeavesDualWrite(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	_, out, done := e.startBackfill(t, "", "--follow")
+	testenv.Eventually(t, 30*time.Second, func() bool { _, c := e.queueDepth(e.queue); return c == 1 }, "the backfill never consumed")
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO `+e.table.Delivered()+`
+		(done_at, id, message_id, amqp_delivered_at, nats_delivered_at) VALUES (now(), 1, gen_random_uuid(), now(), NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out.String(), "not in dual write") {
+			t.Fatalf("backfill ended with %v, want exit 1 saying an instance is not in dual write:\n%s", err, out.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("backfill still running 60 s after an instance finished a row without JetStream:\n%s", out.String())
+	}
+}
+
 // The legacy queue deleted under a run (--follow: it would go on for
-// ever): the run ends, exit 1, naming RabbitMQ's answer, instead of
-// reconnecting every 10 s to meet the same NOT_FOUND.
+// ever): the run ends, exit 1, naming RabbitMQ's answer, once RabbitMQ has
+// given it for 30 s, instead of reconnecting every 10 s to meet the same
+// NOT_FOUND for ever.
 func TestBackfillEndsWhenTheQueueIsGone(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -813,8 +844,8 @@ func TestBackfillEndsWhenTheQueueIsGone(t *testing.T) {
 		if !strings.Contains(out.String(), "NOT_FOUND") {
 			t.Fatalf("output does not name RabbitMQ's answer (NOT_FOUND):\n%s", out.String())
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("backfill still running 30 s after its queue was deleted:\n%s", out.String())
+	case <-time.After(90 * time.Second):
+		t.Fatalf("backfill still running 90 s after its queue was deleted:\n%s", out.String())
 	}
 }
 

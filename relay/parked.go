@@ -85,7 +85,11 @@ WHERE %[2]s_parked_at IS NOT NULL AND ($1 OR id = ANY($2))`, table.Ident(), p), 
 			}
 			n += tag.RowsAffected()
 		}
-		_, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, table.Channel())
+		channel, err := notifyChannel(ctx, tx, table)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, channel)
 		return err
 	})
 	if err != nil {

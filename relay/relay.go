@@ -1084,9 +1084,9 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 // but two channels, and a relay configured with the other spelling heard no
 // NOTIFY, its rows waiting for the poll interval. Without the trigger
 // (dropped by hand), the channel the relay's own spelling gives.
-func notifyChannel(ctx context.Context, conn *pgx.Conn, t schema.Table) (string, error) {
+func notifyChannel(ctx context.Context, db rowQuerier, t schema.Table) (string, error) {
 	var args []byte
-	err := conn.QueryRow(ctx, `SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2`,
+	err := db.QueryRow(ctx, `SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2`,
 		t.Ident(), t.Name+"_notify").Scan(&args)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -1099,6 +1099,11 @@ func notifyChannel(ctx context.Context, conn *pgx.Conn, t schema.Table) (string,
 		return t.Channel(), nil
 	}
 	return string(channel), nil
+}
+
+// rowQuerier is a connection or transaction that runs a query for one row.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // cleanup deletes the record of ids delivered more than Retention ago, in

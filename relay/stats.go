@@ -167,19 +167,21 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 const DualWriteLookback = 15 * time.Minute
 
 // FinishedWithoutNATS counts the rows that left the outbox without
-// JetStream in the last DualWriteLookback, after the first that reached it
-// (or, none having reached it, at all): rows of an instance running without
-// nats in RELAY_TARGETS — missed in the dual-write rollout, rolled back, or
-// no instance is in dual write yet. A row leaves once its own instance's
-// targets have it, so such rows are never pending for nats and no backlog
-// figure shows them. Legacy-only rows from before dual write came before
-// the first row JetStream got, and are not counted.
-func FinishedWithoutNATS(ctx context.Context, db *pgxpool.Pool, table schema.Table) (int64, error) {
-	var n int64
-	err := db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %[1]s
-WHERE done_at > now() - $1::interval AND nats_delivered_at IS NULL
+// JetStream in the last DualWriteLookback — or, if since is later, since
+// then — after the first that reached it (or, none having reached it, at
+// all): rows of an instance running without nats in RELAY_TARGETS, missed
+// in the dual-write rollout, rolled back, or no instance is in dual write
+// yet. A row leaves once its own instance's targets have it, so such rows
+// are never pending for nats and no backlog figure shows them. Legacy-only
+// rows from before dual write came before the first row JetStream got, and
+// are not counted. It returns the database's time of the count too, for
+// the next one's since. The cost is a walk of the record's rows in the
+// window, in done_at order.
+func FinishedWithoutNATS(ctx context.Context, db *pgxpool.Pool, table schema.Table, since time.Time) (n int64, at time.Time, err error) {
+	err = db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), now() FROM %[1]s
+WHERE done_at > greatest(now() - $1::interval, $2) AND nats_delivered_at IS NULL
   AND done_at > coalesce((SELECT min(done_at) FROM %[1]s
                           WHERE done_at > now() - $1::interval AND nats_delivered_at IS NOT NULL), '-infinity')`, table.Delivered()),
-		fmt.Sprintf("%d seconds", int(DualWriteLookback.Seconds()))).Scan(&n)
-	return n, err
+		fmt.Sprintf("%d seconds", int(DualWriteLookback.Seconds())), since).Scan(&n, &at)
+	return n, at, err
 }

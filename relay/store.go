@@ -210,7 +210,11 @@ func claimSQL(tbl string) string {
 	// past the window (the window takes the oldest), so its first row in
 	// the index is its first owed — or parked, or in retry, and then its
 	// key is held and left out as in the window.
-	heads := func(p, active string) string {
+	heads := func(p, enabled, bound string) string {
+		active := enabled
+		if bound != "" {
+			active += " AND " + bound
+		}
 		waiting := fmt.Sprintf(`SELECT key FROM %[1]s WHERE key IS NOT NULL AND %[2]s_delivered_at IS NULL AND done_at IS NULL
 		                    AND (%[2]s_retry_at IS NOT NULL OR %[2]s_parked_at IS NOT NULL)
 		                    AND ((%[2]s_parked_at IS NULL AND %[2]s_retry_at > now()) OR (%[2]s_parked_at IS NOT NULL AND NOT $4::boolean))`, tbl, p)
@@ -224,7 +228,7 @@ func claimSQL(tbl string) string {
 		SELECT k.key, k.id, 1 FROM (
 			SELECT key, id FROM %[1]s WHERE key IS NOT NULL AND %[2]s_delivered_at IS NULL AND done_at IS NULL
 			ORDER BY key, id LIMIT 1) k
-		WHERE %[3]s AND (SELECT sum(n) >= $5 AND count(*) * 4 < $5 FROM w)
+		WHERE %[6]s AND (SELECT sum(n) >= $5 AND count(*) * 4 < $5 FROM w)
 		UNION ALL
 		SELECT k.key, k.id, ks.n + 1 FROM ks CROSS JOIN LATERAL (
 			SELECT key, id FROM %[1]s WHERE key IS NOT NULL AND key > ks.key AND %[2]s_delivered_at IS NULL AND done_at IS NULL
@@ -233,7 +237,7 @@ func claimSQL(tbl string) string {
 	)
 	SELECT id FROM w
 	UNION ALL
-	SELECT id FROM ks WHERE %[3]s AND key NOT IN (SELECT key FROM w) AND key NOT IN (%[5]s)`, tbl, p, active, owed(p), waiting)
+	SELECT id FROM ks WHERE %[3]s AND key NOT IN (SELECT key FROM w) AND key NOT IN (%[5]s)`, tbl, p, active, owed(p), waiting, enabled)
 	}
 	// bound: the nats walks stay below the amqp walk of the same kind when
 	// that came back full.
@@ -274,7 +278,7 @@ WITH h_a AS MATERIALIZED (%[5]s
 SELECT *, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
 FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k) c`,
 		tbl, cols, claimable("amqp"), claimable("nats"),
-		heads("amqp", "$1::boolean"), heads("nats", "$2::boolean AND "+bound("a_k", "$6")),
+		heads("amqp", "$1::boolean", ""), heads("nats", "$2::boolean", bound("a_k", "$6")),
 		bound("a_u", "$3 - (SELECT count(*) FROM a_k)"), natsFree)
 }
 
