@@ -567,7 +567,7 @@ func (b *runner) retryWait(items []*item, err error) time.Duration {
 	b.nRetrying.Store(int64(len(b.retrying)))
 	if now := time.Now(); now.Sub(b.lastRetryWarn) >= retryWarnEvery {
 		b.lastRetryWarn = now
-		b.log.Warn("backfill: messages cannot move for now; trying them again after a wait (100 ms, doubling to 5 s for a message refused again; kept unacked, back to the queue only after 5 min)",
+		b.log.Warn("backfill: messages cannot move for now; trying them again after a wait (100 ms, doubling to 5 s for a message refused again; kept unacked, back to the queue a minute after they came)",
 			"messages", len(items), "error", err.Error())
 	}
 	if most >= 7 {
