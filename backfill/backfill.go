@@ -228,7 +228,8 @@ type runner struct {
 	nRetrying     atomic.Int64 // len(retrying)
 	lastGhostWarn time.Time    // the main loop's alone (drained)
 	lastRetryWarn time.Time
-	dualWriteAt   time.Time // the database's time of the last checkDualWrite
+	dualWriteAt   time.Time // the database's time of the last checkDualWrite that passed
+	lastDualWrite time.Time // when checkDualWrite was last tried (the session loop's)
 	lastDupWarn   time.Time
 }
 
@@ -320,8 +321,10 @@ func (b *runner) preflight(ctx context.Context) error {
 func (b *runner) checkDualWrite(ctx context.Context) error {
 	since := b.dualWriteAt
 	if !since.IsZero() {
-		since = since.Add(-time.Minute) // a record's done_at is its transaction's start
+		since = since.Add(-time.Minute) // a record committed after the last check may bear an earlier done_at
 	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	n, at, err := relay.FinishedWithoutNATS(ctx, b.cfg.DB, b.cfg.Table, since)
 	if err != nil {
 		return fmt.Errorf("postgres: %s: %w", b.cfg.Table.Delivered(), err)
@@ -330,7 +333,7 @@ func (b *runner) checkDualWrite(ctx context.Context) error {
 		return fmt.Errorf("%w: %d rows left %s lately without reaching JetStream: a relayd instance runs without nats in RELAY_TARGETS, and the messages it has in flight would reach JetStream by neither it nor the backfill; switch every instance to RELAY_TARGETS=amqp,nats, then run the backfill",
 			ErrNotDualWrite, n, b.cfg.Table)
 	}
-	b.dualWriteAt = at
+	b.dualWriteAt, b.lastDualWrite = at, time.Now()
 	return nil
 }
 

@@ -52,7 +52,7 @@ func (b *runner) loop(ctx context.Context) error {
 	for {
 		err := b.session(ctx)
 		if errors.Is(err, errNotDrained) {
-			backoff = 0
+			backoff, permanentSince = 0, time.Time{}
 			continue
 		}
 		if !errors.Is(err, errLost) {
@@ -165,16 +165,15 @@ func (b *runner) session(ctx context.Context) error {
 		inFlight atomic.Int64 // deliveries received and not yet settled
 		// reserved: deliveries taken toward Limit — counting what earlier
 		// sessions of the run settled (what they had not is redelivered).
-		reserved      = b.moved.Load() + b.already.Load() + b.dead.Load()
-		batch         = make([]amqp.Delivery, 0, batchMax)
-		batchFrom     time.Time    // when batch's first delivery came
-		lastDualWrite = time.Now() // the last checkDualWrite (preflight's, at first)
-		flushT        = time.NewTimer(time.Hour)
-		checkT        = time.NewTicker(250 * time.Millisecond)
-		stopping      = false
-		drainedStop   = false
-		limitStop     = false
-		endErr        error
+		reserved    = b.moved.Load() + b.already.Load() + b.dead.Load()
+		batch       = make([]amqp.Delivery, 0, batchMax)
+		batchFrom   time.Time // when batch's first delivery came
+		flushT      = time.NewTimer(time.Hour)
+		checkT      = time.NewTicker(250 * time.Millisecond)
+		stopping    = false
+		drainedStop = false
+		limitStop   = false
+		endErr      error
 	)
 	defer checkT.Stop()
 	defer flushT.Stop()
@@ -191,12 +190,14 @@ func (b *runner) session(ctx context.Context) error {
 		if testHookFlush != nil {
 			testHookFlush(inFlight.Load())
 		}
-		sem <- struct{}{}
+		// Not waiting here for a slot (process takes one for each
+		// attempt): the loop goes on watching the session while batches
+		// wait, and a batch waiting between attempts leaves its slot to
+		// the others.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
-			b.process(sctx, acks, items, dlq, from)
+			b.process(sctx, acks, items, dlq, from, sem)
 			inFlight.Add(-int64(len(items)))
 			b.progress()
 		}()
@@ -254,8 +255,8 @@ func (b *runner) session(ctx context.Context) error {
 			flush()
 		case <-checkT.C:
 			flush()
-			if !b.cfg.DryRun && time.Since(lastDualWrite) >= dualWriteRecheck {
-				lastDualWrite = time.Now()
+			if !b.cfg.DryRun && time.Since(b.lastDualWrite) >= dualWriteRecheck {
+				b.lastDualWrite = time.Now()
 				if err := b.checkDualWrite(ctx); errors.Is(err, ErrNotDualWrite) {
 					b.log.Error("backfill: stopping: a relayd instance is not in dual write; messages of its rows in flight that this run skipped may not reach JetStream", "error", err.Error())
 					stop(err)
@@ -320,7 +321,7 @@ func (b *runner) session(ctx context.Context) error {
 		lateFrom := time.Now()
 		for len(late) > 0 {
 			n := min(len(late), batchMax)
-			b.process(sctx, acks, late[:n], dlq, lateFrom)
+			b.process(sctx, acks, late[:n], dlq, lateFrom, nil)
 			late = late[n:]
 		}
 		b.progress()
@@ -394,22 +395,28 @@ func (b *runner) heldCount() int {
 // dead-letters it past that, so requeueing after each wait (5 s at most)
 // lost messages in an outage of a minute or two. They are requeued when
 // ctx ends (the run stops, or the session is gone) or retryInPlace after
-// the batch's first delivery came (received), well inside RabbitMQ's
+// the batch's first delivery came (received), inside RabbitMQ's
 // consumer_timeout (30 min by default, past which it closes the channel):
 // one return per retryInPlace. Meanwhile they are kept (acker.keep): the
 // acks of the deliveries after them go out, one by one — a message that
 // alone cannot move (its dead-letter queue gone) does not stop the rest.
-// While whole batches cannot move, the deliveries behind them wait for a
-// batch's slot: at the default prefetch, four rounds, so that a message
-// stays unacked some 5 minutes at most.
-func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, dlq *deadLetter, received time.Time) {
+// Each attempt takes one of slots (nil: no limit) for its time, not the
+// waits between attempts: while whole batches cannot move, every batch of
+// the prefetch gets its attempts, and its time counts from its arrival.
+func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, dlq *deadLetter, received time.Time, slots chan struct{}) {
 	items := make([]*item, len(ds))
 	for i, d := range ds {
 		items[i] = b.prepare(d)
 		items[i].acks = acks
 	}
 	for {
+		if slots != nil {
+			slots <- struct{}{}
+		}
 		retry, err := b.settle(ctx, acks, items, dlq)
+		if slots != nil {
+			<-slots
+		}
 		if len(retry) == 0 {
 			return
 		}
@@ -429,8 +436,10 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 
 // retryInPlace is how long after its batch's first delivery came a message
 // that cannot move for now is kept and tried again before it goes back to
-// the queue.
-var retryInPlace = time.Minute
+// the queue: a quorum queue's delivery-limit of 20 then lasts an outage of
+// over three hours, and the message is back well before a consumer_timeout
+// of 15 minutes or more closes the channel.
+var retryInPlace = 10 * time.Minute
 
 // settle makes one attempt at items (see process) and returns those that
 // could not move for now, with the first reason.
@@ -567,7 +576,7 @@ func (b *runner) retryWait(items []*item, err error) time.Duration {
 	b.nRetrying.Store(int64(len(b.retrying)))
 	if now := time.Now(); now.Sub(b.lastRetryWarn) >= retryWarnEvery {
 		b.lastRetryWarn = now
-		b.log.Warn("backfill: messages cannot move for now; trying them again after a wait (100 ms, doubling to 5 s for a message refused again; kept unacked, back to the queue a minute after they came)",
+		b.log.Warn("backfill: messages cannot move for now; trying them again after a wait (100 ms, doubling to 5 s for a message refused again; kept unacked, back to the queue 10 min after they came)",
 			"messages", len(items), "error", err.Error())
 	}
 	if most >= 7 {

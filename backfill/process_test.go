@@ -45,7 +45,7 @@ SELECT id, 'q', false FROM unnest($1::text[]) AS id`, known); err != nil {
 	}
 
 	rec := &recAck{}
-	b.process(ctx, newAcker(rec), ds, nil, time.Now())
+	b.process(ctx, newAcker(rec), ds, nil, time.Now(), nil)
 
 	if want := []string{"ack 100 true"}; !reflect.DeepEqual(rec.calls, want) {
 		t.Fatalf("frames sent to RabbitMQ: %d %v, want %v", len(rec.calls), rec.calls[:min(len(rec.calls), 5)], want)
@@ -82,7 +82,7 @@ func TestProcessAtALowRate(t *testing.T) {
 		ds = append(ds, amqp.Delivery{DeliveryTag: tag, MessageId: fmt.Sprintf("r-%s-%d", id, tag), RoutingKey: "orders", Body: []byte("x")})
 	}
 	rec := &recAck{}
-	b.process(ctx, newAcker(rec), ds, nil, time.Now())
+	b.process(ctx, newAcker(rec), ds, nil, time.Now(), nil)
 	if s := b.summary(); s.Moved != 224 || s.Requeued != 0 {
 		t.Fatalf("moved %d, requeued %d; want all 224 moved", s.Moved, s.Requeued)
 	}
@@ -142,7 +142,7 @@ CREATE TRIGGER refuse AFTER INSERT ON `+table.Backfilled()+` FOR EACH STATEMENT 
 		ds = append(ds, amqp.Delivery{DeliveryTag: tag, MessageId: fmt.Sprintf("b-%s-%d", id, tag), RoutingKey: "orders", Body: []byte("x")})
 	}
 	rec := &recAck{}
-	b.process(ctx, newAcker(rec), ds, nil, time.Now())
+	b.process(ctx, newAcker(rec), ds, nil, time.Now(), nil)
 	if want := []string{"ack 50 true"}; !reflect.DeepEqual(rec.calls, want) {
 		t.Fatalf("frames sent to RabbitMQ: %v, want %v", rec.calls[:min(len(rec.calls), 5)], want)
 	}
@@ -181,7 +181,7 @@ func TestProcessCountsDuplicates(t *testing.T) {
 		}
 	}
 	rec := &recAck{}
-	b.process(ctx, newAcker(rec), ds, nil, time.Now())
+	b.process(ctx, newAcker(rec), ds, nil, time.Now(), nil)
 	if s := b.summary(); s.Moved != 30 || s.Duplicates != 10 {
 		t.Fatalf("moved %d, duplicates %d; want 30 and 10", s.Moved, s.Duplicates)
 	}

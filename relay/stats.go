@@ -167,7 +167,7 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 const DualWriteLookback = 15 * time.Minute
 
 // FinishedWithoutNATS counts the rows that left the outbox without
-// JetStream in the last DualWriteLookback — or, if since is later, since
+// JetStream in the last DualWriteLookback — or, unless since is zero, since
 // then — after the first that reached it (or, none having reached it, at
 // all): rows of an instance running without nats in RELAY_TARGETS, missed
 // in the dual-write rollout, rolled back, or no instance is in dual write
@@ -178,10 +178,14 @@ const DualWriteLookback = 15 * time.Minute
 // the next one's since. The cost is a walk of the record's rows in the
 // window, in done_at order.
 func FinishedWithoutNATS(ctx context.Context, db *pgxpool.Pool, table schema.Table, since time.Time) (n int64, at time.Time, err error) {
+	var sinceArg *time.Time // however long ago: checks may have failed meanwhile
+	if !since.IsZero() {
+		sinceArg = &since
+	}
 	err = db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), now() FROM %[1]s
-WHERE done_at > greatest(now() - $1::interval, $2) AND nats_delivered_at IS NULL
+WHERE done_at > coalesce($2, now() - $1::interval) AND nats_delivered_at IS NULL
   AND done_at > coalesce((SELECT min(done_at) FROM %[1]s
                           WHERE done_at > now() - $1::interval AND nats_delivered_at IS NOT NULL), '-infinity')`, table.Delivered()),
-		fmt.Sprintf("%d seconds", int(DualWriteLookback.Seconds())), since).Scan(&n, &at)
+		fmt.Sprintf("%d seconds", int(DualWriteLookback.Seconds())), sinceArg).Scan(&n, &at)
 	return n, at, err
 }
