@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,7 +35,7 @@ const (
 )
 
 // testHookFlush, when set, sees the deliveries received and not yet
-// settled each time a batch is handed on, before it waits for a free slot.
+// settled each time a batch is handed on.
 var testHookFlush func(inFlight int64)
 
 // errLost means the RabbitMQ connection went away mid-run: reconnect.
@@ -160,8 +161,11 @@ func (b *runner) session(ctx context.Context) error {
 	}()
 
 	var (
-		wg       sync.WaitGroup
-		sem      = make(chan struct{}, parallel)
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, parallel)
+		// batches bounds the batches on their way, tried or waiting for
+		// a slot of sem: 4 × parallel.
+		batches  = make(chan struct{}, 4*parallel)
 		inFlight atomic.Int64 // deliveries received and not yet settled
 		// reserved: deliveries taken toward Limit — counting what earlier
 		// sessions of the run settled (what they had not is redelivered).
@@ -185,18 +189,19 @@ func (b *runner) session(ctx context.Context) error {
 		if len(batch) == 0 {
 			return
 		}
-		items, from := batch, batchFrom
-		batch = make([]amqp.Delivery, 0, batchMax)
+		items, from := slices.Clone(batch), batchFrom // a batch of one does not keep 256 deliveries' room
+		batch = batch[:0]
 		if testHookFlush != nil {
 			testHookFlush(inFlight.Load())
 		}
-		// Not waiting here for a slot (process takes one for each
-		// attempt): the loop goes on watching the session while batches
-		// wait, and a batch waiting between attempts leaves its slot to
-		// the others.
+		// A batch takes a slot of sem for each attempt (process), not for
+		// its waits between attempts, when the others use it; up to
+		// 4 × parallel batches are on their way at once.
+		batches <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { <-batches }()
 			b.process(sctx, acks, items, dlq, from, sem)
 			inFlight.Add(-int64(len(items)))
 			b.progress()
@@ -410,8 +415,13 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 		items[i].acks = acks
 	}
 	for {
-		if slots != nil {
-			slots <- struct{}{}
+		if slots != nil && !b.takeSlot(ctx, slots, received.Add(retryInPlace)) {
+			// Stopping, or kept its time while the slots were busy: back
+			// to the queue, untried this time (nothing of it is sent).
+			for _, it := range items {
+				b.requeue(it)
+			}
+			return
 		}
 		retry, err := b.settle(ctx, acks, items, dlq)
 		if slots != nil {
@@ -432,6 +442,28 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 		}
 		items = retry
 	}
+}
+
+// takeSlot waits for a slot of slots, until ctx ends or the deadline
+// passes: it says whether it took one.
+func (b *runner) takeSlot(ctx context.Context, slots chan struct{}, deadline time.Time) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	select {
+	case slots <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return false
 }
 
 // retryInPlace is how long after its batch's first delivery came a message

@@ -193,3 +193,54 @@ func TestProcessCountsDuplicates(t *testing.T) {
 		t.Fatalf("stream holds %d messages, want 30", info.State.Msgs)
 	}
 }
+
+// A batch waiting for a slot while the others are busy trying theirs (a
+// JetStream that does not answer) gives up at its time — retryInPlace after
+// it came — and goes back to the queue untried, as it does at once when
+// the run stops: it does not wait on past RabbitMQ's consumer_timeout for a
+// slot, nor make the stop wait for a try of its own.
+func TestProcessWaitingForASlotGivesUpAtItsTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres and NATS")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, st := processRunner(t, "bfslot", func(*Config) {})
+	defer func(d time.Duration) { retryInPlace = d }(retryInPlace)
+	retryInPlace = 300 * time.Millisecond
+	slots := make(chan struct{}, 1)
+	slots <- struct{}{} // the one slot is busy
+	id := st.Prefix[:len(st.Prefix)-1]
+	ds := []amqp.Delivery{
+		{DeliveryTag: 1, MessageId: "s-" + id + "-1", RoutingKey: "orders", Body: []byte("x")},
+		{DeliveryTag: 2, MessageId: "s-" + id + "-2", RoutingKey: "orders", Body: []byte("x")},
+	}
+	rec := &recAck{}
+	start := time.Now()
+	b.process(ctx, newAcker(rec), ds, nil, start, slots)
+	if took := time.Since(start); took < retryInPlace || took > 5*time.Second {
+		t.Fatalf("gave up after %v, want at its time (%v)", took, retryInPlace)
+	}
+	if want := []string{"nack 1 false true", "nack 2 false true"}; !reflect.DeepEqual(rec.calls, want) {
+		t.Fatalf("frames sent to RabbitMQ: %v, want %v", rec.calls, want)
+	}
+
+	stopped, stop := context.WithCancel(ctx)
+	stop()
+	rec = &recAck{}
+	start = time.Now()
+	b.process(stopped, newAcker(rec), ds, nil, start, slots)
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("a stopped run's batch waited %v for a slot", took)
+	}
+	if want := []string{"nack 1 false true", "nack 2 false true"}; !reflect.DeepEqual(rec.calls, want) {
+		t.Fatalf("stopped: frames sent to RabbitMQ: %v, want %v", rec.calls, want)
+	}
+	info, err := st.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		t.Fatalf("stream holds %d messages, want none: nothing was tried", info.State.Msgs)
+	}
+}
