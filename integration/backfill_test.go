@@ -267,21 +267,20 @@ func TestBackfillExactlyOnceThroughKills(t *testing.T) {
 	}
 }
 
-// A message JetStream will never take (over max_payload) goes to the
-// dead-letter queue with its reason; everything else moves.
-func TestBackfillDeadLetters(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
+// deadLetterQueue declares a dead-letter queue of the test's own, deleted
+// when it ends, and returns it with a channel to look at it.
+func (e *env) deadLetterQueue() (string, *amqp.Channel) {
+	e.t.Helper()
 	dlq := e.queue + "_dlq"
 	ch, err := e.amqpConn.Channel()
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	defer ch.Close()
+	e.t.Cleanup(func() { ch.Close() })
 	if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	e.t.Cleanup(func() {
 		if c, err := amqp.Dial(e.amqpURL); err == nil {
 			if ch, err := c.Channel(); err == nil {
 				ch.QueueDelete(dlq, false, false, false)
@@ -289,6 +288,15 @@ func TestBackfillDeadLetters(t *testing.T) {
 			c.Close()
 		}
 	})
+	return dlq, ch
+}
+
+// A message JetStream will never take (over max_payload) goes to the
+// dead-letter queue with its reason; everything else moves.
+func TestBackfillDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dlq, ch := e.deadLetterQueue()
 	var msgs []amqp.Publishing
 	for i := range 100 {
 		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("ok-%d", i), Body: []byte("small"), DeliveryMode: amqp.Persistent})
@@ -340,23 +348,7 @@ func TestBackfillDeadLetters(t *testing.T) {
 func TestBackfillWaitsForAMissingDeadLetterQueue(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	dlq := e.queue + "_dlq"
-	ch, err := e.amqpConn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if c, err := amqp.Dial(e.amqpURL); err == nil {
-			if ch, err := c.Channel(); err == nil {
-				ch.QueueDelete(dlq, false, false, false)
-			}
-			c.Close()
-		}
-	})
+	dlq, ch := e.deadLetterQueue()
 	cmd, out, done := e.startBackfill(t, "", "--dead-letter-queue", dlq, "--follow")
 	testenv.Eventually(t, 30*time.Second, func() bool { _, c := e.queueDepth(e.queue); return c == 1 }, "the backfill never consumed")
 	if _, err := ch.QueueDelete(dlq, false, false, false); err != nil {
