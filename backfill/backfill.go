@@ -301,10 +301,9 @@ func (b *runner) preflight(ctx context.Context) error {
 	// JetStream: the relay will deliver it. An instance without nats in
 	// RELAY_TARGETS never will, and the message it has in flight (its copy
 	// in the queue before its confirm is recorded) would reach JetStream by
-	// neither.
-	// Checked again every dualWriteRecheck while the run goes on (a quiet
-	// outbox proves nothing: an instance on RELAY_TARGETS=amqp that has
-	// finished nothing lately shows only once it does).
+	// neither. Checked again every dualWriteRecheck while the run goes on:
+	// a quiet outbox proves nothing (an instance on RELAY_TARGETS=amqp that
+	// has finished nothing lately shows only once it does).
 	if err := b.checkDualWrite(ctx); err != nil {
 		if !b.cfg.DryRun || !errors.Is(err, ErrNotDualWrite) {
 			return err

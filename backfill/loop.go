@@ -485,7 +485,7 @@ func (b *runner) settle(ctx context.Context, acks *acker, items []*item, dlq *de
 
 	known, err := b.known(wctx, items)
 	if err != nil {
-		b.log.Error("backfill: cannot read the relay's record of delivered ids; trying again", "error", err.Error())
+		b.log.Debug("backfill: cannot read the relay's record of delivered ids; trying again", "error", err.Error())
 		return items, err
 	}
 	// What could not move for now is tried again after a wait (process): a
