@@ -229,6 +229,7 @@ type runner struct {
 	lastGhostWarn time.Time    // the main loop's alone (drained)
 	lastRetryWarn time.Time
 	dualWriteAt   time.Time // the database's time of the last checkDualWrite that passed
+	dualWriteFrom time.Time // the first row that reached JetStream at the first check (zero: none)
 	lastDualWrite time.Time // when checkDualWrite was last tried (the session loop's)
 	lastDupWarn   time.Time
 }
@@ -315,16 +316,22 @@ func (b *runner) preflight(ctx context.Context) error {
 }
 
 // checkDualWrite fails with ErrNotDualWrite when rows left the outbox
-// without JetStream since the last check (at the first, in the last
-// relay.DualWriteLookback, after the first that reached it).
+// without JetStream: at the first check, in the last dualWriteLookback,
+// after the first that reached JetStream; then since the last check.
 func (b *runner) checkDualWrite(ctx context.Context) error {
 	since := b.dualWriteAt
 	if !since.IsZero() {
-		since = since.Add(-time.Minute) // a record committed after the last check may bear an earlier done_at
+		// A record committed after the last check may bear an earlier
+		// done_at; rows before the first that reached JetStream are
+		// from before dual write.
+		since = since.Add(-time.Minute)
+		if since.Before(b.dualWriteFrom) {
+			since = b.dualWriteFrom
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	n, at, err := relay.FinishedWithoutNATS(ctx, b.cfg.DB, b.cfg.Table, since)
+	n, first, at, err := relay.FinishedWithoutNATS(ctx, b.cfg.DB, b.cfg.Table, dualWriteLookback, since)
 	if err != nil {
 		return fmt.Errorf("postgres: %s: %w", b.cfg.Table.Delivered(), err)
 	}
@@ -332,9 +339,18 @@ func (b *runner) checkDualWrite(ctx context.Context) error {
 		return fmt.Errorf("%w: %d rows left %s lately without reaching JetStream: a relayd instance runs without nats in RELAY_TARGETS, and the messages it has in flight would reach JetStream by neither it nor the backfill; switch every instance to RELAY_TARGETS=amqp,nats, then run the backfill",
 			ErrNotDualWrite, n, b.cfg.Table)
 	}
+	if b.dualWriteAt.IsZero() {
+		b.dualWriteFrom = first
+	}
 	b.dualWriteAt, b.lastDualWrite = at, time.Now()
 	return nil
 }
+
+// dualWriteLookback is how far back the first checkDualWrite looks: the
+// check walks the rows finished in it, a million in two minutes of a busy
+// dual write; the checks every dualWriteRecheck after it watch for the
+// instances that were quiet then.
+const dualWriteLookback = 2 * time.Minute
 
 // dualWriteRecheck is how often a run checks that every instance is still
 // in dual write (checkDualWrite).

@@ -333,6 +333,11 @@ func (b *runner) session(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err() // interrupted: what could not move went back
 		}
+		if sctx.Err() != nil {
+			// The session went meanwhile: acks of moved messages may be
+			// lost with it, and they back in the queue.
+			return fmt.Errorf("%w: while finishing the last deliveries", errLost)
+		}
 		if b.lastRequeue.Load() >= lateFrom.UnixNano() {
 			// Some could not move for now and went back: not drained.
 			return errNotDrained
@@ -492,12 +497,13 @@ func (b *runner) settle(ctx context.Context, acks *acker, items []*item, dlq *de
 	// stream that is full refuses at once — without the wait, the run spun
 	// through the same messages as fast as the three services could go.
 	later := func(it *item, err error) { retry, retryErr = append(retry, it), cmp.Or(retryErr, err) }
-	var toPublish []*item
+	var toPublish, knownItems []*item
 	var already []settled
 	for _, it := range items {
 		switch {
 		case known[it.id]:
 			already = append(already, settled{it.d, func() { b.already.Add(1) }})
+			knownItems = append(knownItems, it)
 		case it.bad != "":
 			if err := b.refuse(wctx, it, it.bad, dlq); err != nil {
 				later(it, err)
@@ -507,6 +513,7 @@ func (b *runner) settle(ctx context.Context, acks *acker, items []*item, dlq *de
 		}
 	}
 	acks.ackAll(already)
+	b.forgetRetries(knownItems)
 	if len(toPublish) == 0 {
 		return retry, retryErr
 	}
@@ -632,7 +639,9 @@ func (b *runner) duplicates(ids []string) {
 	}
 }
 
-// forgetRetries forgets the refusals of items, which moved.
+// forgetRetries forgets the refusals of items, settled for good (moved,
+// already delivered, parked): kept, the map filled up to maxRetrying, past
+// which a message refused again waits the shortest time.
 func (b *runner) forgetRetries(items []*item) {
 	if b.nRetrying.Load() == 0 {
 		return
@@ -776,6 +785,7 @@ func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadL
 		if !seen {
 			b.failed.Add(1)
 		}
+		b.forgetRetries([]*item{it})
 		return nil // held: unacked until the session ends, then back in the queue
 	}
 	headers := amqp.Table{}
@@ -799,5 +809,6 @@ func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadL
 		return fmt.Errorf("dead-letter publish: %w", err) // tried again after a wait (process), which says so
 	}
 	it.acks.ack(it.d, func() { b.dead.Add(1) })
+	b.forgetRetries([]*item{it})
 	return nil
 }

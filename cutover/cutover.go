@@ -187,7 +187,7 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 	n := stats[0]
 	// Rows that left the outbox without JetStream lately: once consumers
 	// read only JetStream, such an instance's rows reach nobody.
-	amqpOnly, _, err := relay.FinishedWithoutNATS(ctx, cfg.DB, cfg.Table, time.Time{})
+	amqpOnly, _, _, err := relay.FinishedWithoutNATS(ctx, cfg.DB, cfg.Table, relay.DualWriteLookback, time.Time{})
 	if err != nil {
 		return s, fmt.Errorf("cutover: delivered rows: %w", err)
 	}

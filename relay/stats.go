@@ -163,29 +163,40 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 	return s, nil
 }
 
-// DualWriteLookback is how far back FinishedWithoutNATS looks.
+// DualWriteLookback is how far back the cutover check looks for rows
+// finished without JetStream (FinishedWithoutNATS).
 const DualWriteLookback = 15 * time.Minute
 
 // FinishedWithoutNATS counts the rows that left the outbox without
-// JetStream in the last DualWriteLookback — or, unless since is zero, since
-// then — after the first that reached it (or, none having reached it, at
-// all): rows of an instance running without nats in RELAY_TARGETS, missed
-// in the dual-write rollout, rolled back, or no instance is in dual write
-// yet. A row leaves once its own instance's targets have it, so such rows
-// are never pending for nats and no backlog figure shows them. Legacy-only
-// rows from before dual write came before the first row JetStream got, and
-// are not counted. It returns the database's time of the count too, for
-// the next one's since. The cost is a walk of the record's rows in the
-// window, in done_at order.
-func FinishedWithoutNATS(ctx context.Context, db *pgxpool.Pool, table schema.Table, since time.Time) (n int64, at time.Time, err error) {
-	var sinceArg *time.Time // however long ago: checks may have failed meanwhile
-	if !since.IsZero() {
-		sinceArg = &since
+// JetStream: rows of an instance running without nats in RELAY_TARGETS —
+// missed in the dual-write rollout, rolled back, or no instance in dual
+// write yet. A row leaves once its own instance's targets have it, so such
+// rows are never pending for nats and no backlog figure shows them.
+//
+// With since zero it looks back lookback, and counts only the rows after
+// the first that reached JetStream there (or, none having reached it, all):
+// legacy-only rows from before dual write came before it. It returns that
+// first row's done_at (zero if none). With since set it counts every such
+// row since then (lookback unused). It returns the database's time of the
+// count too, for the next one's since.
+//
+// The count walks the record's rows in the window (its primary key is
+// done_at first): its cost grows with the rows finished in it.
+func FinishedWithoutNATS(ctx context.Context, db *pgxpool.Pool, table schema.Table, lookback time.Duration, since time.Time) (n int64, first, at time.Time, err error) {
+	var f *time.Time
+	if since.IsZero() {
+		err = db.QueryRow(ctx, fmt.Sprintf(`WITH f AS (
+	SELECT min(done_at) AS first FROM %[1]s WHERE done_at > now() - $1::interval AND nats_delivered_at IS NOT NULL)
+SELECT count(*), now(), (SELECT first FROM f) FROM %[1]s
+WHERE done_at > now() - $1::interval AND nats_delivered_at IS NULL
+  AND done_at > coalesce((SELECT first FROM f), '-infinity')`, table.Delivered()),
+			fmt.Sprintf("%d milliseconds", lookback.Milliseconds())).Scan(&n, &at, &f)
+	} else {
+		err = db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), now() FROM %s
+WHERE done_at > $1 AND nats_delivered_at IS NULL`, table.Delivered()), since).Scan(&n, &at)
 	}
-	err = db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), now() FROM %[1]s
-WHERE done_at > coalesce($2, now() - $1::interval) AND nats_delivered_at IS NULL
-  AND done_at > coalesce((SELECT min(done_at) FROM %[1]s
-                          WHERE done_at > now() - $1::interval AND nats_delivered_at IS NOT NULL), '-infinity')`, table.Delivered()),
-		fmt.Sprintf("%d seconds", int(DualWriteLookback.Seconds())), sinceArg).Scan(&n, &at)
-	return n, at, err
+	if f != nil {
+		first = *f
+	}
+	return n, first, at, err
 }

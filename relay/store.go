@@ -209,7 +209,8 @@ func claimSQL(tbl string) string {
 	// keys skipped — at most 2 × $6 keys a claim. Every row of such a key is
 	// past the window (the window takes the oldest), so its first row in
 	// the index is its first owed — or parked, or in retry, and then its
-	// key is held and left out as in the window.
+	// key is held and left out as in the window. With $4 (skip parked
+	// keys) the scan passes a key's parked rows, to its first owed.
 	heads := func(p, enabled, bound string) string {
 		active := enabled
 		if bound != "" {
@@ -227,11 +228,13 @@ func claimSQL(tbl string) string {
 	), ks(key, id, n) AS (
 		SELECT k.key, k.id, 1 FROM (
 			SELECT key, id FROM %[1]s WHERE key IS NOT NULL AND %[2]s_delivered_at IS NULL AND done_at IS NULL
+			  AND (NOT $4::boolean OR %[2]s_parked_at IS NULL)
 			ORDER BY key, id LIMIT 1) k
 		WHERE %[6]s AND (SELECT sum(n) >= $5 AND count(*) * 4 < $5 FROM w)
 		UNION ALL
 		SELECT k.key, k.id, ks.n + 1 FROM ks CROSS JOIN LATERAL (
 			SELECT key, id FROM %[1]s WHERE key IS NOT NULL AND key > ks.key AND %[2]s_delivered_at IS NULL AND done_at IS NULL
+			  AND (NOT $4::boolean OR %[2]s_parked_at IS NULL)
 			ORDER BY key, id LIMIT 1) k
 		WHERE ks.n < $6 * 2
 	)
