@@ -169,9 +169,15 @@ func (b *runner) session(ctx context.Context) error {
 		inFlight atomic.Int64 // deliveries received and not yet settled
 		// reserved: deliveries taken toward Limit — counting what earlier
 		// sessions of the run settled (what they had not is redelivered).
-		reserved    = b.moved.Load() + b.already.Load() + b.dead.Load()
-		batch       = make([]amqp.Delivery, 0, batchMax)
-		batchFrom   time.Time // when batch's first delivery came
+		reserved  = b.moved.Load() + b.already.Load() + b.dead.Load()
+		batch     = make([]amqp.Delivery, 0, batchMax)
+		batchFrom time.Time // when batch's first delivery came
+		// While flush waited for a batch to finish, RabbitMQ went on
+		// delivering: the prefetch's worth of deliveries read after a
+		// wait count from its start (blockedFrom), not from when they
+		// were read, so that none is kept past retryInPlace unacked.
+		blockedFrom time.Time
+		catchUp     int
 		flushT      = time.NewTimer(time.Hour)
 		checkT      = time.NewTicker(250 * time.Millisecond)
 		stopping    = false
@@ -197,7 +203,16 @@ func (b *runner) session(ctx context.Context) error {
 		// A batch takes a slot of sem for each attempt (process), not for
 		// its waits between attempts, when the others use it; up to
 		// 4 × parallel batches are on their way at once.
-		batches <- struct{}{}
+		select {
+		case batches <- struct{}{}:
+		default:
+			t0 := time.Now()
+			batches <- struct{}{}
+			if catchUp == 0 {
+				blockedFrom = t0
+			}
+			catchUp = b.cfg.Prefetch
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -251,8 +266,12 @@ func (b *runner) session(ctx context.Context) error {
 			batch = append(batch, d)
 			if len(batch) == 1 {
 				batchFrom = time.Now()
+				if catchUp > 0 {
+					batchFrom = blockedFrom
+				}
 				flushT.Reset(batchWait)
 			}
+			catchUp = max(0, catchUp-1)
 			if len(batch) >= batchMax {
 				flush()
 			}
