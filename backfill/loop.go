@@ -98,6 +98,12 @@ func permanentAMQP(code int) bool {
 	return false
 }
 
+// arrival is a delivery and when it came.
+type arrival struct {
+	d  amqp.Delivery
+	at time.Time
+}
+
 // permanentAfter is how long RabbitMQ must keep giving a permanentAMQP
 // answer for the run to stop.
 const permanentAfter = 30 * time.Second
@@ -159,6 +165,23 @@ func (b *runner) session(ctx context.Context) error {
 		}
 		scancel()
 	}()
+	// Each delivery is stamped as it comes, apart from the loop below —
+	// which may wait in flush while RabbitMQ goes on delivering — so that a
+	// batch's time to retry in place counts from its first delivery's
+	// coming, not from when the loop got to it. The buffer holds the
+	// prefetch: only unacked deliveries are in it, so the stamping never
+	// waits for the loop.
+	stamped := make(chan arrival, max(b.cfg.Prefetch, 1))
+	go func() {
+		defer close(stamped)
+		for d := range deliveries {
+			select {
+			case stamped <- arrival{d, time.Now()}:
+			case <-sctx.Done():
+				return // the session is over: unacked, they go back with it
+			}
+		}
+	}()
 
 	var (
 		wg  sync.WaitGroup
@@ -169,15 +192,9 @@ func (b *runner) session(ctx context.Context) error {
 		inFlight atomic.Int64 // deliveries received and not yet settled
 		// reserved: deliveries taken toward Limit — counting what earlier
 		// sessions of the run settled (what they had not is redelivered).
-		reserved  = b.moved.Load() + b.already.Load() + b.dead.Load()
-		batch     = make([]amqp.Delivery, 0, batchMax)
-		batchFrom time.Time // when batch's first delivery came
-		// While flush waited for a batch to finish, RabbitMQ went on
-		// delivering: the prefetch's worth of deliveries read after a
-		// wait count from its start (blockedFrom), not from when they
-		// were read, so that none is kept past retryInPlace unacked.
-		blockedFrom time.Time
-		catchUp     int
+		reserved    = b.moved.Load() + b.already.Load() + b.dead.Load()
+		batch       = make([]amqp.Delivery, 0, batchMax)
+		batchFrom   time.Time // when batch's first delivery came
 		flushT      = time.NewTimer(time.Hour)
 		checkT      = time.NewTicker(250 * time.Millisecond)
 		stopping    = false
@@ -203,16 +220,7 @@ func (b *runner) session(ctx context.Context) error {
 		// A batch takes a slot of sem for each attempt (process), not for
 		// its waits between attempts, when the others use it; up to
 		// 4 × parallel batches are on their way at once.
-		select {
-		case batches <- struct{}{}:
-		default:
-			t0 := time.Now()
-			batches <- struct{}{}
-			if catchUp == 0 {
-				blockedFrom = t0
-			}
-			catchUp = b.cfg.Prefetch
-		}
+		batches <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -245,7 +253,7 @@ func (b *runner) session(ctx context.Context) error {
 			flush()
 			wg.Wait()
 			return fmt.Errorf("%w: dead-letter channel: %v", errLost, e)
-		case d, ok := <-deliveries:
+		case a, ok := <-stamped:
 			if !ok {
 				scancel()
 				flush()
@@ -255,6 +263,7 @@ func (b *runner) session(ctx context.Context) error {
 				}
 				return fmt.Errorf("%w: consumer closed", errLost)
 			}
+			d := a.d
 			if b.cfg.Limit > 0 && taken() >= b.cfg.Limit {
 				acks.requeue(d) //nolint:errcheck // beyond the limit: back to the queue
 				limitStop = true
@@ -265,13 +274,9 @@ func (b *runner) session(ctx context.Context) error {
 			inFlight.Add(1)
 			batch = append(batch, d)
 			if len(batch) == 1 {
-				batchFrom = time.Now()
-				if catchUp > 0 {
-					batchFrom = blockedFrom
-				}
+				batchFrom = a.at
 				flushT.Reset(batchWait)
 			}
-			catchUp = max(0, catchUp-1)
 			if len(batch) >= batchMax {
 				flush()
 			}
@@ -323,12 +328,12 @@ func (b *runner) session(ctx context.Context) error {
 	var late []amqp.Delivery
 	for collecting := true; collecting; {
 		select {
-		case d, ok := <-deliveries:
+		case a, ok := <-stamped:
 			if !ok {
 				collecting = false
 				continue
 			}
-			late = append(late, d)
+			late = append(late, a.d)
 		case <-time.After(500 * time.Millisecond):
 			collecting = false
 		}
@@ -352,9 +357,11 @@ func (b *runner) session(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err() // interrupted: what could not move went back
 		}
-		if sctx.Err() != nil {
+		if sctx.Err() != nil || ch.IsClosed() || conn.IsClosed() {
 			// The session went meanwhile: acks of moved messages may be
-			// lost with it, and they back in the queue.
+			// lost with it, and they back in the queue. (sctx hears of it
+			// through a goroutine: the channel's and connection's own
+			// state comes first.)
 			return fmt.Errorf("%w: while finishing the last deliveries", errLost)
 		}
 		if b.lastRequeue.Load() >= lateFrom.UnixNano() {
