@@ -261,6 +261,15 @@ func (b *runner) session(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
+				// The stamping stops when the session is lost: say why,
+				// if the connection or dead-letter channel told.
+				select {
+				case e := <-closed:
+					return fmt.Errorf("%w: %v", errLost, e)
+				case e := <-dlqClosed:
+					return fmt.Errorf("%w: dead-letter channel: %v", errLost, e)
+				default:
+				}
 				return fmt.Errorf("%w: consumer closed", errLost)
 			}
 			d := a.d
