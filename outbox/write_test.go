@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -445,36 +446,52 @@ func TestWriteInvalid(t *testing.T) {
 }
 
 // The table's statement trigger wakes listeners on commit, for INSERT and
-// COPY alike.
+// COPY alike, while a relay waits for rows (holds the table's wake lock),
+// and queues no NOTIFY otherwise.
 func TestWriteNotifies(t *testing.T) {
 	t.Parallel()
 	for _, p := range paths {
 		for _, n := range []int{1, copyThreshold} {
-			t.Run(fmt.Sprintf("%s/%d", p.name, n), func(t *testing.T) {
-				t.Parallel()
-				e := setup(t)
-				ctx := testCtx(t)
-				listener, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { listener.Close(context.Background()) })
-				if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{e.table.Channel()}.Sanitize()); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := e.write(t, p, true, batchOf(n)...); err != nil {
-					t.Fatalf("write: %v", err)
-				}
-				waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				note, err := listener.WaitForNotification(waitCtx)
-				if err != nil {
-					t.Fatalf("no notification after commit: %v", err)
-				}
-				if note.Channel != e.table.Channel() {
-					t.Fatalf("notification on %q, want %q", note.Channel, e.table.Channel())
-				}
-			})
+			for _, waiting := range []bool{true, false} {
+				t.Run(fmt.Sprintf("%s/%d/relay waiting %v", p.name, n, waiting), func(t *testing.T) {
+					t.Parallel()
+					e := setup(t)
+					ctx := testCtx(t)
+					cfg, err := pgx.ParseConfig(testenv.DatabaseURL(t))
+					if err != nil {
+						t.Fatal(err)
+					}
+					var got []string
+					cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { got = append(got, n.Channel) }
+					listener, err := pgx.ConnectConfig(ctx, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { listener.Close(context.Background()) })
+					if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{e.table.Channel()}.Sanitize()); err != nil {
+						t.Fatal(err)
+					}
+					if waiting {
+						if _, err := listener.Exec(ctx, "SELECT pg_advisory_lock($1)", e.table.WakeLock()); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if _, err := e.write(t, p, true, batchOf(n)...); err != nil {
+						t.Fatalf("write: %v", err)
+					}
+					// Postgres delivers what committed before it answers.
+					if _, err := listener.Exec(ctx, "SELECT 1"); err != nil {
+						t.Fatal(err)
+					}
+					want := []string{}
+					if waiting {
+						want = []string{e.table.Channel()}
+					}
+					if !slices.Equal(append([]string{}, got...), want) {
+						t.Fatalf("notifications on %q, want %q", got, want)
+					}
+				})
+			}
 		}
 	}
 }

@@ -17,7 +17,6 @@
 package relay
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -200,6 +199,7 @@ type Relay struct {
 	retryBound [2]time.Duration
 	breaker    [2]*breaker
 	wake       kick // rows were committed (NOTIFY), or the listener reconnected
+	idle       *idleState
 	drain      kick // a worker's batch came back full: there may be more
 	log        *slog.Logger
 
@@ -236,11 +236,22 @@ type Relay struct {
 	testHookAfterPublish func()
 	testHookClaiming     func()
 	testHookClaimed      func(rows int, floor int64)
+	// testHookWakeLock runs just before the listener tries to take the
+	// wake lock.
+	testHookWakeLock func()
 	// quickWalk is how often claims walk from the oldest row while that
 	// walk is cheap, and cheapTook the longest such a walk may take (see
 	// claimFloor); quickWalkEvery and cheapWalkTook unless a test says.
 	quickWalk, cheapTook time.Duration
+	// triggerRecheck is how often the listener reads the table's trigger
+	// again while it has no wake lock; triggerRecheckEvery unless a test
+	// says.
+	triggerRecheck time.Duration
 }
+
+// triggerRecheckEvery is how soon a relay started before its table was
+// migrated to the wake lock (migration 00007) takes it.
+const triggerRecheckEvery = 10 * time.Second
 
 // quickWalkEvery is how often, at most, claims walk from the oldest row
 // while that walk is cheap; cheapWalkTook is what counts as cheap. A short
@@ -260,8 +271,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), drain: newKick(), log: cfg.Logger,
-		late: make(chan lateConfirm, lateBuffer), quickWalk: quickWalkEvery, cheapTook: cheapWalkTook, held: map[int64]struct{}{},
+	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), wake: newKick(), drain: newKick(), idle: newIdleState(), log: cfg.Logger,
+		late: make(chan lateConfirm, lateBuffer), quickWalk: quickWalkEvery, cheapTook: cheapWalkTook, triggerRecheck: triggerRecheckEvery, held: map[int64]struct{}{},
 		sweepSlice: sweepSliceRows}
 	for _, s := range cfg.Sinks {
 		i := targetIndex(s.Target())
@@ -405,10 +416,12 @@ func (r *Relay) targetNames() []string {
 func (r *Relay) work(ctx context.Context, id int) {
 	log := r.log.With("worker", id)
 	errs := errlog.New(log, "relay batch")
+	w := r.idle.join()
+	defer w.leave()
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		start := time.Now()
-		n, keyed, err := r.runBatch(ctx)
+		n, keyed, err := r.runBatch(ctx, w)
 		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 			return // stopping: a claim cut short is not a failure to report
 		}
@@ -419,12 +432,16 @@ func (r *Relay) work(ctx context.Context, id int) {
 			backoff = 0
 		case errors.Is(err, errNoTarget):
 			// Every enabled broker is down: wait for the first to come back.
+			w.set(workerStalled)
 			sleep(ctx, r.nextTargetCheck())
+			w.set(workerFree)
 			continue
 		default:
 			errs.Error(err)
 			backoff = min(max(2*backoff, 100*time.Millisecond), 30*time.Second)
+			w.set(workerStalled)
 			sleep(ctx, jitter(backoff))
+			w.set(workerFree)
 			continue
 		}
 		if n >= max(1, r.cfg.BatchSize/2) {
@@ -451,6 +468,7 @@ func (r *Relay) work(ctx context.Context, id int) {
 			drain = nil
 		}
 		t := time.NewTimer(r.cfg.PollInterval)
+		w.set(workerFree)
 		select {
 		case <-ctx.Done():
 		case <-r.wake:
@@ -652,7 +670,7 @@ var batchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_
 // run in order, and an error skips the rest). A round trip costs both sides
 // system calls and wake-ups, which at a few rows a batch are most of the
 // relay's and Postgres's work.
-func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
+func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err error) {
 	start := time.Now()
 	act, ok := r.active(start)
 	if !ok {
@@ -710,6 +728,7 @@ func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
+	r.idle.claimed(rows)
 	if len(rows) == 0 {
 		if _, err := conn.Exec(cctx, "COMMIT"); err != nil { // holds nothing: stops with the relay too
 			return 0, 0, fmt.Errorf("commit empty claim: %w", err)
@@ -717,6 +736,7 @@ func (r *Relay) runBatch(ctx context.Context) (n, keyed int, err error) {
 		return 0, 0, nil
 	}
 
+	w.set(workerBusy) // producers need not notify meanwhile
 	rec := r.publish(bctx, rows)
 	if r.testHookAfterPublish != nil {
 		r.testHookAfterPublish()
@@ -1022,83 +1042,6 @@ func jitter(d time.Duration) time.Duration {
 		return 0
 	}
 	return d/2 + rand.N(d/2+1)
-}
-
-// listen LISTENs on the table's channel on a connection of its own and kicks
-// a worker on every notification. On any error it reconnects with backoff
-// and kicks once more, since notifications sent meanwhile are lost (a
-// backlog then brings in the other workers; the poll interval covers that
-// gap too).
-func (r *Relay) listen(ctx context.Context) {
-	errs := errlog.New(r.log, "listen")
-	backoff := time.Duration(0)
-	for ctx.Err() == nil {
-		listened, err := r.listenOnce(ctx, errs)
-		if ctx.Err() != nil {
-			return
-		}
-		errs.Error(err)
-		r.wake.signal()
-		if listened {
-			// A connection that listened and then went (a failover, an
-			// idle timeout) starts the backoff again: otherwise, after a
-			// few such over a process's life, every later reconnection
-			// waited 5–10 s, NOTIFYs unheard.
-			backoff = 0
-		}
-		backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
-		sleep(ctx, jitter(backoff))
-	}
-}
-
-// listenOnce listens on one connection until it fails; listened says
-// whether LISTEN took.
-func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened bool, err error) {
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conn, err := pgx.ConnectConfig(cctx, r.pool.Config().ConnConfig.Copy())
-	cancel()
-	if err != nil {
-		return false, fmt.Errorf("listen: connect: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	channel, err := notifyChannel(ctx, conn, r.cfg.Table)
-	if err != nil {
-		return false, fmt.Errorf("listen: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return false, fmt.Errorf("listen: %w", err)
-	}
-	errs.OK()
-	r.wake.signal() // rows may have arrived while not listening
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return true, fmt.Errorf("listen: %w", err)
-		}
-		r.wake.signal()
-	}
-}
-
-// notifyChannel is the channel the table's insert trigger notifies: the one
-// written into the trigger by the migration, which follows the spelling of
-// the table's name it was given — "outbox" and "public.outbox" are one table
-// but two channels, and a relay configured with the other spelling heard no
-// NOTIFY, its rows waiting for the poll interval. Without the trigger
-// (dropped by hand), the channel the relay's own spelling gives.
-func notifyChannel(ctx context.Context, db rowQuerier, t schema.Table) (string, error) {
-	var args []byte
-	err := db.QueryRow(ctx, `SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2`,
-		t.Ident(), t.Name+"_notify").Scan(&args)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return t.Channel(), nil
-	case err != nil:
-		return "", fmt.Errorf("read the table's notify trigger: %w", err)
-	}
-	channel, _, _ := bytes.Cut(args, []byte{0}) // tgargs: each argument ends in a NUL
-	if len(channel) == 0 {
-		return t.Channel(), nil
-	}
-	return string(channel), nil
 }
 
 // rowQuerier is a connection or transaction that runs a query for one row.

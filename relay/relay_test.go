@@ -1832,11 +1832,7 @@ func TestListenReconnectsAtOnceAfterEachDrop(t *testing.T) {
 	f := setup(t)
 	f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}, PollInterval: time.Hour})
 	ctx := context.Background()
-	listening := func() (pid int) {
-		f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE query = $1 AND state = 'idle'`, //nolint:errcheck // none: 0
-			"LISTEN "+pgx.Identifier{f.table.Channel()}.Sanitize()).Scan(&pid)
-		return pid
-	}
+	listening := func() int { return wakeLockHolder(t, f.pool, f.table) } // idle: the listener holds it
 	for i := range 9 {
 		var pid int
 		start := time.Now()
@@ -1888,12 +1884,7 @@ func TestNotifyHeardWhateverTheSpellingOfTheTable(t *testing.T) {
 
 	f := &fixture{t: t, pool: pool, table: schema.Table{Schema: sch, Name: name}}
 	f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}, PollInterval: time.Hour})
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		var n int
-		pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' || $1 || '%' AND state = 'idle'`, name).Scan(&n) //nolint:errcheck // none: 0
-		return n == 1
-	}, "no LISTEN connection")
-	time.Sleep(100 * time.Millisecond) // the claims that follow LISTEN are done
+	testenv.Eventually(t, 30*time.Second, func() bool { return wakeLockHolder(t, pool, f.table) != 0 }, "no idle LISTEN connection")
 	f.insert(1, "orders.created")
 	testenv.Eventually(t, 5*time.Second, func() bool { return f.countDone() == 1 }, "row not delivered after its NOTIFY (poll interval 1h)")
 }

@@ -112,6 +112,15 @@ func (t Table) Channel() string {
 	return c
 }
 
+// WakeLock is the advisory lock key a relay waiting for rows holds, so that
+// the table's insert trigger notifies only then (migration 00007): "rely"
+// in the high 32 bits, a hash of the name in the low ones.
+func (t Table) WakeLock() int64 {
+	h := fnv.New32a()
+	h.Write([]byte(t.String()))
+	return 0x72656c79<<32 | int64(h.Sum32())
+}
+
 // Backfilled is the table in which `relayd backfill` records the message ids
 // it moved into JetStream.
 func (t Table) Backfilled() string { return t.qualify(t.Name + "_backfilled") }
@@ -136,13 +145,14 @@ type templateData struct{ t Table }
 func (d templateData) Table() string   { return d.t.Ident() }
 func (d templateData) Name() string    { return d.t.Name }
 func (d templateData) Channel() string { return d.t.Channel() }
+func (d templateData) WakeLock() int64 { return d.t.WakeLock() }
 func (d templateData) Qualified(suffix string) string {
 	return d.t.qualify(d.t.Name + "_" + suffix)
 }
 
 // Migrations is a set of SQL template migrations for one kind of table:
 // files migrations/NNNNN_name.up.sql and NNNNN_name.down.sql in FS, rendered
-// for a [Table] (the templates see .Table, .Name, .Channel and
+// for a [Table] (the templates see .Table, .Name, .Channel, .WakeLock and
 // .Qualified "suffix") and run as goose Go migrations under a Postgres
 // session advisory lock, so instances starting together do not race. The
 // outbox's are this package's; package inbox has its own.

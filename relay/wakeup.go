@@ -1,0 +1,273 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayd/relayd/internal/errlog"
+	"github.com/relayd/relayd/schema"
+)
+
+// idleState says when this relay waits for rows: no worker has rows in
+// hand and some worker can take them (is not stalled by an outage or an
+// error). The listener holds the table's wake lock only then, so that
+// producers notify only then (docs/design.md, "Waking the relay"). Safe
+// for concurrent use.
+type idleState struct {
+	mu      sync.Mutex
+	n       [3]int // workers in each workerState
+	changed kick   // n changed: the listener looks again
+	// top is the highest row id any claim of this relay returned.
+	top atomic.Int64
+}
+
+type workerState int
+
+const (
+	workerFree    workerState = iota // claiming, or waiting for a wake-up
+	workerBusy                       // claimed rows, until it next waits
+	workerStalled                    // waiting for a target or after an error
+)
+
+func newIdleState() *idleState { return &idleState{changed: newKick()} }
+
+func (s *idleState) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n[workerBusy] == 0 && s.n[workerFree] > 0
+}
+
+func (s *idleState) add(st workerState, d int) {
+	s.mu.Lock()
+	s.n[st] += d
+	s.mu.Unlock()
+	s.changed.signal()
+}
+
+// claimed notes a claim's rows.
+func (s *idleState) claimed(rows []*claimed) {
+	for _, c := range rows {
+		for top := s.top.Load(); c.msg.ID > top && !s.top.CompareAndSwap(top, c.msg.ID); top = s.top.Load() {
+		}
+	}
+}
+
+// worker is one worker's place in an idleState.
+type worker struct {
+	s     *idleState
+	state workerState
+}
+
+func (s *idleState) join() *worker {
+	s.add(workerFree, 1)
+	return &worker{s: s}
+}
+
+func (w *worker) set(st workerState) {
+	if st == w.state {
+		return
+	}
+	w.s.mu.Lock()
+	w.s.n[w.state]--
+	w.s.n[st]++
+	w.s.mu.Unlock()
+	w.state = st
+	w.s.changed.signal()
+}
+
+func (w *worker) leave() { w.s.add(w.state, -1) }
+
+// listen LISTENs on the table's channel on a connection of its own and kicks
+// a worker on every notification. On any error it reconnects with backoff
+// and kicks once more, since notifications sent meanwhile are lost (a
+// backlog then brings in the other workers; the poll interval covers that
+// gap too).
+func (r *Relay) listen(ctx context.Context) {
+	errs := errlog.New(r.log, "listen")
+	backoff := time.Duration(0)
+	for ctx.Err() == nil {
+		listened, err := r.listenOnce(ctx, errs)
+		if ctx.Err() != nil {
+			return
+		}
+		errs.Error(err)
+		r.wake.signal()
+		if listened {
+			// A connection that listened and then went (a failover) starts
+			// the backoff again, so that reconnections do not wait 10 s.
+			backoff = 0
+		}
+		backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
+		sleep(ctx, jitter(backoff))
+	}
+}
+
+// listenOnce listens on one connection until it fails, holding the wake
+// lock on it while the relay is idle; listened says whether LISTEN took.
+func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened bool, err error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := pgx.ConnectConfig(cctx, r.pool.Config().ConnConfig.Copy())
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("listen: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) // releases the wake lock too
+	trig, err := readWakeTrigger(ctx, conn, r.cfg.Table)
+	if err != nil {
+		return false, fmt.Errorf("listen: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{trig.channel}.Sanitize()); err != nil {
+		return false, fmt.Errorf("listen: %w", err)
+	}
+	errs.OK()
+	r.wake.signal() // rows may have arrived while not listening
+	lock := wakeLock{conn: conn, key: trig.lock, maxID: "SELECT coalesce(max(id), 0) FROM " + r.cfg.Table.Ident()}
+	recheck := time.Now().Add(r.triggerRecheck)
+	for {
+		retry, err := r.syncWakeLock(ctx, &lock)
+		if err != nil {
+			return true, fmt.Errorf("listen: wake lock: %w", err)
+		}
+		if trig.lock == 0 {
+			// A table not migrated to the wake lock yet: once it is, its
+			// producers notify only a relay that holds the lock.
+			if time.Until(recheck) <= 0 {
+				now, err := readWakeTrigger(ctx, conn, r.cfg.Table)
+				if err != nil {
+					return true, fmt.Errorf("listen: %w", err)
+				}
+				if now != trig {
+					r.log.Info("the outbox's insert trigger changed: listening again", "channel", now.channel)
+					return true, nil
+				}
+				recheck = time.Now().Add(r.triggerRecheck)
+			}
+			retry = time.Until(recheck)
+		}
+		notified, err := r.waitNotification(ctx, conn, retry)
+		if err != nil {
+			return true, fmt.Errorf("listen: %w", err)
+		}
+		if notified {
+			r.wake.signal()
+		}
+	}
+}
+
+// wakeLock is the table's wake lock on the listening connection.
+type wakeLock struct {
+	conn  *pgx.Conn
+	key   int64 // 0: the table's trigger notifies on every insert
+	maxID string
+	held  bool
+	retry time.Duration // after a failed try: another relay holds it
+}
+
+// syncWakeLock takes the wake lock when the relay has become idle and
+// releases it when a worker has rows. It returns how soon to try again
+// when the lock was wanted but another session held it (0: no need).
+func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, error) {
+	if l.key == 0 {
+		return 0, nil
+	}
+	want := r.idle.idle()
+	switch {
+	case want && !l.held:
+		if r.testHookWakeLock != nil {
+			r.testHookWakeLock()
+		}
+		var top int64
+		if err := l.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1), ("+l.maxID+")", l.key).Scan(&l.held, &top); err != nil {
+			return 0, err
+		}
+		if !l.held {
+			l.retry = min(max(2*l.retry, 10*time.Millisecond), r.cfg.PollInterval)
+			return l.retry, nil
+		}
+		l.retry = 0
+		if top > r.idle.top.Load() {
+			// Rows came while no one held the lock, and notified no one.
+			r.wake.signal()
+		}
+	case !want && l.held:
+		if _, err := l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", l.key); err != nil {
+			return 0, err
+		}
+		l.held = false
+	}
+	return 0, nil
+}
+
+// waitNotification waits for a notification (true), a change of the idle
+// state, or retry (when not 0).
+func (r *Relay) waitNotification(ctx context.Context, conn *pgx.Conn, retry time.Duration) (bool, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	if retry > 0 {
+		cancel()
+		wctx, cancel = context.WithTimeout(ctx, retry)
+	}
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-r.idle.changed:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	_, err := conn.WaitForNotification(wctx)
+	interrupted := err != nil && ctx.Err() == nil && wctx.Err() != nil && !conn.IsClosed()
+	cancel()
+	<-watched // a change it took is read by the next syncWakeLock
+	if interrupted {
+		return false, nil // the state changed, or time to try the lock again
+	}
+	return err == nil, err
+}
+
+// wakeTrigger is what the table's insert trigger was created with.
+type wakeTrigger struct {
+	channel string
+	lock    int64 // 0: no wake lock (a table not yet migrated to 00007)
+}
+
+// readWakeTrigger reads the channel and wake lock written into the table's
+// insert trigger by the migration, which follow the spelling of the table's
+// name it was given: "outbox" and "public.outbox" are one table but two
+// channels. Without the trigger (dropped by hand), the relay's own spelling.
+func readWakeTrigger(ctx context.Context, db rowQuerier, t schema.Table) (wakeTrigger, error) {
+	def := wakeTrigger{channel: t.Channel()}
+	var args []byte
+	err := db.QueryRow(ctx, `SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2`,
+		t.Ident(), t.Name+"_notify").Scan(&args)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return def, nil
+	case err != nil:
+		return def, fmt.Errorf("read the table's notify trigger: %w", err)
+	}
+	parts := bytes.Split(bytes.TrimSuffix(args, []byte{0}), []byte{0}) // each argument ends in a NUL
+	if len(parts[0]) > 0 {
+		def.channel = string(parts[0])
+	}
+	if len(parts) > 1 {
+		if def.lock, err = strconv.ParseInt(string(parts[1]), 10, 64); err != nil {
+			return def, fmt.Errorf("read the table's notify trigger: wake lock %q: %w", parts[1], err)
+		}
+	}
+	return def, nil
+}
+
+// notifyChannel is the channel the table's insert trigger notifies.
+func notifyChannel(ctx context.Context, db rowQuerier, t schema.Table) (string, error) {
+	trig, err := readWakeTrigger(ctx, db, t)
+	return trig.channel, err
+}

@@ -1,0 +1,239 @@
+package relay
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/schema"
+)
+
+// wakeLockHolder is the pid of the session holding t's wake lock, or 0.
+func wakeLockHolder(t *testing.T, pool *pgxpool.Pool, table schema.Table) int {
+	t.Helper()
+	ctx := context.Background()
+	trig, err := readWakeTrigger(ctx, pool, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if trig.lock == 0 {
+		t.Fatalf("table %s has no wake lock in its trigger", table)
+	}
+	var pid int
+	pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`, trig.lock).Scan(&pid) //nolint:errcheck // none: 0
+	return pid
+}
+
+// notifications listens on t's channel and counts what arrives.
+type notifications struct {
+	conn *pgx.Conn
+	n    atomic.Int64
+}
+
+func listenTo(t *testing.T, table schema.Table) *notifications {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &notifications{}
+	cfg.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { l.n.Add(1) }
+	if l.conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.conn.Close(context.Background()) })
+	if _, err := l.conn.Exec(ctx, "LISTEN "+pgx.Identifier{table.Channel()}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// count is how many notifications have arrived: a round trip first, before
+// whose answer Postgres delivers those committed already.
+func (l *notifications) count(t *testing.T) int {
+	t.Helper()
+	if _, err := l.conn.Exec(context.Background(), "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	return int(l.n.Load())
+}
+
+// Producers notify only while a relay waits for rows: an idle relay holds the
+// wake lock, a busy one does not, and a relay gone leaves nothing behind.
+func TestProducersNotifyOnlyWhileARelayWaits(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	l := listenTo(t, f.table)
+	release := make(chan struct{})
+	var once sync.Once
+	a := newFake(TargetAMQP)
+	a.setFail(func(*Message) error { <-release; return nil })
+	_, stop, done := f.start(Config{Sinks: []Sink{a}, Workers: 2, PollInterval: time.Hour})
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the relay's: it waits for the batch
+
+	testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) != 0 }, "idle relay holds no wake lock")
+	before := l.count(t)
+	f.insert(1, "orders.created") // claimed, and held in the sink
+	if got := l.count(t) - before; got != 1 {
+		t.Fatalf("%d notifications for a commit while the relay waited, want 1", got)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) == 0 }, "busy relay still holds the wake lock")
+	before = l.count(t)
+	f.insert(3, "orders.created")
+	if got := l.count(t) - before; got != 0 {
+		t.Fatalf("%d notifications for a commit while the relay was busy, want 0", got)
+	}
+
+	once.Do(func() { close(release) })
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 4 }, "rows committed while busy not delivered (poll interval 1h)")
+	testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) != 0 }, "relay idle again holds no wake lock")
+
+	stop()
+	<-done
+	testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) == 0 }, "stopped relay still holds the wake lock")
+	before = l.count(t)
+	f.insert(1, "orders.created")
+	if got := l.count(t) - before; got != 0 {
+		t.Fatalf("%d notifications with no relay running, want 0", got)
+	}
+}
+
+// A row committed while the relay goes to sleep — after its last empty claim,
+// before it holds the wake lock — notifies no one. It is claimed at once if it
+// committed before the lock was taken, and within the poll interval at worst
+// if it committed after the claim that followed.
+func TestRowCommittedAsTheRelayGoesToSleep(t *testing.T) {
+	t.Parallel()
+	const poll = 1500 * time.Millisecond
+	for _, tc := range []struct {
+		name         string
+		commitBefore bool // commit inside the hook, before the lock is taken
+		within       time.Duration
+	}{
+		{"committed before the lock", true, poll / 2},
+		{"committed after the claim", false, poll + time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			ctx := context.Background()
+			producer, err := f.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer producer.Release()
+			var armed atomic.Bool
+			var tx pgx.Tx
+			hooked := make(chan error, 1)
+			f.startWith(Config{Sinks: []Sink{newFake(TargetAMQP)}, Workers: 1, PollInterval: poll}, func(r *Relay) {
+				r.testHookWakeLock = func() {
+					if !armed.CompareAndSwap(true, false) {
+						return
+					}
+					var err error
+					if tx, err = producer.Begin(ctx); err == nil {
+						_, err = tx.Exec(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.created', 'x')`)
+					}
+					if err == nil && tc.commitBefore {
+						err = tx.Commit(ctx)
+					}
+					hooked <- err
+				}
+			})
+			testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) != 0 }, "idle relay holds no wake lock")
+
+			// A row delivered: the relay goes busy, then back to sleep.
+			armed.Store(true)
+			f.insert(1, "orders.created")
+			if err := <-hooked; err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if !tc.commitBefore {
+				testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) != 0 }, "relay did not go back to sleep")
+				start = time.Now()
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testenv.Eventually(t, 2*poll+5*time.Second, func() bool { return f.countDone() == 2 }, "row committed as the relay went to sleep not delivered")
+			if took := time.Since(start); took > tc.within {
+				t.Fatalf("row claimed %v after it committed, want within %v (poll interval %v)", took, tc.within, poll)
+			}
+		})
+	}
+}
+
+// A table migrated to the wake lock while a relay runs on it: rows owed to
+// each target and a parked row come through as before, and the relay takes
+// the lock once its trigger has one, so that the rows after the migration
+// are woken for (the poll interval is an hour).
+func TestMigrationToTheWakeLockUnderARunningRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := schema.Table{Schema: testenv.Name("t"), Name: "outbox"}
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()+` CASCADE`)
+	}) //nolint:errcheck // best effort
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { db.Close() })
+	p, err := schema.NewProvider(db, table, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 6); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, pool: pool, table: table}
+	ids := f.insert(5, "orders.created")
+	f.setRow(ids[0], `nats_delivered_at = now()`)                                               // owed to amqp
+	f.setRow(ids[1], `amqp_delivered_at = now()`)                                               // owed to nats
+	f.setRow(ids[2], `amqp_parked_at = now(), amqp_attempts = 20, amqp_last_error = 'refused'`) // parked for amqp
+
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) { r.triggerRecheck = 50 * time.Millisecond })
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 4 }, "rows of the unmigrated table not delivered")
+
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, pool, table) != 0 }, "relay took no wake lock after the migration")
+	ids = append(ids, f.insert(5, "orders.created")...)
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 9 }, "rows after the migration not delivered (poll interval 1h)")
+
+	for i, id := range ids {
+		wantA, wantN := 1, 1
+		switch i {
+		case 0:
+			wantN = 0 // JetStream had it
+		case 1:
+			wantA = 0 // RabbitMQ had it
+		case 2:
+			wantA = 0 // parked
+		}
+		if gotA, _ := a.count(id); gotA != wantA {
+			t.Errorf("row %d: %d copies in RabbitMQ, want %d", i, gotA, wantA)
+		}
+		if gotN, _ := n.count(id); gotN != wantN {
+			t.Errorf("row %d: %d copies in JetStream, want %d", i, gotN, wantN)
+		}
+	}
+	if s := f.state(ids[2]); !s.amqpParked || !s.natsDelivered {
+		t.Fatalf("parked row after the migration: %+v, want still parked for amqp, delivered to nats", s)
+	}
+}
