@@ -168,12 +168,27 @@ type wakeLock struct {
 	key   int64 // 0: the table's trigger notifies on every insert
 	maxID string
 	held  bool
-	retry time.Duration // after a failed try: another relay holds it
+	retry time.Duration // after a failed try
 }
+
+// wakeLockSQL tries the wake lock and says who holds it when it cannot have
+// it: producers between an insert and its commit (they hold it shared), or
+// another relay.
+const wakeLockSQL = `SELECT CASE WHEN pg_try_advisory_lock($1) THEN 'held'
+	WHEN pg_try_advisory_lock_shared($1) THEN CASE WHEN pg_advisory_unlock_shared($1) THEN 'producers' END
+	ELSE 'relay' END`
+
+// Retries of the wake lock: soon while producers hold it (their rows are
+// about to commit; each try also looks for them), at the poll interval while
+// another relay does (producers notify every listener meanwhile).
+const (
+	wakeRetryMin = 2 * time.Millisecond
+	wakeRetryMax = 50 * time.Millisecond
+)
 
 // syncWakeLock takes the wake lock when the relay has become idle and
 // releases it when a worker has rows. It returns how soon to try again
-// when the lock was wanted but another session held it (0: no need).
+// when the lock was wanted but could not be had (0: no need).
 func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, error) {
 	if l.key == 0 {
 		return 0, nil
@@ -184,24 +199,42 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 		if r.testHookWakeLock != nil {
 			r.testHookWakeLock()
 		}
+		// One round trip, two statements: max(id) is read after the lock is
+		// taken, so it sees every row whose producer held the lock shared.
+		b := &pgx.Batch{}
+		b.Queue(wakeLockSQL, l.key)
+		b.Queue(l.maxID)
+		br := l.conn.SendBatch(ctx, b)
+		var holder string
 		var top int64
-		if err := l.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1), ("+l.maxID+")", l.key).Scan(&l.held, &top); err != nil {
+		err := br.QueryRow().Scan(&holder)
+		if err == nil {
+			err = br.QueryRow().Scan(&top)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
 			return 0, err
 		}
-		if !l.held {
-			l.retry = min(max(2*l.retry, 10*time.Millisecond), r.cfg.PollInterval)
-			return l.retry, nil
-		}
-		l.retry = 0
 		if top > r.idle.top.Load() {
-			// Rows came while no one held the lock, and notified no one.
-			r.wake.signal()
+			r.wake.signal() // rows committed since the last claim, unannounced
 		}
+		switch holder {
+		case "held":
+			l.held, l.retry = true, 0
+			return 0, nil
+		case "producers":
+			l.retry = min(max(2*l.retry, wakeRetryMin), wakeRetryMax, r.cfg.PollInterval)
+		default:
+			l.retry = r.cfg.PollInterval
+		}
+		return l.retry, nil
 	case !want && l.held:
 		if _, err := l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", l.key); err != nil {
 			return 0, err
 		}
-		l.held = false
+		l.held, l.retry = false, 0
 	}
 	return 0, nil
 }

@@ -3,14 +3,14 @@
 -- producer's statement notifies only when it cannot take that lock shared.
 -- A NOTIFY takes a cluster-wide lock at commit that serialises every
 -- notifying transaction, so under load, when no relay waits, no producer
--- queues one. See docs/design.md, "Waking the relay".
+-- queues one. The shared lock is held to the producer's commit, so a relay
+-- cannot start waiting while a row it would not be told of is uncommitted.
+-- See docs/design.md, "Waking the relay".
 --
 -- CREATE OR REPLACE TRIGGER (Postgres 14+) takes a SHARE ROW EXCLUSIVE lock
 -- on the table for milliseconds, whatever its size: writes wait that long
 -- (and behind any writer already holding a conflicting lock), reads do not.
 CREATE OR REPLACE TRIGGER {{.Name}}_notify AFTER INSERT ON {{.Table}}
     FOR EACH STATEMENT
-    WHEN (CASE WHEN pg_try_advisory_lock_shared({{.WakeLock}})
-               THEN NOT pg_advisory_unlock_shared({{.WakeLock}})
-               ELSE true END)
+    WHEN (NOT pg_try_advisory_xact_lock_shared({{.WakeLock}}))
     EXECUTE FUNCTION {{.Qualified "notify"}}('{{.Channel}}', '{{.WakeLock}}');
