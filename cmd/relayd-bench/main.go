@@ -13,6 +13,10 @@
 //   - relay latency, open loop: producers committing on a fixed timetable,
 //     commit → received from both brokers, p50/p90/p99/max;
 //   - backfill: a legacy queue moved into the stream by `relayd backfill`;
+//   - producers: single-row commits/s into a bare table and into the outbox
+//     (no relay draining; after a waiting relay was SIGKILLed), their
+//     latency at a steady rate while relayd relays, and an idle relay's
+//     latency;
 //
 // then sets each relay figure against its ceiling and the targets, prints a
 // markdown table and writes the same as JSON. relayd runs as a subprocess
@@ -122,7 +126,7 @@ func main() {
 	burnKeys := flag.Int("keys", 1000, "distinct keys of the keyed burn-down runs, spread round-robin over the rows")
 	latencyRates := flag.String("latency-rates", "", `rows per second of the latency runs, space-separated (default "1000 5000")`)
 	latencyCommits := flag.Int("latency-commits", 0, "commits per second at most in the latency runs; rows per commit = rate / this (default 200)")
-	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,latency,backfill")
+	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,latency,backfill,producers")
 	dbURL := flag.String("database-url", "", "Postgres (default: RELAY_TEST_DATABASE_URL or postgres://root@127.0.0.1:5432/test)")
 	amqpURL := flag.String("amqp-url", "", "RabbitMQ (default: RELAY_TEST_AMQP_URL or amqp://guest:guest@127.0.0.1:5672/)")
 	natsURL := flag.String("nats-url", "", "NATS with JetStream (default: RELAY_TEST_NATS_URL or nats://127.0.0.1:4222)")
@@ -192,7 +196,7 @@ func main() {
 		o.Only = map[string]bool{}
 		for _, s := range strings.Split(*only, ",") {
 			switch s = strings.TrimSpace(s); s {
-			case "ceilings", "burndown", "latency", "backfill":
+			case "ceilings", "burndown", "latency", "backfill", "producers":
 				o.Only[s] = true
 			default:
 				fmt.Fprintf(os.Stderr, "relayd-bench: -only: unknown section %q\n", s)
@@ -261,6 +265,7 @@ func run(ctx context.Context, o options) (*Results, error) {
 		{"burndown", b.burndowns},
 		{"latency", b.latencies},
 		{"backfill", b.backfillRun},
+		{"producers", b.producers},
 	}
 	for _, s := range steps {
 		if !want(s.name) {

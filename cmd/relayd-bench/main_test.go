@@ -99,14 +99,27 @@ func TestSmoke(t *testing.T) {
 			"p50_ms", "p90_ms", "p99_ms", "max_ms", "achieved_rate_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib")
 	}
 	positive("backfill", doc["backfill"], "messages", "moved", "seconds", "per_second", "cpu_seconds_per_10k_messages", "peak_rss_mib", "ceiling_per_second", "ratio")
-	// dual ×2, nats ×2, keyed dual ×1, latency ×2, backfill, RSS.
-	for _, v := range list("targets", 9) {
+	pd, _ := doc["producers"].(map[string]any)
+	runs, _ := pd["runs"].([]any)
+	if len(runs) != len(producerClients) {
+		t.Errorf("producers: %d runs, want %d", len(runs), len(producerClients))
+	}
+	for _, run := range runs {
+		positive("producers", run, "clients", "bare_commits_per_second", "outbox_commits_per_second",
+			"outbox_after_killed_relay_commits_per_second", "ratio", "after_killed_relay_ratio")
+	}
+	positive("producers, bare latency", pd["bare_commit_latency"], "commits_per_second", "p50_ms", "p99_ms")
+	positive("producers, outbox latency", pd["outbox_commit_latency"], "commits_per_second", "p50_ms", "p99_ms")
+	positive("producers, idle relay", pd["idle_relay_latency"], "rows", "p50_ms", "max_ms")
+	// dual ×2, nats ×2, keyed dual ×1, latency ×2, backfill, RSS; producers
+	// ×2 per connection count, idle latency.
+	for _, v := range list("targets", 9+2*len(producerClients)+1) {
 		positive("target "+v.(map[string]any)["target"].(string), v, "value", "limit")
 	}
 
 	var table bytes.Buffer
 	writeTable(&table, res)
-	for _, want := range []string{"| ceiling", "| relayd |", "| latency", "| target |", "targets met"} {
+	for _, want := range []string{"| ceiling", "| relayd |", "| latency", "| producers", "| target |", "targets met"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}
