@@ -417,3 +417,25 @@ func TestContributingDocumentsTestVariables(t *testing.T) {
 		}
 	}
 }
+
+// The README's table of the three phases is docs/migration.md's, row for
+// row: the front door may not say something else.
+func TestReadmePhasesAreMigrations(t *testing.T) {
+	phases := func(page string) []string {
+		b, err := os.ReadFile(filepath.Join(root, page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rows []string
+		for line := range strings.Lines(string(b)) {
+			if regexp.MustCompile(`^\| [0-9] — `).MatchString(line) {
+				rows = append(rows, strings.TrimSpace(line))
+			}
+		}
+		return rows
+	}
+	readme, migration := phases("README.md"), phases("docs/migration.md")
+	if len(readme) != 3 || !slices.Equal(readme, migration) {
+		t.Errorf("README.md's phases:\n%s\ndocs/migration.md's:\n%s", strings.Join(readme, "\n"), strings.Join(migration, "\n"))
+	}
+}
