@@ -439,3 +439,70 @@ func TestReadmePhasesAreMigrations(t *testing.T) {
 		t.Errorf("README.md's phases:\n%s\ndocs/migration.md's:\n%s", strings.Join(readme, "\n"), strings.Join(migration, "\n"))
 	}
 }
+
+// Every relative link in the README, CONTRIBUTING.md and docs/ names a file
+// that exists and, with a #fragment, a heading of it (GitHub's anchors).
+func TestDocLinksResolve(t *testing.T) {
+	pages, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	pages = append(pages, filepath.Join(root, "README.md"), filepath.Join(root, "CONTRIBUTING.md"))
+	if len(pages) < 10 {
+		t.Fatalf("found %d pages", len(pages))
+	}
+	anchors := func(path string) map[string]bool {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		seen := map[string]bool{}
+		fence := false
+		for line := range strings.Lines(string(b)) {
+			if strings.HasPrefix(line, "```") {
+				fence = !fence
+			}
+			if fence || !strings.HasPrefix(line, "#") {
+				continue
+			}
+			slug := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
+			slug = regexp.MustCompile(`[^\p{L}\p{N} _-]`).ReplaceAllString(slug, "")
+			slug = strings.ReplaceAll(slug, " ", "-")
+			for s, i := slug, 1; ; i++ {
+				if !seen[s] {
+					seen[s] = true
+					break
+				}
+				s = slug + "-" + strconv.Itoa(i)
+			}
+		}
+		return seen
+	}
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	checked := 0
+	for _, page := range pages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, frag, _ := strings.Cut(target, "#")
+			path := page
+			if file != "" {
+				path = filepath.Join(filepath.Dir(page), file)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("%s links to %s, which does not exist", page, target)
+				continue
+			}
+			if frag != "" && !anchors(path)[frag] {
+				t.Errorf("%s links to %s, but %s has no heading #%s", page, target, path, frag)
+			}
+			checked++
+		}
+	}
+	if checked < 20 {
+		t.Errorf("checked %d links", checked)
+	}
+}
