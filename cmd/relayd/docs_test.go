@@ -30,17 +30,17 @@ import (
 // metric it registers is in docs/operations.md with its labels, and every
 // test variable is in CONTRIBUTING.md.
 
-const root = "../.."
+const docRoot = "../.."
 
-// codeDefaults are the defaults set in code rather than in an env tag.
-var codeDefaults = map[string]string{
+// docCodeDefaults are the defaults set in code rather than in an env tag.
+var docCodeDefaults = map[string]string{
 	"GOMAXPROCS":              strconv.Itoa(defaultProcs),
 	"RELAY_BACKFILL_PREFETCH": strconv.Itoa(backfill.DefaultPrefetch),
 }
 
-// envVar is a variable the code reads: its default ("" for none) and
+// docVar is a variable the code reads: its default ("" for none) and
 // whether it is required.
-type envVar struct {
+type docVar struct {
 	def      string
 	required bool
 	where    string
@@ -48,16 +48,16 @@ type envVar struct {
 
 // sourceFiles parses every Go file of the module, tests included, except
 // the benchmark's.
-func sourceFiles(t *testing.T) map[string]*ast.File {
+func docSourceFiles(t *testing.T) map[string]*ast.File {
 	t.Helper()
 	files := map[string]*ast.File{}
 	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(docRoot, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
-			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "relayd-bench" || name == "bin") {
+			if name := d.Name(); path != docRoot && (strings.HasPrefix(name, ".") || name == "relayd-bench" || name == "bin") {
 				return filepath.SkipDir
 			}
 			return nil
@@ -69,7 +69,7 @@ func sourceFiles(t *testing.T) map[string]*ast.File {
 		if err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(root, path)
+		rel, _ := filepath.Rel(docRoot, path)
 		files[filepath.ToSlash(rel)] = f
 		return nil
 	})
@@ -77,24 +77,24 @@ func sourceFiles(t *testing.T) map[string]*ast.File {
 		t.Fatal(err)
 	}
 	if len(files) < 50 {
-		t.Fatalf("found %d Go files under %s", len(files), root)
+		t.Fatalf("found %d Go files under %s", len(files), docRoot)
 	}
 	return files
 }
 
 // testSupport reports whether a file belongs to the tests, whose variables
 // CONTRIBUTING.md documents.
-func testSupport(path string) bool {
+func docTestSupport(path string) bool {
 	return strings.HasSuffix(path, "_test.go") || strings.HasPrefix(path, "internal/testenv/")
 }
 
 // readVars finds what relayd reads from the environment: the env tags
 // go-envconfig processes, and the names passed to a Lookup or os.Getenv.
-func readVars(t *testing.T, files map[string]*ast.File) map[string]envVar {
+func docReadVars(t *testing.T, files map[string]*ast.File) map[string]docVar {
 	t.Helper()
-	vars := map[string]envVar{}
+	vars := map[string]docVar{}
 	for path, f := range files {
-		if testSupport(path) {
+		if docTestSupport(path) {
 			continue
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
@@ -109,7 +109,7 @@ func readVars(t *testing.T, files map[string]*ast.File) map[string]envVar {
 					return true
 				}
 				name, opts, _ := strings.Cut(spec, ",")
-				v := envVar{where: path}
+				v := docVar{where: path}
 				// go-envconfig takes everything after default= as the value.
 				if i := strings.Index(opts, "default="); i >= 0 {
 					v.def = opts[i+len("default="):]
@@ -127,7 +127,7 @@ func readVars(t *testing.T, files map[string]*ast.File) map[string]envVar {
 				}
 				name, _ := strconv.Unquote(lit.Value)
 				if _, tagged := vars[name]; !tagged && regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`).MatchString(name) {
-					vars[name] = envVar{where: path}
+					vars[name] = docVar{where: path}
 				}
 			}
 			return true
@@ -135,7 +135,7 @@ func readVars(t *testing.T, files map[string]*ast.File) map[string]envVar {
 	}
 	// A Lookup seen before the struct that tags the same variable.
 	for name, v := range vars {
-		if def, ok := codeDefaults[name]; ok {
+		if def, ok := docCodeDefaults[name]; ok {
 			v.def = def
 			vars[name] = v
 		}
@@ -145,9 +145,9 @@ func readVars(t *testing.T, files map[string]*ast.File) map[string]envVar {
 
 // mdRows returns the rows of path's markdown tables whose first cell is a
 // single name in backticks matching re, keyed by that name.
-func mdRows(t *testing.T, path string, re *regexp.Regexp) map[string][]string {
+func docTableRows(t *testing.T, path string, re *regexp.Regexp) map[string][]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(root, path))
+	b, err := os.ReadFile(filepath.Join(docRoot, path))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,10 +177,10 @@ func mdRows(t *testing.T, path string, re *regexp.Regexp) map[string][]string {
 	return rows
 }
 
-var envName = regexp.MustCompile(`^(RELAY_[A-Z0-9_]+|GOMAXPROCS)$`)
+var docEnvName = regexp.MustCompile(`^(RELAY_[A-Z0-9_]+|GOMAXPROCS)$`)
 
 // wantDefault is how a default is written in a table's default column.
-func wantDefault(v envVar) string {
+func docDefault(v docVar) string {
 	switch {
 	case v.required:
 		return "— (required)"
@@ -194,14 +194,14 @@ func wantDefault(v envVar) string {
 // default the code gives it; the page names no variable the code does not
 // read. The README's short table of settings says the same.
 func TestConfigurationDocumentsEveryVariable(t *testing.T) {
-	vars := readVars(t, sourceFiles(t))
+	vars := docReadVars(t, docSourceFiles(t))
 	for _, name := range []string{"RELAY_DATABASE_URL", "RELAY_TARGETS", "RELAY_SHUTDOWN_TIMEOUT", "RELAY_BACKFILL_QUEUE", "GOMAXPROCS"} {
 		if _, ok := vars[name]; !ok {
 			t.Fatalf("the source scan missed %s: found %v", name, slices.Sorted(maps.Keys(vars)))
 		}
 	}
 	for _, page := range []string{"docs/configuration.md", "README.md"} {
-		rows := mdRows(t, page, envName)
+		rows := docTableRows(t, page, docEnvName)
 		if len(rows) < 5 {
 			t.Fatalf("%s: found %d variables in its tables", page, len(rows))
 		}
@@ -211,8 +211,8 @@ func TestConfigurationDocumentsEveryVariable(t *testing.T) {
 				t.Errorf("%s documents %s, which relayd does not read", page, name)
 				continue
 			}
-			if len(cells) < 3 || cells[1] != wantDefault(v) {
-				t.Errorf("%s: %s's default is %q, want %q (%s)", page, name, cells[1], wantDefault(v), v.where)
+			if len(cells) < 3 || cells[1] != docDefault(v) {
+				t.Errorf("%s: %s's default is %q, want %q (%s)", page, name, cells[1], docDefault(v), v.where)
 			}
 		}
 		if page != "docs/configuration.md" {
@@ -220,7 +220,7 @@ func TestConfigurationDocumentsEveryVariable(t *testing.T) {
 		}
 		for name, v := range vars {
 			if _, ok := rows[name]; !ok {
-				t.Errorf("%s reads %s (default %s), which docs/configuration.md does not document", v.where, name, wantDefault(v))
+				t.Errorf("%s reads %s (default %s), which docs/configuration.md does not document", v.where, name, docDefault(v))
 			}
 		}
 	}
@@ -236,7 +236,7 @@ func TestConfigurationRanges(t *testing.T) {
 		inConfig[name] = true
 	}
 	checked := 0
-	for name, cells := range mdRows(t, "docs/configuration.md", envName) {
+	for name, cells := range docTableRows(t, "docs/configuration.md", docEnvName) {
 		m := regexp.MustCompile(`^(\d+)–(\d+)$`).FindStringSubmatch(cells[2])
 		if m == nil || !inConfig[name] {
 			continue
@@ -258,13 +258,13 @@ func TestConfigurationRanges(t *testing.T) {
 	}
 }
 
-// recorder is a Registerer that keeps what each collector describes.
-type recorder struct {
+// docRecorder is a Registerer that keeps what each collector describes.
+type docRecorder struct {
 	reg   *prometheus.Registry
 	descs []*prometheus.Desc
 }
 
-func (r *recorder) Register(c prometheus.Collector) error {
+func (r *docRecorder) Register(c prometheus.Collector) error {
 	ch := make(chan *prometheus.Desc)
 	go func() { c.Describe(ch); close(ch) }()
 	for d := range ch {
@@ -273,7 +273,7 @@ func (r *recorder) Register(c prometheus.Collector) error {
 	return r.reg.Register(c)
 }
 
-func (r *recorder) MustRegister(cs ...prometheus.Collector) {
+func (r *docRecorder) MustRegister(cs ...prometheus.Collector) {
 	for _, c := range cs {
 		if err := r.Register(c); err != nil {
 			panic(err)
@@ -281,15 +281,15 @@ func (r *recorder) MustRegister(cs ...prometheus.Collector) {
 	}
 }
 
-func (r *recorder) Unregister(c prometheus.Collector) bool { return r.reg.Unregister(c) }
+func (r *docRecorder) Unregister(c prometheus.Collector) bool { return r.reg.Unregister(c) }
 
-var descRE = regexp.MustCompile(`^Desc\{fqName: "([^"]+)", .*constLabels: \{([^}]*)\}, variableLabels: \{([^}]*)\}\}$`)
+var docDescRE = regexp.MustCompile(`^Desc\{fqName: "([^"]+)", .*constLabels: \{([^}]*)\}, variableLabels: \{([^}]*)\}\}$`)
 
 // registered returns the metrics relayd's packages register, with their
 // labels (const and variable, sorted, comma-separated).
-func registered(t *testing.T) map[string]string {
+func docRegistered(t *testing.T) map[string]string {
 	t.Helper()
-	r := &recorder{reg: prometheus.NewRegistry()}
+	r := &docRecorder{reg: prometheus.NewRegistry()}
 	metrics.NewRelay(r, "test")
 	metrics.NewOutbox(r)
 	(&reporter{}).register(r)
@@ -303,7 +303,7 @@ func registered(t *testing.T) map[string]string {
 	}
 	out := map[string]string{}
 	for _, d := range r.descs {
-		m := descRE.FindStringSubmatch(d.String())
+		m := docDescRE.FindStringSubmatch(d.String())
 		if m == nil {
 			t.Fatalf("cannot read %s", d)
 		}
@@ -324,8 +324,8 @@ func registered(t *testing.T) map[string]string {
 	return out
 }
 
-// notMetrics are relayd_ names in the source that are not metrics.
-var notMetrics = map[string]bool{"relayd_verify_stream": true}
+// docNotMetrics are relayd_ names in the source that are not metrics.
+var docNotMetrics = map[string]bool{"relayd_verify_stream": true}
 
 // Every metric relayd registers is in docs/operations.md, once, with its
 // labels, and the page lists none it does not register. A relayd_ name in
@@ -333,9 +333,9 @@ var notMetrics = map[string]bool{"relayd_verify_stream": true}
 // this test does not call still shows.
 func TestOperationsDocumentsEveryMetric(t *testing.T) {
 	const page = "docs/operations.md"
-	got := registered(t)
-	rows := mdRows(t, page, regexp.MustCompile(`^relayd_[a-z0-9_]+(\{[a-z_,]+\})?$`))
-	b, err := os.ReadFile(filepath.Join(root, page))
+	got := docRegistered(t)
+	rows := docTableRows(t, page, regexp.MustCompile(`^relayd_[a-z0-9_]+(\{[a-z_,]+\})?$`))
+	b, err := os.ReadFile(filepath.Join(docRoot, page))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,8 +372,8 @@ func TestOperationsDocumentsEveryMetric(t *testing.T) {
 		}
 	}
 	metric := regexp.MustCompile(`^relayd_[a-z0-9_]+$`)
-	for path, f := range sourceFiles(t) {
-		if testSupport(path) {
+	for path, f := range docSourceFiles(t) {
+		if docTestSupport(path) {
 			continue
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
@@ -382,8 +382,8 @@ func TestOperationsDocumentsEveryMetric(t *testing.T) {
 				return true
 			}
 			s, _ := strconv.Unquote(lit.Value)
-			if _, ok := rows[s]; metric.MatchString(s) && !ok && !notMetrics[s] {
-				t.Errorf("%s names %s, which %s does not document (if it is not a metric, add it to notMetrics)", path, s, page)
+			if _, ok := rows[s]; metric.MatchString(s) && !ok && !docNotMetrics[s] {
+				t.Errorf("%s names %s, which %s does not document (if it is not a metric, add it to docNotMetrics)", path, s, page)
 			}
 			return true
 		})
@@ -392,13 +392,13 @@ func TestOperationsDocumentsEveryMetric(t *testing.T) {
 
 // Every variable the tests read is in CONTRIBUTING.md.
 func TestContributingDocumentsTestVariables(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(root, "CONTRIBUTING.md"))
+	b, err := os.ReadFile(filepath.Join(docRoot, "CONTRIBUTING.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	name := regexp.MustCompile(`^RELAY_TEST_[A-Z0-9_]+$`)
 	found := map[string]string{"CI": "internal/testenv"}
-	for path, f := range sourceFiles(t) {
+	for path, f := range docSourceFiles(t) {
 		ast.Inspect(f, func(n ast.Node) bool {
 			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
 				if s, _ := strconv.Unquote(lit.Value); name.MatchString(s) {
@@ -422,7 +422,7 @@ func TestContributingDocumentsTestVariables(t *testing.T) {
 // row: the front door may not say something else.
 func TestReadmePhasesAreMigrations(t *testing.T) {
 	phases := func(page string) []string {
-		b, err := os.ReadFile(filepath.Join(root, page))
+		b, err := os.ReadFile(filepath.Join(docRoot, page))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -443,8 +443,8 @@ func TestReadmePhasesAreMigrations(t *testing.T) {
 // Every relative link in the README, CONTRIBUTING.md and docs/ names a file
 // that exists and, with a #fragment, a heading of it (GitHub's anchors).
 func TestDocLinksResolve(t *testing.T) {
-	pages, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
-	pages = append(pages, filepath.Join(root, "README.md"), filepath.Join(root, "CONTRIBUTING.md"))
+	pages, _ := filepath.Glob(filepath.Join(docRoot, "docs", "*.md"))
+	pages = append(pages, filepath.Join(docRoot, "README.md"), filepath.Join(docRoot, "CONTRIBUTING.md"))
 	if len(pages) < 10 {
 		t.Fatalf("found %d pages", len(pages))
 	}
