@@ -3,8 +3,8 @@
 // A producer publishes a message by inserting a row into the outbox table in
 // the same transaction as the business change that caused it, so the message
 // exists if and only if that change committed; relayd then delivers it to the
-// brokers. Any language can do this with a plain INSERT (see the README, "The
-// SQL contract"). This package does it for Go: it validates messages exactly
+// brokers. Any language can do this with a plain INSERT (see docs/producers.md,
+// "The SQL contract"). This package does it for Go: it validates messages exactly
 // as the relay will, before anything reaches the database (a failed statement
 // would abort the caller's transaction), generates message ids client-side so
 // they can be returned, and inserts a whole batch in one statement.

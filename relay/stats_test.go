@@ -62,7 +62,7 @@ func TestStatsCountsPendingParkedAndLag(t *testing.T) {
 
 // Reading stats stays cheap however large the backlog: the reads look at
 // 10,000 index entries per target at most, so with N pending rows
-// (RELAY_TEST_STATS_ROWS, default 200,000; the README's figure is for
+// (RELAY_TEST_STATS_ROWS, default 200,000; docs/operations.md's figure is for
 // 1,000,000) a read takes about what it takes with 10,000 — not 20 (or 100)
 // times as long, as a scan of the backlog would. Measured against itself,
 // not against a fixed figure: this machine's speed, and what the tests

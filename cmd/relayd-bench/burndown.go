@@ -180,7 +180,7 @@ func (b *bench) burndown(ctx context.Context, targets string, instances, keys in
 	bd.PeakRSSMiB = mib(peak)
 
 	// The brokers hold what the outbox says they got. A relay may publish a
-	// row to RabbitMQ twice only after a failure (README: "Never re-sent
+	// row to RabbitMQ twice only after a failure (docs/design.md: "Never re-sent
 	// …"), which a benchmark run should not have: say so if it did.
 	var problems []string
 	if has("nats") {

@@ -130,8 +130,7 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 	// automatic acks, in 64 KiB reads (amqpio, as the backfill reads). It
 	// used to ack each delivery on its own, and read every 4 KiB: at 5,000
 	// rows/s that was RabbitMQ's and the bench's work on the cores the relay
-	// shares, not the relay's (README, Performance: p99 136–233 ms against
-	// 54–133 ms in three alternating pairs).
+	// shares, not the relay's (commit e111f6d has the runs).
 	aconn, err := amqp.DialConfig(b.o.AMQPURL, amqp.Config{Dial: amqpio.Dial(30*time.Second, nil, nil)})
 	if err != nil {
 		return l, err

@@ -244,7 +244,7 @@ func FuzzConfigTargets(f *testing.F) {
 }
 
 // Every backfill flag reads its default from RELAY_BACKFILL_<FLAG>, as the
-// help and the README say: a job that sets RELAY_BACKFILL_DRY_RUN=true must
+// help and docs/configuration.md say: a job that sets RELAY_BACKFILL_DRY_RUN=true must
 // not move a message. The help shows each flag's default, so it shows
 // whether the variable was read.
 func TestBackfillFlagsReadTheirVariables(t *testing.T) {

@@ -49,7 +49,7 @@ Usage:
   relayd version    print the version
 
 Each command takes --help. Configuration comes from RELAY_* environment
-variables; see README.md for the full table.
+variables; see docs/configuration.md for the full table.
 `
 
 func main() {

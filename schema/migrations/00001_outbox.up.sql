@@ -1,5 +1,5 @@
 -- The outbox table: a public contract. Producers in any language INSERT rows;
--- relayd claims, publishes and records them. See README "The SQL contract".
+-- relayd claims, publishes and records them. See docs/producers.md, "The SQL contract".
 CREATE TABLE {{.Table}} (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     message_id        uuid        NOT NULL DEFAULT gen_random_uuid(),

@@ -1,0 +1,508 @@
+package main
+
+import (
+	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sethvargo/go-envconfig"
+
+	"github.com/relayd/relayd/backfill"
+	"github.com/relayd/relayd/inbox"
+	"github.com/relayd/relayd/metrics"
+)
+
+// The docs are checked against the code, so that they cannot drift: every
+// variable relayd reads is in docs/configuration.md with its default, every
+// metric it registers is in docs/operations.md with its labels, and every
+// test variable is in CONTRIBUTING.md.
+
+const docRoot = "../.."
+
+// docCodeDefaults are the defaults set in code rather than in an env tag.
+var docCodeDefaults = map[string]string{
+	"GOMAXPROCS":              strconv.Itoa(defaultProcs),
+	"RELAY_BACKFILL_PREFETCH": strconv.Itoa(backfill.DefaultPrefetch),
+}
+
+// docVar is a variable the code reads: its default ("" for none) and
+// whether it is required.
+type docVar struct {
+	def      string
+	required bool
+	where    string
+}
+
+// sourceFiles parses every Go file of the module, tests included, except
+// the benchmark's.
+func docSourceFiles(t *testing.T) map[string]*ast.File {
+	t.Helper()
+	files := map[string]*ast.File{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(docRoot, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != docRoot && (strings.HasPrefix(name, ".") || name == "relayd-bench" || name == "bin") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(docRoot, path)
+		files[filepath.ToSlash(rel)] = f
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 50 {
+		t.Fatalf("found %d Go files under %s", len(files), docRoot)
+	}
+	return files
+}
+
+// testSupport reports whether a file belongs to the tests, whose variables
+// CONTRIBUTING.md documents.
+func docTestSupport(path string) bool {
+	return strings.HasSuffix(path, "_test.go") || strings.HasPrefix(path, "internal/testenv/")
+}
+
+// readVars finds what relayd reads from the environment: the env tags
+// go-envconfig processes, and the names passed to a Lookup or os.Getenv.
+func docReadVars(t *testing.T, files map[string]*ast.File) map[string]docVar {
+	t.Helper()
+	vars := map[string]docVar{}
+	for path, f := range files {
+		if docTestSupport(path) {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.Field:
+				if n.Tag == nil {
+					return true
+				}
+				tag, _ := strconv.Unquote(n.Tag.Value)
+				spec, ok := reflect.StructTag(tag).Lookup("env")
+				if !ok {
+					return true
+				}
+				name, opts, _ := strings.Cut(spec, ",")
+				v := docVar{where: path}
+				// go-envconfig takes everything after default= as the value.
+				if i := strings.Index(opts, "default="); i >= 0 {
+					v.def = opts[i+len("default="):]
+				}
+				v.required = strings.Contains(opts, "required")
+				vars[strings.TrimSpace(name)] = v
+			case *ast.CallExpr:
+				sel, ok := n.Fun.(*ast.SelectorExpr)
+				if !ok || len(n.Args) != 1 || !slices.Contains([]string{"Lookup", "Getenv", "LookupEnv"}, sel.Sel.Name) {
+					return true
+				}
+				lit, ok := n.Args[0].(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					return true
+				}
+				name, _ := strconv.Unquote(lit.Value)
+				if _, tagged := vars[name]; !tagged && regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`).MatchString(name) {
+					vars[name] = docVar{where: path}
+				}
+			}
+			return true
+		})
+	}
+	// A Lookup seen before the struct that tags the same variable.
+	for name, v := range vars {
+		if def, ok := docCodeDefaults[name]; ok {
+			v.def = def
+			vars[name] = v
+		}
+	}
+	return vars
+}
+
+// mdRows returns the rows of path's markdown tables whose first cell is a
+// single name in backticks matching re, keyed by that name.
+func docTableRows(t *testing.T, path string, re *regexp.Regexp) map[string][]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(docRoot, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for line := range strings.Lines(string(b)) {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "|") || !strings.HasSuffix(line, "|") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		m := regexp.MustCompile("^`([^`]+)`$").FindStringSubmatch(cells[0])
+		if m == nil || !re.MatchString(m[1]) {
+			continue
+		}
+		key := m[1]
+		if i := strings.Index(key, "{"); i >= 0 {
+			key = key[:i]
+		}
+		if _, dup := rows[key]; dup {
+			t.Errorf("%s: %s has two rows: say it once", path, key)
+		}
+		rows[key] = append([]string{m[1]}, cells[1:]...)
+	}
+	return rows
+}
+
+var docEnvName = regexp.MustCompile(`^(RELAY_[A-Z0-9_]+|GOMAXPROCS)$`)
+
+// wantDefault is how a default is written in a table's default column.
+func docDefault(v docVar) string {
+	switch {
+	case v.required:
+		return "— (required)"
+	case v.def == "":
+		return "—"
+	}
+	return "`" + v.def + "`"
+}
+
+// Every variable relayd reads is in docs/configuration.md, once, with the
+// default the code gives it; the page names no variable the code does not
+// read. The README's short table of settings says the same.
+func TestConfigurationDocumentsEveryVariable(t *testing.T) {
+	vars := docReadVars(t, docSourceFiles(t))
+	for _, name := range []string{"RELAY_DATABASE_URL", "RELAY_TARGETS", "RELAY_SHUTDOWN_TIMEOUT", "RELAY_BACKFILL_QUEUE", "GOMAXPROCS"} {
+		if _, ok := vars[name]; !ok {
+			t.Fatalf("the source scan missed %s: found %v", name, slices.Sorted(maps.Keys(vars)))
+		}
+	}
+	for _, page := range []string{"docs/configuration.md", "README.md"} {
+		rows := docTableRows(t, page, docEnvName)
+		if len(rows) < 5 {
+			t.Fatalf("%s: found %d variables in its tables", page, len(rows))
+		}
+		for name, cells := range rows {
+			v, ok := vars[name]
+			if !ok {
+				t.Errorf("%s documents %s, which relayd does not read", page, name)
+				continue
+			}
+			if len(cells) < 3 || cells[1] != docDefault(v) {
+				t.Errorf("%s: %s's default is %q, want %q (%s)", page, name, cells[1], docDefault(v), v.where)
+			}
+		}
+		if page != "docs/configuration.md" {
+			continue
+		}
+		for name, v := range vars {
+			if _, ok := rows[name]; !ok {
+				t.Errorf("%s reads %s (default %s), which docs/configuration.md does not document", v.where, name, docDefault(v))
+			}
+		}
+	}
+}
+
+// Each range "min–max" in docs/configuration.md is the one relayd enforces:
+// both ends accepted, one past either end refused naming the variable.
+func TestConfigurationRanges(t *testing.T) {
+	inConfig := map[string]bool{}
+	ct := reflect.TypeFor[config]()
+	for i := range ct.NumField() {
+		name, _, _ := strings.Cut(ct.Field(i).Tag.Get("env"), ",")
+		inConfig[name] = true
+	}
+	checked := 0
+	for name, cells := range docTableRows(t, "docs/configuration.md", docEnvName) {
+		m := regexp.MustCompile(`^(\d+)–(\d+)$`).FindStringSubmatch(cells[2])
+		if m == nil || !inConfig[name] {
+			continue
+		}
+		lo, _ := strconv.Atoi(m[1])
+		hi, _ := strconv.Atoi(m[2])
+		for v, ok := range map[int]bool{lo: true, hi: true, lo - 1: false, hi + 1: false} {
+			env := base()
+			env[name] = strconv.Itoa(v)
+			_, err := loadConfig(context.Background(), envconfig.MapLookuper(env))
+			if ok && err != nil || !ok && (err == nil || !strings.HasPrefix(err.Error(), name)) {
+				t.Errorf("docs/configuration.md gives %s the range %d–%d, but %s=%d: %v", name, lo, hi, name, v, err)
+			}
+		}
+		checked++
+	}
+	if checked < 3 {
+		t.Errorf("checked %d ranges, want those of RELAY_BATCH_SIZE, RELAY_WORKERS and RELAY_MAX_ATTEMPTS", checked)
+	}
+}
+
+// docRecorder is a Registerer that keeps what each collector describes.
+type docRecorder struct {
+	reg   *prometheus.Registry
+	descs []*prometheus.Desc
+}
+
+func (r *docRecorder) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		r.descs = append(r.descs, d)
+	}
+	return r.reg.Register(c)
+}
+
+func (r *docRecorder) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r *docRecorder) Unregister(c prometheus.Collector) bool { return r.reg.Unregister(c) }
+
+var docDescRE = regexp.MustCompile(`^Desc\{fqName: "([^"]+)", .*constLabels: \{([^}]*)\}, variableLabels: \{([^}]*)\}\}$`)
+
+// registered returns the metrics relayd's packages register, with their
+// labels (const and variable, sorted, comma-separated).
+func docRegistered(t *testing.T) map[string]string {
+	t.Helper()
+	r := &docRecorder{reg: prometheus.NewRegistry()}
+	metrics.NewRelay(r, "test")
+	metrics.NewOutbox(r)
+	(&reporter{}).register(r)
+	pool, err := pgxpool.New(context.Background(), "postgres://docs@127.0.0.1:1/docs") // connects lazily: never here
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := inbox.New(pool, inbox.Config{Registerer: r}); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, d := range r.descs {
+		m := docDescRE.FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("cannot read %s", d)
+		}
+		var labels []string
+		for lp := range strings.SplitSeq(m[2], ",") {
+			if name, _, ok := strings.Cut(lp, "="); ok {
+				labels = append(labels, name)
+			}
+		}
+		for l := range strings.SplitSeq(m[3], ",") {
+			if l != "" {
+				labels = append(labels, l)
+			}
+		}
+		slices.Sort(labels)
+		out[m[1]] = strings.Join(labels, ",")
+	}
+	return out
+}
+
+// docNotMetrics are relayd_ names in the source that are not metrics.
+var docNotMetrics = map[string]bool{"relayd_verify_stream": true}
+
+// Every metric relayd registers is in docs/operations.md, once, with its
+// labels, and the page lists none it does not register. A relayd_ name in
+// the source that the page lacks fails too: a metric registered somewhere
+// this test does not call still shows.
+func TestOperationsDocumentsEveryMetric(t *testing.T) {
+	const page = "docs/operations.md"
+	got := docRegistered(t)
+	rows := docTableRows(t, page, regexp.MustCompile(`^relayd_[a-z0-9_]+(\{[a-z_,]+\})?$`))
+	b, err := os.ReadFile(filepath.Join(docRoot, page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime := 0
+	for name, labels := range got {
+		if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
+			runtime++
+			continue
+		}
+		cells, ok := rows[name]
+		if !ok {
+			t.Errorf("relayd registers %s, which %s does not document", name, page)
+			continue
+		}
+		documented := ""
+		if _, l, ok := strings.Cut(strings.TrimSuffix(cells[0], "}"), "{"); ok {
+			ls := strings.Split(l, ",")
+			slices.Sort(ls)
+			documented = strings.Join(ls, ",")
+		}
+		if documented != labels {
+			t.Errorf("%s: %s has labels {%s}, want {%s}", page, cells[0], documented, labels)
+		}
+		if len(cells) < 3 || cells[len(cells)-1] == "" {
+			t.Errorf("%s: %s has no meaning", page, name)
+		}
+	}
+	if runtime == 0 || !strings.Contains(string(b), "`go_*`") || !strings.Contains(string(b), "`process_*`") {
+		t.Errorf("%s must name the Go runtime (`go_*`) and process (`process_*`) collectors relayd registers", page)
+	}
+	for name := range rows {
+		if _, ok := got[name]; !ok {
+			t.Errorf("%s documents %s, which relayd does not register", page, name)
+		}
+	}
+	metric := regexp.MustCompile(`^relayd_[a-z0-9_]+$`)
+	for path, f := range docSourceFiles(t) {
+		if docTestSupport(path) {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			s, _ := strconv.Unquote(lit.Value)
+			if _, ok := rows[s]; metric.MatchString(s) && !ok && !docNotMetrics[s] {
+				t.Errorf("%s names %s, which %s does not document (if it is not a metric, add it to docNotMetrics)", path, s, page)
+			}
+			return true
+		})
+	}
+}
+
+// Every variable the tests read is in CONTRIBUTING.md.
+func TestContributingDocumentsTestVariables(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(docRoot, "CONTRIBUTING.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`^RELAY_TEST_[A-Z0-9_]+$`)
+	found := map[string]string{"CI": "internal/testenv"}
+	for path, f := range docSourceFiles(t) {
+		ast.Inspect(f, func(n ast.Node) bool {
+			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+				if s, _ := strconv.Unquote(lit.Value); name.MatchString(s) {
+					found[s] = path
+				}
+			}
+			return true
+		})
+	}
+	if len(found) < 5 {
+		t.Fatalf("found only %v", found)
+	}
+	for v, path := range found {
+		if !strings.Contains(string(b), "`"+v+"`") {
+			t.Errorf("%s reads %s, which CONTRIBUTING.md does not document", path, v)
+		}
+	}
+}
+
+// The README's table of the three phases is docs/migration.md's, row for
+// row: the front door may not say something else.
+func TestReadmePhasesAreMigrations(t *testing.T) {
+	phases := func(page string) []string {
+		b, err := os.ReadFile(filepath.Join(docRoot, page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rows []string
+		for line := range strings.Lines(string(b)) {
+			if regexp.MustCompile(`^\| [0-9] — `).MatchString(line) {
+				rows = append(rows, strings.TrimSpace(line))
+			}
+		}
+		return rows
+	}
+	readme, migration := phases("README.md"), phases("docs/migration.md")
+	if len(readme) != 3 || !slices.Equal(readme, migration) {
+		t.Errorf("README.md's phases:\n%s\ndocs/migration.md's:\n%s", strings.Join(readme, "\n"), strings.Join(migration, "\n"))
+	}
+}
+
+// Every relative link in the README, CONTRIBUTING.md and docs/ names a file
+// that exists and, with a #fragment, a heading of it (GitHub's anchors).
+func TestDocLinksResolve(t *testing.T) {
+	pages, _ := filepath.Glob(filepath.Join(docRoot, "docs", "*.md"))
+	pages = append(pages, filepath.Join(docRoot, "README.md"), filepath.Join(docRoot, "CONTRIBUTING.md"))
+	if len(pages) < 10 {
+		t.Fatalf("found %d pages", len(pages))
+	}
+	anchors := func(path string) map[string]bool {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		seen := map[string]bool{}
+		fence := false
+		for line := range strings.Lines(string(b)) {
+			if strings.HasPrefix(line, "```") {
+				fence = !fence
+			}
+			if fence || !strings.HasPrefix(line, "#") {
+				continue
+			}
+			slug := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
+			slug = regexp.MustCompile(`[^\p{L}\p{N} _-]`).ReplaceAllString(slug, "")
+			slug = strings.ReplaceAll(slug, " ", "-")
+			for s, i := slug, 1; ; i++ {
+				if !seen[s] {
+					seen[s] = true
+					break
+				}
+				s = slug + "-" + strconv.Itoa(i)
+			}
+		}
+		return seen
+	}
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	checked := 0
+	for _, page := range pages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, frag, _ := strings.Cut(target, "#")
+			path := page
+			if file != "" {
+				path = filepath.Join(filepath.Dir(page), file)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("%s links to %s, which does not exist", page, target)
+				continue
+			}
+			if frag != "" && !anchors(path)[frag] {
+				t.Errorf("%s links to %s, but %s has no heading #%s", page, target, path, frag)
+			}
+			checked++
+		}
+	}
+	if checked < 20 {
+		t.Errorf("checked %d links", checked)
+	}
+}
