@@ -120,17 +120,19 @@ func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog
 	// real one, not the deadline's.
 	var last error
 	wait := newWaitLog(log, "postgres", postgresForLog(pc), cfg.StartupTimeout)
+	attempt := max(waitAttempt, pc.ConnConfig.ConnectTimeout)
 	for {
-		actx, cancelAttempt := context.WithTimeout(cctx, waitAttempt)
+		began := time.Now()
+		actx, cancelAttempt := context.WithTimeout(cctx, attempt)
 		err := pool.Ping(actx)
-		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded) && cctx.Err() == nil
+		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded)
 		cancelAttempt()
 		if err == nil {
 			wait.reached()
 			return pool, nil
 		}
 		if timedOut {
-			err = fmt.Errorf("no answer within %s: %w", waitAttempt, err)
+			err = fmt.Errorf("no answer within %s: %w", time.Since(began).Round(100*time.Millisecond), err)
 		}
 		if cctx.Err() == nil || last == nil {
 			last = err

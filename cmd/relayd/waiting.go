@@ -13,9 +13,10 @@ import (
 // waitLogEvery is how often a wait for a service is logged again.
 const waitLogEvery = 5 * time.Second
 
-// waitAttempt bounds one connection attempt, so that a service that does not
-// answer at all is logged while relayd waits, not only at the deadline.
-const waitAttempt = 3 * time.Second
+// waitAttempt bounds one Postgres connection attempt (or the URL's
+// connect_timeout, if longer), so that a server that does not answer at all
+// is logged while relayd waits, not only at the deadline.
+const waitAttempt = 5 * time.Second
 
 // waitLog says that relayd is waiting for a service: at the first failed
 // attempt, then every waitLogEvery. Without it a start against an
