@@ -46,28 +46,6 @@ func TestRelayWaitsForPostgresAndRabbitMQAtStart(t *testing.T) {
 	}
 }
 
-// startUnready starts `relayd run` without waiting for it to start.
-func (e *env) startUnready(name string, extra ...string) *proc {
-	e.t.Helper()
-	p := &proc{t: e.t, name: name, out: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(relaydBin, "run")
-	p.cmd.Env = e.relayEnv(extra...)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	dieWithTest(p.cmd)
-	if err := p.cmd.Start(); err != nil {
-		e.t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	e.t.Cleanup(func() {
-		p.cmd.Process.Kill()
-		<-p.done
-		if e.t.Failed() {
-			e.t.Logf("--- %s output ---\n%s", name, p.out.String())
-		}
-	})
-	return p
-}
-
 // A service that does not answer at start is named in the log at once —
 // which, where (without the password) and why — not after
 // RELAY_STARTUP_TIMEOUT of silence (it used to print nothing for 30 s).
