@@ -105,17 +105,18 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 // stand between an operator and --help.
 func configOrExit(stderr io.Writer, env envconfig.Lookuper) (*config, int) {
 	n, err := procs(env)
+	var cfg *config
 	if err == nil {
-		var cfg *config
-		if cfg, err = loadConfig(context.Background(), env); err == nil {
-			if n > 0 {
-				runtime.GOMAXPROCS(n)
-			}
-			return cfg, exitOK
-		}
+		cfg, err = loadConfig(context.Background(), env)
 	}
-	fmt.Fprintf(stderr, "relayd: config: %v\n", err)
-	return nil, exitUsage
+	if err != nil {
+		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+		return nil, exitUsage
+	}
+	if n > 0 {
+		runtime.GOMAXPROCS(n)
+	}
+	return cfg, exitOK
 }
 
 func newLogger(cfg *config, w io.Writer) *slog.Logger {

@@ -137,14 +137,12 @@ func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog
 		if cctx.Err() == nil || last == nil {
 			last = err
 		}
-		if cctx.Err() == nil {
-			wait.failed(err)
-		}
 		var pgErr *pgconn.PgError
 		if (errors.As(err, &pgErr) && !startingUp(pgErr)) || cctx.Err() != nil {
 			pool.Close()
 			return nil, fmt.Errorf("postgres: %w", last)
 		}
+		wait.failed(err)
 		select {
 		case <-cctx.Done():
 		case <-time.After(500 * time.Millisecond):
