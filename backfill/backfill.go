@@ -124,7 +124,8 @@ type Summary struct {
 	DeadLettered     int64         `json:"dead_lettered"`     // refused by JetStream for good, parked in the dead-letter queue
 	Failed           int64         `json:"failed"`            // refused for good and held (no dead-letter queue): back in the queue at the end
 	Requeued         int64         `json:"requeued"`          // transient failures, requeued to try again
-	Duration         time.Duration `json:"duration_ns"`
+	Duration         time.Duration `json:"-"`
+	DurationSeconds  float64       `json:"duration_seconds"` // Duration, in relayd's JSON unit
 	Rate             float64       `json:"rate_per_second"`
 	DryRun           bool          `json:"dry_run"`
 }
@@ -240,6 +241,7 @@ func (b *runner) summary() Summary {
 		DeadLettered: b.dead.Load(), Failed: b.failed.Load(), Requeued: b.requeued.Load(),
 		Duration: time.Since(b.start), DryRun: b.cfg.DryRun,
 	}
+	s.DurationSeconds = s.Duration.Seconds()
 	if secs := s.Duration.Seconds(); secs > 0 {
 		s.Rate = float64(s.Handled()) / secs
 	}

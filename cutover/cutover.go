@@ -64,7 +64,9 @@ type Condition struct {
 type Result struct {
 	OK          bool          `json:"ok"`
 	Conditions  []Condition   `json:"conditions"`
-	QuietPeriod time.Duration `json:"quiet_period_ns"`
+	QuietPeriod time.Duration `json:"-"`
+	// QuietPeriodSeconds is QuietPeriod, in relayd's JSON unit.
+	QuietPeriodSeconds float64 `json:"quiet_period_seconds"`
 }
 
 // The conditions, by name.
@@ -121,7 +123,7 @@ func Check(ctx context.Context, cfg Config) (Result, error) {
 			quiet = first.ackWait * time.Duration(first.maxAck+1)
 		}
 	}
-	res := Result{QuietPeriod: quiet, Conditions: first.conds}
+	res := Result{QuietPeriod: quiet, QuietPeriodSeconds: quiet.Seconds(), Conditions: first.conds}
 	res.Conditions = append(res.Conditions, versions(ctx, cfg.Instances)...)
 	if !first.ok() || !allOK(res.Conditions) {
 		res.Conditions = append(res.Conditions, Condition{Name: CondQuiet, Detail: "not watched: a condition above fails"})

@@ -213,8 +213,8 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// startRelay starts `relayd run` and waits until it says it is running.
-func (e *env) startRelay(name string, extra ...string) *proc {
+// startUnready starts `relayd run` without waiting for it to start.
+func (e *env) startUnready(name string, extra ...string) *proc {
 	e.t.Helper()
 	p := &proc{t: e.t, name: name, out: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(relaydBin, "run")
@@ -232,6 +232,13 @@ func (e *env) startRelay(name string, extra ...string) *proc {
 			e.t.Logf("--- %s output ---\n%s", name, p.out.String())
 		}
 	})
+	return p
+}
+
+// startRelay starts `relayd run` and waits until it says it is running.
+func (e *env) startRelay(name string, extra ...string) *proc {
+	e.t.Helper()
+	p := e.startUnready(name, extra...)
 	testenv.Eventually(e.t, 30*time.Second, func() bool {
 		select {
 		case <-p.done:

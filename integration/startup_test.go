@@ -2,12 +2,18 @@ package integration
 
 import (
 	"fmt"
+	"net"
 	"net/url"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
+
+	"github.com/relayd/relayd/internal/testenv"
 )
 
 // relayd started before Postgres and RabbitMQ accept connections (a compose
@@ -37,5 +43,92 @@ func TestRelayWaitsForPostgresAndRabbitMQAtStart(t *testing.T) {
 		"RELAY_AMQP_URL="+late("amqp", e.amqpURL, 4*time.Second), "RELAY_STARTUP_TIMEOUT=20s")
 	if waited := time.Since(start); waited < 4*time.Second {
 		t.Fatalf("started after %v, before Postgres and RabbitMQ were reachable", waited)
+	}
+}
+
+// A service that does not answer at start is named in the log at once —
+// which, where (without the password) and why — not after
+// RELAY_STARTUP_TIMEOUT of silence (it used to print nothing for 30 s).
+func TestStartupNamesTheServiceItWaitsFor(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		service string
+		env     func(closed string) string
+	}{
+		{"postgres", func(closed string) string {
+			return "RELAY_DATABASE_URL=postgres://relay:s3cret@" + closed + "/app?sslmode=disable"
+		}},
+		{"rabbitmq", func(closed string) string { return "RELAY_AMQP_URL=amqp://guest:s3cret@" + closed + "/" }},
+		{"nats", func(closed string) string { return "RELAY_NATS_URL=nats://relay:s3cret@" + closed }},
+	} {
+		t.Run(tc.service, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			closed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			start := time.Now()
+			p := e.startUnready("relayd", tc.env(closed), "RELAY_STARTUP_TIMEOUT=30s")
+			var line string
+			testenv.Eventually(t, 2*time.Second, func() bool {
+				for l := range strings.Lines(p.out.String()) {
+					if strings.Contains(l, `msg="waiting for `+tc.service+`"`) {
+						line = l
+						return true
+					}
+				}
+				return false
+			}, "no log line naming %s within 2 s of the start", tc.service)
+			for _, want := range []string{"service=" + tc.service, closed, "xxxxx@" + closed, "connection refused"} {
+				if tc.service == "postgres" && want == "xxxxx@"+closed {
+					want = "relay@" + closed // a DSN's password is left out, not masked
+				}
+				if tc.service == "nats" && want == "connection refused" {
+					want = "error=" // nats.go: "no servers available for connection"
+				}
+				if !strings.Contains(line, want) {
+					t.Errorf("after %v: %q lacks %q", time.Since(start), line, want)
+				}
+			}
+			if strings.Contains(p.out.String(), "s3cret") {
+				t.Errorf("the password is in the log:\n%s", p.out.String())
+			}
+			if !p.running() {
+				t.Fatalf("relayd exited instead of waiting: %v", p.err)
+			}
+		})
+	}
+}
+
+// An on-call engineer's `relayd status` against a Postgres that is down
+// (nothing listening) or that does not answer (accepts, says nothing)
+// fails within seconds, exit 1, with the reason — not after
+// RELAY_STARTUP_TIMEOUT.
+func TestStatusFailsFastWithoutPostgres(t *testing.T) {
+	t.Parallel()
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	for _, tc := range []struct {
+		name, addr, reason string
+	}{
+		{"down", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "connection refused"},
+		{"silent", silent.Addr().String(), "no answer within"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(relaydBin, "status")
+			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "RELAY_DATABASE_URL=postgres://relay:s3cret@" + tc.addr + "/app?sslmode=disable", "RELAY_STARTUP_TIMEOUT=60s"}
+			dieWithTest(cmd)
+			start := time.Now()
+			out, err := cmd.CombinedOutput()
+			took := time.Since(start)
+			if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 1 || took > 10*time.Second {
+				t.Fatalf("relayd status: %v after %v, want exit 1 within 10 s:\n%s", err, took, out)
+			}
+			if !strings.Contains(string(out), "postgres") || !strings.Contains(string(out), tc.reason) || strings.Contains(string(out), "s3cret") {
+				t.Errorf("relayd status: output lacks postgres and %q (or has the password):\n%s", tc.reason, out)
+			}
+		})
 	}
 }

@@ -32,8 +32,11 @@ Stops by itself once the queue is drained and prints a summary. SIGINT stops
 cleanly; a rerun continues where it stopped.
 
 Uses RELAY_DATABASE_URL, RELAY_OUTBOX_TABLE, RELAY_AMQP_URL, RELAY_NATS_URL,
-RELAY_NATS_STREAM, RELAY_NATS_SUBJECT_PREFIX and RELAY_METRICS_ADDR; each flag
-below may also be set as RELAY_BACKFILL_<FLAG> (e.g. RELAY_BACKFILL_QUEUE).
+RELAY_NATS_STREAM and RELAY_NATS_SUBJECT_PREFIX, and waits up to
+RELAY_STARTUP_TIMEOUT for Postgres and NATS. Its relayd_backfill_* metrics
+are served only on --metrics-addr, not on RELAY_METRICS_ADDR, where a relayd
+on the same host listens. Each flag below may also be set as
+RELAY_BACKFILL_<FLAG> (e.g. RELAY_BACKFILL_QUEUE).
 
 Flags:
 `
@@ -50,6 +53,7 @@ type backfillEnv struct {
 	Follow      bool    `env:"RELAY_BACKFILL_FOLLOW, default=false"`
 	DryRun      bool    `env:"RELAY_BACKFILL_DRY_RUN, default=false"`
 	JSON        bool    `env:"RELAY_BACKFILL_JSON, default=false"`
+	MetricsAddr string  `env:"RELAY_BACKFILL_METRICS_ADDR"` // empty: no listener
 }
 
 func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
@@ -76,6 +80,7 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	follow := fs.Bool("follow", be.Follow, "keep going after the queue is drained")
 	dryRun := fs.Bool("dry-run", be.DryRun, "report what would happen; change nothing")
 	asJSON := fs.Bool("json", be.JSON, "print the summary as JSON")
+	metricsAddr := fs.String("metrics-addr", be.MetricsAddr, "serve /metrics on host:port (unset: no listener)")
 	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, backfillHelp)); done {
 		return code
 	}
@@ -98,6 +103,10 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 			return exitUsage
 		}
 	}
+	if *metricsAddr != "" && !validListenAddr(*metricsAddr) {
+		fmt.Fprintf(stderr, "relayd backfill: --metrics-addr (or RELAY_BACKFILL_METRICS_ADDR): %q is not host:port with a port of 0..65535\n", *metricsAddr)
+		return exitUsage
+	}
 	smap, err := parseSubjectMap(*subjectMap)
 	if err != nil {
 		fmt.Fprintf(stderr, "relayd backfill: --subject-map: %v\n", err)
@@ -106,7 +115,7 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	if !amqpURLOK(env, stderr) {
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 4, true)
+	ss, code := openSession(stderr, env, 4, true, 0)
 	if ss == nil {
 		return code
 	}
@@ -123,12 +132,12 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		return exitFailure
 	}
 	rep := newReporter(stderr, log)
-	if cfg.MetricsAddr != "" {
+	if *metricsAddr != "" {
 		reg := prometheus.NewRegistry()
 		rep.register(reg)
-		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, reg, func(context.Context) []string { return nil }, log)
+		srv, err := startHTTP(*metricsAddr, cfg.PProf, reg, func(context.Context) []string { return nil }, log)
 		if err != nil {
-			log.Error("backfill", "error", err.Error())
+			log.Error("backfill: --metrics-addr", "error", err.Error())
 			return exitFailure
 		}
 		defer srv.Close()

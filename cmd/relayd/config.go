@@ -215,14 +215,8 @@ func (c *config) validate() error {
 			return badVar("RELAY_NATS_CREDS", "%s is not a NATS credentials file (a user JWT and its nkey seed)", c.NATSCreds)
 		}
 	}
-	if c.MetricsAddr != "" {
-		_, port, err := net.SplitHostPort(c.MetricsAddr)
-		if err == nil {
-			_, err = strconv.ParseUint(port, 10, 16)
-		}
-		if err != nil {
-			return badVar("RELAY_METRICS_ADDR", "%q is not host:port with a port of 0..65535", c.MetricsAddr)
-		}
+	if c.MetricsAddr != "" && !validListenAddr(c.MetricsAddr) {
+		return badVar("RELAY_METRICS_ADDR", "%q is not host:port with a port of 0..65535", c.MetricsAddr)
 	}
 	for _, v := range []struct {
 		name     string
@@ -274,6 +268,15 @@ func (c *config) validateRun() error {
 		return badVar("RELAY_SHUTDOWN_TIMEOUT", "%s must exceed RELAY_PUBLISH_TIMEOUT %s: in-flight batches wait that long for their confirms", c.ShutdownGrace, c.PublishTimeout)
 	}
 	return nil
+}
+
+// validListenAddr says whether addr is host:port with a port of 0..65535.
+func validListenAddr(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = strconv.ParseUint(port, 10, 16)
+	}
+	return err == nil
 }
 
 func (c *config) wants(t relay.Target) bool {

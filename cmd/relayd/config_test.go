@@ -260,7 +260,7 @@ func TestBackfillFlagsReadTheirVariables(t *testing.T) {
 			continue
 		}
 		flags++
-		name, typ := strings.TrimPrefix(fields[0], "-"), "bool"
+		name, typ := strings.TrimPrefix(fields[0], "--"), "bool"
 		if len(fields) > 1 {
 			typ = fields[1]
 		}
@@ -280,7 +280,7 @@ func TestBackfillFlagsReadTheirVariables(t *testing.T) {
 		}
 		var got string
 		for l := range strings.Lines(out.String()) {
-			if strings.HasPrefix(l, "  -"+name+" ") || strings.TrimSpace(l) == "-"+name {
+			if strings.HasPrefix(l, "  --"+name+" ") || strings.TrimSpace(l) == "--"+name {
 				got = l
 			}
 		}

@@ -30,7 +30,8 @@ condition with its numbers and PASS or FAIL:
      last BackOff step if longer)
   5. with --instances: every relayd answers the same /version
 
-Exit status: 0 all pass, 1 any fails, 2 usage. Uses RELAY_DATABASE_URL,
+Exit status: 0 all pass, 1 any fails (or a service could not be reached
+within --connect-timeout), 2 usage. Uses RELAY_DATABASE_URL,
 RELAY_OUTBOX_TABLE, RELAY_NATS_URL, RELAY_NATS_STREAM and RELAY_AMQP_URL.
 
 Flags:
@@ -38,7 +39,7 @@ Flags:
 
 func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	if len(args) == 0 || (args[0] != "check" && !strings.HasPrefix(args[0], "-")) {
-		fmt.Fprintln(stderr, "relayd cutover: want `relayd cutover check --consumer DURABLE`")
+		fmt.Fprintln(stderr, "relayd cutover: want `relayd cutover check --consumer DURABLE` (see relayd cutover check --help)")
 		return exitUsage
 	}
 	if args[0] == "check" {
@@ -53,6 +54,7 @@ func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 	wait := fs.Bool("wait", false, "poll until every condition passes or --timeout")
 	timeout := fs.Duration("timeout", 30*time.Minute, "with --wait, give up after this long")
 	asJSON := fs.Bool("json", false, "print the verdict as JSON")
+	connectTimeout := connectTimeoutFlag(fs)
 	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, cutoverHelp)); done {
 		return code
 	}
@@ -64,10 +66,13 @@ func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 		fmt.Fprintln(stderr, "relayd cutover check: --quiet-period and --timeout must be positive")
 		return exitUsage
 	}
+	if !checkConnectTimeout(fs.Name(), *connectTimeout, stderr) {
+		return exitUsage
+	}
 	if *queue != "" && !amqpURLOK(env, stderr) {
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 2, true)
+	ss, code := openSession(stderr, env, 2, true, *connectTimeout)
 	if ss == nil {
 		return code
 	}

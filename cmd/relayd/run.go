@@ -40,17 +40,15 @@ exits at once.
 At start it checks that the table is migrated, the JetStream stream and the
 RabbitMQ exchange exist; with RELAY_PROVISION=true it creates whatever is
 missing instead. Serves /metrics, /healthz, /readyz and /version on
-RELAY_METRICS_ADDR.
+RELAY_METRICS_ADDR. While Postgres, RabbitMQ or NATS does not answer, it
+logs which, where and why every few seconds, for up to
+RELAY_STARTUP_TIMEOUT.
 `
 
 func cmdRun(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	if code, done := parseFlags(fs, args, stdout, stderr, runHelp); done {
 		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "relayd run: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
 	}
 	cfg, code := configOrExit(stderr, env)
 	if cfg == nil {
@@ -83,10 +81,16 @@ const poolCloseWait = 2 * time.Second
 // errShutdownTimeout: in-flight batches outlasted RELAY_SHUTDOWN_TIMEOUT.
 var errShutdownTimeout = errors.New("in-flight batches did not finish within RELAY_SHUTDOWN_TIMEOUT")
 
-// newPool connects to Postgres. Relay sessions carry an
+// newPool is connectPostgres without a log of the wait.
+func newPool(ctx context.Context, cfg *config, maxConns int32) (*pgxpool.Pool, error) {
+	return connectPostgres(ctx, cfg, maxConns, slog.New(slog.DiscardHandler))
+}
+
+// connectPostgres connects to Postgres, waiting for it up to
+// cfg.StartupTimeout and logging the wait. Relay sessions carry an
 // idle_in_transaction_session_timeout so that a relay frozen mid-batch
 // (SIGSTOP, a stuck broker write) cannot hold its rows' locks for ever.
-func newPool(ctx context.Context, cfg *config, maxConns int32) (*pgxpool.Pool, error) {
+func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog.Logger) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return nil, errors.New("RELAY_DATABASE_URL cannot be parsed")
@@ -115,10 +119,20 @@ func newPool(ctx context.Context, cfg *config, maxConns int32) (*pgxpool.Pool, e
 	// (authentication, no such database). The error reported is the last
 	// real one, not the deadline's.
 	var last error
+	wait := newWaitLog(log, "postgres", postgresForLog(pc), cfg.StartupTimeout)
+	attempt := max(waitAttempt, pc.ConnConfig.ConnectTimeout)
 	for {
-		err := pool.Ping(cctx)
+		began := time.Now()
+		actx, cancelAttempt := context.WithTimeout(cctx, attempt)
+		err := pool.Ping(actx)
+		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded)
+		cancelAttempt()
 		if err == nil {
+			wait.reached()
 			return pool, nil
+		}
+		if timedOut {
+			err = fmt.Errorf("no answer within %s: %w", time.Since(began).Round(100*time.Millisecond), err)
 		}
 		if cctx.Err() == nil || last == nil {
 			last = err
@@ -128,6 +142,7 @@ func newPool(ctx context.Context, cfg *config, maxConns int32) (*pgxpool.Pool, e
 			pool.Close()
 			return nil, fmt.Errorf("postgres: %w", last)
 		}
+		wait.failed(err)
 		select {
 		case <-cctx.Done():
 		case <-time.After(500 * time.Millisecond):
@@ -143,7 +158,7 @@ func startingUp(e *pgconn.PgError) bool {
 }
 
 func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
-	pool, err := newPool(ctx, cfg, int32(cfg.Workers+4))
+	pool, err := connectPostgres(ctx, cfg, int32(cfg.Workers+4), log)
 	if err != nil {
 		return err
 	}
@@ -207,12 +222,17 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			sctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
 			// RabbitMQ may still be starting: retry what a refused or
 			// reset connection fails, until RELAY_STARTUP_TIMEOUT.
+			wait := newWaitLog(log, "rabbitmq", redactURL(cfg.AMQPURL), cfg.StartupTimeout)
 			for {
 				err = amqpsink.EnsureExchange(sctx, cfg.AMQPURL, tlsCfg, cfg.AMQPExchange, cfg.Provision)
 				var netErr *net.OpError
 				if err == nil || !errors.As(err, &netErr) {
+					if err == nil {
+						wait.reached()
+					}
 					break
 				}
+				wait.failed(err)
 				select {
 				case <-sctx.Done():
 				case <-time.After(500 * time.Millisecond):
@@ -262,7 +282,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	if cfg.MetricsAddr != "" {
 		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, reg, readiness(pool, r), log)
 		if err != nil {
-			return err
+			return fmt.Errorf("RELAY_METRICS_ADDR: %w", err)
 		}
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -356,15 +376,21 @@ func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn
 		opts = append(opts, nats.ClientCert(cfg.NATSCert, cfg.NATSKey))
 	}
 	deadline := time.Now().Add(cfg.StartupTimeout)
+	wait := newWaitLog(log, "nats", redact(cfg.NATSURL), cfg.StartupTimeout)
 	for {
 		nc, err := nats.Connect(cfg.NATSURL, opts...)
 		if err == nil {
+			wait.reached()
 			return nc, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil || refusedForGood(err) {
 			return nil, fmt.Errorf("nats: connect to %s: %w", redact(cfg.NATSURL), err)
 		}
-		time.Sleep(500 * time.Millisecond)
+		wait.failed(err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 }
 
@@ -399,7 +425,7 @@ func readiness(pool *pgxpool.Pool, r *relay.Relay) func(context.Context) []strin
 func startHTTP(addr string, pprofOn bool, reg *prometheus.Registry, ready func(context.Context) []string, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics listener (RELAY_METRICS_ADDR=%s): %w", addr, err)
+		return nil, fmt.Errorf("metrics listener on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

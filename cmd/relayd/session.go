@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -25,12 +26,16 @@ type session struct {
 	cancel context.CancelFunc
 }
 
-// openSession loads the configuration and connects. On failure it has
-// printed why and returns the exit code; the caller returns it.
-func openSession(stderr io.Writer, env envconfig.Lookuper, poolSize int32, withNATS bool) (*session, int) {
+// openSession loads the configuration and connects, waiting connectTimeout
+// for each service (0: RELAY_STARTUP_TIMEOUT). On failure it has printed
+// why and returns the exit code; the caller returns it.
+func openSession(stderr io.Writer, env envconfig.Lookuper, poolSize int32, withNATS bool, connectTimeout time.Duration) (*session, int) {
 	cfg, code := configOrExit(stderr, env)
 	if cfg == nil {
 		return nil, code
+	}
+	if connectTimeout > 0 {
+		cfg.StartupTimeout = connectTimeout
 	}
 	if withNATS {
 		// The target may be off for the relay; these commands need it anyway.
@@ -42,7 +47,7 @@ func openSession(stderr io.Writer, env envconfig.Lookuper, poolSize int32, withN
 	s := &session{cfg: cfg, log: newLogger(cfg, stderr)}
 	s.ctx, s.cancel = signalContext(s.log)
 	var err error
-	if s.pool, err = newPool(s.ctx, cfg, poolSize); err != nil {
+	if s.pool, err = connectPostgres(s.ctx, cfg, poolSize, s.log); err != nil {
 		s.log.Error("connect to postgres", "error", err.Error())
 		s.close()
 		return nil, exitFailure

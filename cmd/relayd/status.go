@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -13,42 +12,61 @@ import (
 	"github.com/relayd/relayd/relay"
 )
 
-const statusHelp = `Usage: relayd status [--json]
+const statusHelp = `Usage: relayd status [--targets amqp,nats] [--json] [--connect-timeout D]
 
-Prints, for each target in RELAY_TARGETS, how far the relay is behind: rows
-pending, the lag (age of the oldest pending row by the database clock), the
-oldest pending row, rows waiting for a retry, parked rows, keys held by a
-parked row (their later rows wait) and the last error.
+Prints, for each target the outbox has rows for (delivered, tried or parked
+for it; every target when nothing has been relayed yet), how far the relay
+is behind: rows pending, the lag (age of the oldest pending row by the
+database clock), the oldest pending row, rows waiting for a retry, parked
+rows, keys held by a parked row (their later rows wait) and the last error.
+The shell's RELAY_TARGETS is not read: it need not be the relays'.
 Needs only RELAY_DATABASE_URL (and RELAY_OUTBOX_TABLE). Exit status 0 when
-the figures were read, whatever they say.
+the figures were read, whatever they say; 1 when Postgres could not be read.
 
-  --json   one JSON document, for scripts
-`
+  --targets T           report these targets (amqp, nats or amqp,nats)
+  --json                one JSON document, for scripts
+` + connectTimeoutHelp
 
 func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print JSON")
+	targetList := fs.String("targets", "", "amqp, nats or amqp,nats (default: those the outbox has rows for)")
+	connectTimeout := connectTimeoutFlag(fs)
 	if code, done := parseFlags(fs, args, stdout, stderr, statusHelp); done {
 		return code
 	}
-	ss, code := openSession(stderr, env, 2, false)
+	var targets []relay.Target
+	if *targetList != "" {
+		t, err := relay.ParseTargets(*targetList)
+		if err != nil {
+			fmt.Fprintf(stderr, "relayd status: --targets: %v\n", err)
+			return exitUsage
+		}
+		targets = t
+	}
+	if !checkConnectTimeout("status", *connectTimeout, stderr) {
+		return exitUsage
+	}
+	ss, code := openSession(stderr, env, 2, false, *connectTimeout)
 	if ss == nil {
 		return code
 	}
 	defer ss.close()
 	cfg, log, ctx, pool := ss.cfg, ss.log, ss.ctx, ss.pool
-	stats, err := relay.ReadStats(ctx, pool, cfg.table, cfg.targets)
+	if targets == nil {
+		var err error
+		if targets, err = relay.ActiveTargets(ctx, pool, cfg.table); err != nil {
+			log.Error("read status", "error", err.Error())
+			return exitFailure
+		}
+	}
+	stats, err := relay.ReadStats(ctx, pool, cfg.table, targets)
 	if err != nil {
 		log.Error("read status", "error", err.Error())
 		return exitFailure
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(map[string]any{"table": cfg.table.String(), "targets": stats}); err != nil {
-			return exitFailure
-		}
-		return exitOK
+		return printJSON(stdout, map[string]any{"table": cfg.table.String(), "targets": stats})
 	}
 	fmt.Fprintf(stdout, "outbox %s\n\n", cfg.table)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,7 +14,7 @@ import (
 	"github.com/relayd/relayd/verify"
 )
 
-const verifyHelp = `Usage: relayd verify [--since T] [--until T] [--examples N] [--slack D] [--json]
+const verifyHelp = `Usage: relayd verify [--since T] [--until T] [--examples N] [--slack D] [--json] [--connect-timeout D]
 
 Reconciles the outbox's record with the JetStream stream, for a window of
 time (default: the last 24 hours):
@@ -37,7 +36,8 @@ Uses RELAY_DATABASE_URL, RELAY_OUTBOX_TABLE, RELAY_NATS_URL, RELAY_NATS_CREDS
 and RELAY_NATS_STREAM.
 
 Exit status: 0 nothing missing or duplicated, 1 something is (or the check
-failed), 2 bad usage.
+failed, or Postgres or NATS did not answer within --connect-timeout), 2 bad
+usage.
 
 Flags:
   --since T      start of the window: RFC 3339 (2024-05-01T00:00:00Z) or a
@@ -47,6 +47,9 @@ Flags:
   --slack D      how much wider than the window the stream is read, for
                  clock differences between Postgres and NATS (default 1m)
   --json         print the report as JSON
+  --connect-timeout D
+                 give up on Postgres or NATS if it does not answer within D
+                 (default 5s); 2m, say, waits for a restart
 `
 
 func cmdVerify(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
@@ -56,12 +59,9 @@ func cmdVerify(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 	examples := fs.Int("examples", verify.DefaultExamples, "")
 	slack := fs.Duration("slack", verify.DefaultSlack, "")
 	asJSON := fs.Bool("json", false, "")
+	connectTimeout := connectTimeoutFlag(fs)
 	if code, done := parseFlags(fs, args, stdout, stderr, verifyHelp); done {
 		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "relayd verify: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
 	}
 	now := time.Now()
 	until := now
@@ -90,7 +90,10 @@ func cmdVerify(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		fmt.Fprintln(stderr, "relayd verify: --slack must be a positive duration, like 1m")
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 2, true)
+	if !checkConnectTimeout("verify", *connectTimeout, stderr) {
+		return exitUsage
+	}
+	ss, code := openSession(stderr, env, 2, true, *connectTimeout)
 	if ss == nil {
 		return code
 	}
@@ -112,10 +115,8 @@ func cmdVerify(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		return exitFailure
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return exitFailure
+		if code := printJSON(stdout, rep); code != exitOK {
+			return code
 		}
 	} else {
 		printVerify(stdout, rep)

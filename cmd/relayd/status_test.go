@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/relay"
+)
+
+// status reports the targets the outbox has rows for — not the operator
+// shell's RELAY_TARGETS, which need not be the relays' — or those --targets
+// names; every target while nothing has been relayed.
+func TestStatusTargets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	env := map[string]string{"RELAY_DATABASE_URL": testenv.DatabaseURL(t), "RELAY_OUTBOX_TABLE": table.String(), "RELAY_TARGETS": "amqp"}
+	status := func(args ...string) (targets []relay.Target, lagSeconds bool) {
+		t.Helper()
+		code, out, errOut := runCLI(t, env, append([]string{"status", "--json"}, args...)...)
+		var doc struct {
+			Targets []map[string]any `json:"targets"`
+		}
+		if err := json.Unmarshal([]byte(out), &doc); code != exitOK || err != nil {
+			t.Fatalf("status %v: exit %d, %v\n%s\n%s", args, code, err, out, errOut)
+		}
+		lagSeconds = len(doc.Targets) > 0
+		for _, s := range doc.Targets {
+			targets = append(targets, relay.Target(s["target"].(string)))
+			_, ok := s["lag_seconds"]
+			lagSeconds = lagSeconds && ok
+		}
+		return targets, lagSeconds
+	}
+	ctx := context.Background()
+	insert := func(deliveredTo string) {
+		t.Helper()
+		cols, vals := "topic, payload", "'orders', '\\x7b7d'"
+		if deliveredTo != "" {
+			cols, vals = cols+", "+deliveredTo+"_delivered_at", vals+", now()"
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (`+cols+`) VALUES (`+vals+`)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	insert("")
+	if got, lag := status(); !slices.Equal(got, relay.Targets) || !lag {
+		t.Errorf("nothing relayed yet: targets %v (lag_seconds %v), want every target with lag_seconds", got, lag)
+	}
+	insert("nats") // relays serve nats only, whatever this shell's RELAY_TARGETS says
+	if got, _ := status(); !slices.Equal(got, []relay.Target{relay.TargetNATS}) {
+		t.Errorf("rows delivered to nats only: targets %v, want [nats]", got)
+	}
+	if got, _ := status("--targets", "amqp,nats"); !slices.Equal(got, relay.Targets) {
+		t.Errorf("--targets amqp,nats: targets %v", got)
+	}
+	if code, _, errOut := runCLI(t, env, "status", "--targets", "sqs"); code != exitUsage || !strings.Contains(errOut, "--targets") {
+		t.Errorf("--targets sqs: exit %d, %q; want 2 naming --targets", code, errOut)
+	}
+}
+
+// Every command that reports takes --json: migrate, outbox retry (and the
+// others, tested with their commands).
+func TestJSONReports(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	env := map[string]string{"RELAY_DATABASE_URL": testenv.DatabaseURL(t), "RELAY_OUTBOX_TABLE": table.String()}
+	for _, tc := range []struct {
+		args []string
+		into any
+	}{
+		{[]string{"migrate", "--json"}, &struct {
+			Table   string  `json:"table"`
+			Applied []int64 `json:"applied"`
+		}{}},
+		{[]string{"migrate", "--json", "status"}, &[]migrationJSON{}},
+		{[]string{"outbox", "retry", "--all", "--json"}, &struct {
+			Retried *int64 `json:"retried"`
+		}{}},
+		{[]string{"outbox", "parked", "--json"}, &[]relay.ParkedRow{}},
+	} {
+		code, out, errOut := runCLI(t, env, tc.args...)
+		dec := json.NewDecoder(strings.NewReader(out))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(tc.into); code != exitOK || err != nil {
+			t.Errorf("relayd %v: exit %d, %v\n%s\n%s", tc.args, code, err, out, errOut)
+		}
+	}
+}
