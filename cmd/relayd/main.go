@@ -46,6 +46,7 @@ Usage:
   relayd cutover check  may consumers switch to JetStream exclusively?
   relayd verify     check the stream against the outbox's record (exit 1 if anything is missing or duplicated)
   relayd outbox parked|retry   list parked rows; put them back in line
+  relayd tail       print each message reaching the stream and the exchange, until Ctrl-C
   relayd version    print the version
 
 Each command takes --help. Configuration comes from RELAY_* environment
@@ -87,6 +88,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdVerify(args[1:], stdout, stderr, env)
 	case "outbox":
 		return cmdOutbox(args[1:], stdout, stderr, env)
+	case "tail":
+		return cmdTail(args[1:], stdout, stderr, env)
 	case "version":
 		fmt.Fprintf(stdout, "relayd %s (%s)\n", version, runtime.Version())
 		return exitOK
