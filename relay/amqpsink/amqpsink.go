@@ -907,6 +907,8 @@ func (s *session) failAll(err error) {
 
 // EnsureExchange checks that the exchange exists, or with create declares
 // it as a durable topic exchange. A missing exchange is reported by name.
+// It never declares a queue: a durable catch-all that nobody reads would
+// keep every message and fill RabbitMQ (relayd tail binds a temporary one).
 func EnsureExchange(ctx context.Context, url string, tlsCfg *tls.Config, name string, create bool) error {
 	conn, err := amqp.DialConfig(url, amqp.Config{TLSClientConfig: tlsCfg, Dial: amqp.DefaultDial(10 * time.Second)})
 	if err != nil {
