@@ -36,7 +36,7 @@ lint: ## go.mod tidy, go vet and staticcheck
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 up: ## start Postgres, RabbitMQ, NATS and relayd with docker compose
-	docker compose up -d --build
+	VERSION="$(VERSION)" docker compose up -d --build
 
 down: ## stop the compose services
 	docker compose down -v
