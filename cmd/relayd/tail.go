@@ -146,7 +146,7 @@ func tailNATS(ctx context.Context, cfg *config, log *slog.Logger, out chan<- arr
 			var cc jetstream.ConsumeContext
 			cc, err = cons.Consume(func(m jetstream.Msg) { send(ctx, out, natsArrival(m, cfg.NATSSubjectPrefix)) },
 				jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-					log.Debug("tail: nats consumer", "error", err.Error())
+					log.Warn("tail: nats consumer", "error", err.Error()) // nats.go recovers; say why nothing arrives meanwhile
 				}))
 			if err == nil {
 				return func() { cc.Stop(); nc.Close() }, nil
@@ -161,7 +161,8 @@ func tailNATS(ctx context.Context, cfg *config, log *slog.Logger, out chan<- arr
 }
 
 // tailAMQP binds a temporary queue of its own to the exchange with "#" and
-// reads it. A lost connection ends tail (failed): the queue went with it.
+// reads it. A lost channel or connection ends tail (failed): the queue
+// went with it.
 func tailAMQP(ctx context.Context, cfg *config, out chan<- arrival, failed chan<- error) (string, func(), error) {
 	tlsCfg, err := cfg.amqpTLS()
 	if err != nil {
@@ -174,47 +175,60 @@ func tailAMQP(ctx context.Context, cfg *config, out chan<- arrival, failed chan<
 	if err != nil {
 		return "", nil, fmt.Errorf("amqp: connect to %s: %w", redactURL(cfg.AMQPURL), err)
 	}
-	q, deliveries, err := tailQueue(conn, cfg.AMQPExchange)
+	q, closed, deliveries, err := tailQueue(conn, cfg.AMQPExchange)
 	if err != nil {
 		conn.Close()
 		return "", nil, err
 	}
-	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
 		for d := range deliveries {
 			send(ctx, out, amqpArrival(d))
 		}
-		if e := <-closed; e != nil && ctx.Err() == nil {
-			failed <- fmt.Errorf("amqp: connection lost: %w", e)
+		// Deliveries end with the channel, or when RabbitMQ cancels the
+		// consumer (the queue deleted): either way, nothing more comes.
+		err := errors.New("amqp: RabbitMQ cancelled tail's consumer (its queue was deleted)")
+		select {
+		case e := <-closed:
+			if e != nil {
+				err = fmt.Errorf("amqp: channel closed: %w", e)
+			}
+		case <-time.After(time.Second):
+		}
+		select {
+		case failed <- err:
+		case <-ctx.Done(): // tail is stopping: its own close
 		}
 	}()
 	return q, func() { conn.Close() }, nil
 }
 
-// tailQueue declares the temporary queue, binds and consumes it.
-func tailQueue(conn *amqp.Connection, exchange string) (string, <-chan amqp.Delivery, error) {
+// tailQueue declares the temporary queue, binds and consumes it; closed
+// tells why its channel closed (a channel closes with its connection, with
+// the connection's error).
+func tailQueue(conn *amqp.Connection, exchange string) (queue string, closed <-chan *amqp.Error, _ <-chan amqp.Delivery, _ error) {
 	ch, err := conn.Channel()
 	if err != nil {
-		return "", nil, fmt.Errorf("amqp: channel: %w", err)
+		return "", nil, nil, fmt.Errorf("amqp: channel: %w", err)
 	}
+	closed = ch.NotifyClose(make(chan *amqp.Error, 1))
 	// Not durable, auto-delete, exclusive: RabbitMQ drops it with the
 	// connection, so tail never leaves a queue behind to fill up.
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
-		return "", nil, fmt.Errorf("amqp: declare a temporary queue: %w", err)
+		return "", nil, nil, fmt.Errorf("amqp: declare a temporary queue: %w", err)
 	}
 	if err := ch.QueueBind(q.Name, "#", exchange, false, nil); err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			return "", nil, fmt.Errorf("amqp: exchange %q does not exist (start relayd run with RELAY_PROVISION=true, or create it)", exchange)
+			return "", nil, nil, fmt.Errorf("amqp: exchange %q does not exist (start relayd run with RELAY_PROVISION=true, or create it)", exchange)
 		}
-		return "", nil, fmt.Errorf("amqp: bind %s to exchange %q: %w", q.Name, exchange, err)
+		return "", nil, nil, fmt.Errorf("amqp: bind %s to exchange %q: %w", q.Name, exchange, err)
 	}
 	deliveries, err := ch.Consume(q.Name, "relayd-tail", true, true, false, false, nil)
 	if err != nil {
-		return "", nil, fmt.Errorf("amqp: consume %s: %w", q.Name, err)
+		return "", nil, nil, fmt.Errorf("amqp: consume %s: %w", q.Name, err)
 	}
-	return q.Name, deliveries, nil
+	return q.Name, closed, deliveries, nil
 }
 
 func send(ctx context.Context, out chan<- arrival, a arrival) {
