@@ -9,9 +9,9 @@
 // return already buffered before each confirm: a return is always seen
 // before the ack of the same message. Each return is also warned of in the
 // log at once, rate-limited per topic (see unroutable.go): the row is only
-// retried, and parked when its attempts run out. (The buffers are there because
-// amqp091-go drops a notification its listener has not taken within 5 s, as
-// after a process was frozen that long.) A closed channel or
+// retried, and parked when its attempts run out. (The buffers are there
+// because amqp091-go drops a notification its listener has not taken within
+// 5 s, as after a process was frozen that long.) A closed channel or
 // connection resolves every pending publish as "unknown" (retry), and the
 // sink reconnects by itself with capped backoff. A publish still unanswered
 // at its deadline on a live connection stays registered: its confirm, when
