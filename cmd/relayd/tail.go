@@ -19,6 +19,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/sethvargo/go-envconfig"
@@ -138,26 +139,31 @@ func tailNATS(ctx context.Context, cfg *config, log *slog.Logger, out chan<- arr
 	if err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
-	if err == nil {
-		var cons jetstream.Consumer
-		cons, err = js.OrderedConsumer(ctx, cfg.NATSStream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
-		if err == nil {
-			var cc jetstream.ConsumeContext
-			cc, err = cons.Consume(func(m jetstream.Msg) { send(ctx, out, natsArrival(m, cfg.NATSSubjectPrefix)) },
-				jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-					log.Warn("tail: nats consumer", "error", err.Error()) // nats.go recovers; say why nothing arrives meanwhile
-				}))
-			if err == nil {
-				return func() { cc.Stop(); nc.Close() }, nil
-			}
+	cc, err := consumeNew(ctx, nc, cfg.NATSStream, func(m jetstream.Msg) { send(ctx, out, natsArrival(m, cfg.NATSSubjectPrefix)) }, log)
+	if err != nil {
+		nc.Close()
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, fmt.Errorf("nats: stream %q does not exist (start relayd run with RELAY_PROVISION=true, or create it)", cfg.NATSStream)
 		}
+		return nil, fmt.Errorf("nats: consume stream %q: %w", cfg.NATSStream, err)
 	}
-	nc.Close()
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("nats: stream %q does not exist (start relayd run with RELAY_PROVISION=true, or create it)", cfg.NATSStream)
+	return func() { cc.Stop(); nc.Close() }, nil
+}
+
+// consumeNew has handle called with each message stored in stream from now
+// on.
+func consumeNew(ctx context.Context, nc *nats.Conn, stream string, handle jetstream.MessageHandler, log *slog.Logger) (jetstream.ConsumeContext, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("nats: consume stream %q: %w", cfg.NATSStream, err)
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return nil, err
+	}
+	return cons.Consume(handle, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		log.Warn("tail: nats consumer", "error", err.Error()) // nats.go recovers; this says why nothing arrives meanwhile
+	}))
 }
 
 // tailAMQP binds a temporary queue of its own to the exchange with "#" and
