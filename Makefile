@@ -7,7 +7,7 @@ GO      ?= go
 # unless RELAY_DATABASE_URL is set.
 LOCAL_DATABASE_URL ?= postgres://root@127.0.0.1:5432/test?sslmode=disable
 
-.PHONY: help build run test test-short lint bench up down clean
+.PHONY: help build run tail test test-short lint bench up down clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -17,6 +17,9 @@ build: ## build bin/relayd
 
 run: build ## migrate and run relayd against the local services (creates stream and exchange)
 	RELAY_DATABASE_URL="$${RELAY_DATABASE_URL:-$(LOCAL_DATABASE_URL)}" RELAY_PROVISION=true ./bin/relayd run
+
+tail: build ## print each message reaching the local stream and exchange until Ctrl-C (beside `make run`)
+	./bin/relayd tail
 
 test: ## run every test, with the race detector, against the real services
 	$(GO) test -race -count=1 -timeout 20m ./...
@@ -33,7 +36,7 @@ lint: ## go.mod tidy, go vet and staticcheck
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 up: ## start Postgres, RabbitMQ, NATS and relayd with docker compose
-	docker compose up -d --build
+	VERSION="$(VERSION)" docker compose up -d --build
 
 down: ## stop the compose services
 	docker compose down -v

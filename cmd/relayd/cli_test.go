@@ -31,7 +31,7 @@ var helps = [][]string{
 	{"--help"}, {"run", "--help"}, {"migrate", "--help"}, {"status", "--help"},
 	{"backfill", "--help"}, {"cutover", "check", "--help"}, {"verify", "--help"},
 	{"outbox", "--help"}, {"outbox", "parked", "--help"}, {"outbox", "retry", "--help"},
-	{"version", "--help"},
+	{"version", "--help"}, {"tail", "--help"},
 }
 
 func TestVersion(t *testing.T) {
@@ -151,7 +151,7 @@ func TestStrayArgumentsRefused(t *testing.T) {
 		{"run", "now"}, {"status", "amqp"}, {"status", "--json", "extra"},
 		{"backfill", "--queue", "q", "extra"}, {"cutover", "check", "--consumer", "c", "extra"},
 		{"verify", "extra"}, {"outbox", "parked", "extra"}, {"outbox", "retry", "--all", "extra"},
-		{"version", "extra"}, {"migrate", "up", "extra"}, {"help", "extra"},
+		{"version", "extra"}, {"migrate", "up", "extra"}, {"help", "extra"}, {"tail", "extra"},
 	} {
 		code, out, errOut := runCLI(t, base(), args...)
 		want := `unexpected argument "` + args[len(args)-1] + `"`

@@ -35,6 +35,7 @@ var commands = []struct{ name, what string }{
 	{"verify", "check the stream against the outbox's record (exit 1 if anything is missing or duplicated)"},
 	{"outbox parked", "list parked rows"},
 	{"outbox retry", "put parked rows back in line"},
+	{"tail", "print each message reaching the stream and the exchange, until Ctrl-C"},
 	{"version", "print the version (also --version)"},
 }
 
@@ -81,6 +82,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdVerify(args[1:], stdout, stderr, env)
 	case "outbox":
 		return cmdOutbox(args[1:], stdout, stderr, env)
+	case "tail":
+		return cmdTail(args[1:], stdout, stderr, env)
 	case "version", "-version", "--version":
 		return cmdVersion(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":

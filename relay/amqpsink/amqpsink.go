@@ -7,9 +7,11 @@
 // returns and confirms over from its single reader goroutine in wire order,
 // into buffers this package reads on one goroutine of its own, taking every
 // return already buffered before each confirm: a return is always seen
-// before the ack of the same message. (The buffers are there because
-// amqp091-go drops a notification its listener has not taken within 5 s, as
-// after a process was frozen that long.) A closed channel or
+// before the ack of the same message. Each return is also warned of in the
+// log at once, rate-limited per topic (see unroutable.go): the row is only
+// retried, and parked when its attempts run out. (The buffers are there
+// because amqp091-go drops a notification its listener has not taken within
+// 5 s, as after a process was frozen that long.) A closed channel or
 // connection resolves every pending publish as "unknown" (retry), and the
 // sink reconnects by itself with capped backoff. A publish still unanswered
 // at its deadline on a live connection stays registered: its confirm, when
@@ -73,6 +75,8 @@ type Sink struct {
 	late   map[string]time.Time
 	onLate func(msgID string) // see OnLateConfirm
 
+	unroutable *unroutableWarner
+
 	stop    chan struct{}
 	stopped chan struct{}
 }
@@ -97,6 +101,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	}
 	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), stop: make(chan struct{}), stopped: make(chan struct{}),
 		late: map[string]time.Time{}}
+	s.unroutable = newUnroutableWarner(s.log)
 	var first *session
 	var err error
 	for {
@@ -167,7 +172,7 @@ func (s *Sink) connect() (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	sess := newSession(conn, ch, s.confirmedLate, s.cfg.beforeEvent, s.blockedBy)
+	sess := newSession(conn, ch, s.confirmedLate, s.cfg.beforeEvent, s.blockedBy, s.unroutable.returned)
 	sess.cork = cork
 	return sess, nil
 }
@@ -519,6 +524,7 @@ type session struct {
 	lateOK   func(msgID string)  // told of confirms that came after their publisher gave up
 	hook     func()              // Config.beforeEvent
 	onBlock  func(reason string) // told when RabbitMQ blocks ("" when it unblocks) the connection
+	onReturn func(amqp.Return)   // told of every basic.return, before it is applied
 
 	done chan struct{} // closed when the channel or connection is gone
 }
@@ -539,9 +545,9 @@ const (
 	returnBuffer  = 1 << 10
 )
 
-func newSession(conn *amqp.Connection, ch *amqp.Channel, lateOK func(string), hook func(), onBlock func(string)) *session {
+func newSession(conn *amqp.Connection, ch *amqp.Channel, lateOK func(string), hook func(), onBlock func(string), onReturn func(amqp.Return)) *session {
 	s := &session{
-		conn: conn, ch: ch, lateOK: lateOK, hook: hook, onBlock: onBlock,
+		conn: conn, ch: ch, lateOK: lateOK, hook: hook, onBlock: onBlock, onReturn: onReturn,
 		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
 		early: map[uint64]bool{}, earlyRet: map[string]string{},
 		done: make(chan struct{}),
@@ -582,7 +588,7 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 					returns = nil
 					return
 				}
-				s.onReturn(r)
+				s.returned(r)
 			default:
 				return
 			}
@@ -640,7 +646,7 @@ func (s *session) readEvents(confirms <-chan amqp.Confirmation, returns <-chan a
 				returns = nil
 				continue
 			}
-			s.onReturn(r)
+			s.returned(r)
 		case c, ok := <-confirms:
 			if !ok {
 				return
@@ -804,9 +810,12 @@ func (s *session) inFlight(msgID string) *pending {
 	return s.byMsgID[msgID]
 }
 
-func (s *session) onReturn(r amqp.Return) {
+func (s *session) returned(r amqp.Return) {
 	if s.hook != nil {
 		s.hook()
+	}
+	if s.onReturn != nil {
+		s.onReturn(r) // it logs: outside mu
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -898,6 +907,8 @@ func (s *session) failAll(err error) {
 
 // EnsureExchange checks that the exchange exists, or with create declares
 // it as a durable topic exchange. A missing exchange is reported by name.
+// It never declares a queue: a durable catch-all that nobody reads would
+// keep every message and fill RabbitMQ (relayd tail binds a temporary one).
 func EnsureExchange(ctx context.Context, url string, tlsCfg *tls.Config, name string, create bool) error {
 	conn, err := amqp.DialConfig(url, amqp.Config{TLSClientConfig: tlsCfg, Dial: amqp.DefaultDial(10 * time.Second)})
 	if err != nil {

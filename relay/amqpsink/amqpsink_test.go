@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
@@ -67,6 +68,60 @@ func TestUnroutableIsReturned(t *testing.T) {
 	}
 	sinktest.WaitArrived(t, e, routed)
 	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), routed, 1)
+}
+
+// An unroutable message is warned of in the log by the time its publish
+// returns — naming the topic, the exchange and the fix — not only when its
+// row is parked; its repeats within the rate limit add no line.
+func TestUnroutableIsWarnedOfAtOnce(t *testing.T) {
+	t.Parallel()
+	var log lockedBuffer
+	e := setupReadyWith(t, func(c *amqpsink.Config) { c.Logger = slog.New(slog.NewJSONHandler(&log, nil)) })
+	warnings := func() []map[string]any {
+		var out []map[string]any
+		for _, line := range strings.Split(strings.TrimSpace(log.String()), "\n") {
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["level"] == "WARN" && strings.Contains(fmt.Sprint(rec["msg"]), "unroutable") {
+				out = append(out, rec)
+			}
+		}
+		return out
+	}
+	msgs := sinktest.Messages("warn", 3)
+	makeUnroutable(msgs, func(int) bool { return true })
+	requireRouting(t, msgs[:1], sinktest.Publish(t, e.sink, 20*time.Second, msgs[:1]), map[string]bool{msgs[0].MessageID: true})
+	w := warnings()
+	if len(w) != 1 {
+		t.Fatalf("after one unroutable publish returned: %d warnings, want 1\n%s", len(w), log.String())
+	}
+	if w[0]["topic"] != msgs[0].Topic || w[0]["exchange"] != e.exchange || !strings.Contains(fmt.Sprint(w[0]["msg"]), "Bind a queue") {
+		t.Fatalf("warning %v: want topic %q, exchange %q and the fix (bind a queue)", w[0], msgs[0].Topic, e.exchange)
+	}
+	// The same topic again (the row's retries): rate-limited.
+	again := []*relay.Message{msgs[1]}
+	again[0].Topic = msgs[0].Topic
+	sinktest.Publish(t, e.sink, 20*time.Second, again)
+	if n := len(warnings()); n != 1 {
+		t.Fatalf("after a second return of the same topic: %d warnings, want still 1", n)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // Returns and confirms of concurrent publishes are paired with the right
