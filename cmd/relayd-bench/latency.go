@@ -87,10 +87,8 @@ const latencyProducers = 16
 // latency runs one relayd (dual write, default settings) while producers
 // commit rate rows per second on a fixed timetable, regardless of how long
 // earlier commits took (open loop): LatencyCommits commits per second at
-// most, each one INSERT of rate/LatencyCommits rows. (Not one row per
-// commit: the outbox's NOTIFY trigger serialises notifying commits
-// database-wide, which caps single-row commits far below 5,000/s on a small
-// machine — the postgres_commit ceilings show by how much.) A JetStream
+// most, each one INSERT of rate/LatencyCommits rows, as the earlier runs
+// that docs/performance.md compares against did. A JetStream
 // consumer and an AMQP consumer record when each message id arrives; a
 // row's latency is the later arrival minus its commit.
 func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
@@ -163,7 +161,7 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 	}
 
 	// The timetable: commit i starts at start + i/commitRate and writes
-	// rowsPerCommit rows in one INSERT (one NOTIFY, one commit). Times are
+	// rowsPerCommit rows in one INSERT (one commit). Times are
 	// durations since rec.t0.
 	rows := l.RowsPerCommit
 	total := int(float64(rate) * (b.o.LatencyWarmup + b.o.LatencyDuration).Seconds() / float64(rows))

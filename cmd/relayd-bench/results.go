@@ -54,7 +54,7 @@ const (
 	ceilPostgres    = "postgres_claim_delete"
 	ceilAMQPConsume = "rabbitmq_consume"
 	// The producers' side, for information: single-row commits into the
-	// outbox with its NOTIFY trigger, and with the trigger disabled.
+	// outbox with its insert trigger, and with the trigger disabled.
 	ceilCommitNotify = "postgres_commit_notify"
 	ceilCommitPlain  = "postgres_commit_no_trigger"
 )
