@@ -216,20 +216,30 @@ func (s *syncBuffer) String() string {
 // startUnready starts `relayd run` without waiting for it to start.
 func (e *env) startUnready(name string, extra ...string) *proc {
 	e.t.Helper()
-	p := &proc{t: e.t, name: name, out: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(relaydBin, "run")
-	p.cmd.Env = e.relayEnv(extra...)
+	return startProc(e.t, name, e.relayEnv(extra...), nil, "run")
+}
+
+// startProc starts relayd with args in env, its log (stderr) in p.out and
+// its stdout in stdout (nil: in p.out too); the test's end kills it.
+func startProc(t *testing.T, name string, env []string, stdout *syncBuffer, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, out: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(relaydBin, args...)
+	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if stdout != nil {
+		p.cmd.Stdout = stdout
+	}
 	dieWithTest(p.cmd)
 	if err := p.cmd.Start(); err != nil {
-		e.t.Fatalf("start %s: %v", name, err)
+		t.Fatalf("start %s: %v", name, err)
 	}
 	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	e.t.Cleanup(func() {
+	t.Cleanup(func() {
 		p.cmd.Process.Kill()
 		<-p.done
-		if e.t.Failed() {
-			e.t.Logf("--- %s output ---\n%s", name, p.out.String())
+		if t.Failed() {
+			t.Logf("--- %s output ---\n%s", name, p.out.String())
 		}
 	})
 	return p

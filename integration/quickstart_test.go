@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,25 +176,12 @@ type qsProc struct {
 // starts with ready.
 func (q *quickStart) start(name, ready string, args ...string) *qsProc {
 	q.t.Helper()
-	p := &qsProc{proc: &proc{t: q.t, name: name, out: &syncBuffer{}, done: make(chan struct{})}, stdout: &syncBuffer{}}
-	p.cmd = exec.Command(relaydBin, args...)
-	p.cmd.Env = q.env
+	env := q.env
 	if args[0] == "tail" {
-		p.cmd.Env = withoutVar(q.env, "RELAY_DATABASE_URL") // tail needs no Postgres
+		env = withoutVar(q.env, "RELAY_DATABASE_URL") // tail needs no Postgres
 	}
-	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.out
-	dieWithTest(p.cmd)
-	if err := p.cmd.Start(); err != nil {
-		q.t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	q.t.Cleanup(func() {
-		p.cmd.Process.Kill()
-		<-p.done
-		if q.t.Failed() {
-			q.t.Logf("--- %s log ---\n%s", name, p.out.String())
-		}
-	})
+	p := &qsProc{stdout: &syncBuffer{}}
+	p.proc = startProc(q.t, name, env, p.stdout, args...)
 	testenv.Eventually(q.t, 30*time.Second, func() bool {
 		if !p.running() {
 			q.t.Fatalf("%s exited at start: %v\n%s", name, p.err, p.out.String())

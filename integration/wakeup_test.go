@@ -14,15 +14,14 @@ import (
 
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/outbox"
+	"github.com/relayd/relayd/schema"
 )
 
 // wakeLockHolder is the pid of the session holding the table's wake lock
 // (a relay waiting for rows), or 0.
 func (e *env) wakeLockHolder() int {
 	var pid int
-	e.pool.QueryRow(context.Background(), `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`, e.table.WakeLock()).Scan(&pid) //nolint:errcheck // none: 0
+	e.pool.QueryRow(context.Background(), schema.WakeLockHolderSQL(e.table.WakeLock())).Scan(&pid) //nolint:errcheck // none: 0
 	return pid
 }
 

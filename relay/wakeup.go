@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/relayd/relayd/internal/errlog"
 	"github.com/relayd/relayd/schema"
@@ -171,20 +172,10 @@ type wakeLock struct {
 	retry time.Duration // after a failed try
 }
 
-// wakeLockSQL tries the wake lock and says who holds it when it cannot have
-// it: producers between an insert and its commit (they hold it shared), or
-// another relay.
-const wakeLockSQL = `SELECT CASE WHEN pg_try_advisory_lock($1) THEN 'held'
-	WHEN pg_try_advisory_lock_shared($1) THEN CASE WHEN pg_advisory_unlock_shared($1) THEN 'producers' END
-	ELSE 'relay' END`
-
-// Retries of the wake lock: soon while producers hold it (their rows are
-// about to commit; each try also looks for them), at the poll interval while
-// another relay does (producers notify every listener meanwhile).
-const (
-	wakeRetryMin = 2 * time.Millisecond
-	wakeRetryMax = 50 * time.Millisecond
-)
+// wakeLockWait is how long a relay waits for the wake lock: for the
+// producers between an insert and its commit, who hold it shared. Producers
+// that insert meanwhile notify, as the relay is about to wait.
+const wakeLockWait = 20 * time.Millisecond
 
 // syncWakeLock takes the wake lock when the relay has become idle and
 // releases it when a worker has rows. It returns how soon to try again
@@ -199,36 +190,20 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 		if r.testHookWakeLock != nil {
 			r.testHookWakeLock()
 		}
-		// One round trip, two statements: max(id) is read after the lock is
-		// taken, so it sees every row whose producer held the lock shared.
-		b := &pgx.Batch{}
-		b.Queue(wakeLockSQL, l.key)
-		b.Queue(l.maxID)
-		br := l.conn.SendBatch(ctx, b)
-		var holder string
-		var top int64
-		err := br.QueryRow().Scan(&holder)
-		if err == nil {
-			err = br.QueryRow().Scan(&top)
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
+		top, err := l.take(ctx)
 		if err != nil {
 			return 0, err
 		}
 		if top > r.idle.top.Load() {
 			r.wake.signal() // rows committed since the last claim, unannounced
 		}
-		switch holder {
-		case "held":
-			l.held, l.retry = true, 0
+		if l.held {
+			l.retry = 0
 			return 0, nil
-		case "producers":
-			l.retry = min(max(2*l.retry, wakeRetryMin), wakeRetryMax, r.cfg.PollInterval)
-		default:
-			l.retry = r.cfg.PollInterval
 		}
+		// Held by a long producer transaction or by another relay (whose
+		// listener producers notify): try again, less and less often.
+		l.retry = min(max(2*l.retry, wakeLockWait), r.cfg.PollInterval)
 		return l.retry, nil
 	case !want && l.held:
 		if _, err := l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", l.key); err != nil {
@@ -237,6 +212,34 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 		l.held, l.retry = false, 0
 	}
 	return 0, nil
+}
+
+// take waits up to wakeLockWait for the wake lock and returns the table's
+// highest id, read after the lock was taken: the rows of every producer that
+// held it shared are visible then.
+func (l *wakeLock) take(ctx context.Context) (top int64, err error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.Itoa(int(wakeLockWait.Milliseconds()))+"ms")
+	b.Queue(`SELECT pg_advisory_lock($1)`, l.key)
+	b.Queue(l.maxID)
+	br := l.conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err == nil {
+		if _, err = br.Exec(); err == nil {
+			l.held = true
+			err = br.QueryRow().Scan(&top)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+		return top, err
+	}
+	// A long producer transaction holds it shared, or another relay holds
+	// it: still, rows may have committed.
+	return top, l.conn.QueryRow(ctx, l.maxID).Scan(&top)
 }
 
 // waitNotification waits for a notification (true), a change of the idle

@@ -28,9 +28,7 @@ func wakeLockHolder(t *testing.T, pool *pgxpool.Pool, table schema.Table) int {
 		t.Fatalf("table %s has no wake lock in its trigger", table)
 	}
 	var pid int
-	pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`, trig.lock).Scan(&pid) //nolint:errcheck // none: 0
+	pool.QueryRow(ctx, schema.WakeLockHolderSQL(trig.lock)).Scan(&pid) //nolint:errcheck // none: 0
 	return pid
 }
 

@@ -178,32 +178,12 @@ func (b *bench) commitCeiling(ctx context.Context, cr *corner, notify bool) (Cei
 	if b.o.Smoke {
 		d = time.Second
 	}
-	insert := `INSERT INTO ` + tbl + ` (topic, payload) VALUES ($1, $2)`
-	var count atomic.Int64
-	var firstErr atomic.Pointer[error]
-	var wg sync.WaitGroup
 	snap := takeCPUSnap()
-	start := time.Now()
-	deadline := start.Add(d)
-	for range commitWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(deadline) && ctx.Err() == nil {
-				if _, err := b.pool.Exec(ctx, insert, topic, b.payload); err != nil {
-					firstErr.CompareAndSwap(nil, &err)
-					return
-				}
-				count.Add(1)
-			}
-		}()
+	n, elapsed, err := b.commitFor(ctx, tbl, commitWorkers, d)
+	if err != nil {
+		return c, err
 	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if e := firstErr.Load(); e != nil {
-		return c, *e
-	}
-	c.Messages = int(count.Load())
+	c.Messages = n
 	c.CPU = cpuSplit(snap, takeCPUSnap(), c.Messages)
 	c.measured(c.Messages, elapsed)
 	return c, nil

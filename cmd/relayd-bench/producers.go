@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/relayd/relayd/schema"
 )
 
 // producerClients are the connection counts of the producers' commit runs.
@@ -110,6 +114,18 @@ func (b *bench) commitRate(ctx context.Context, table string, clients int) (floa
 	if b.o.Smoke {
 		d = 300 * time.Millisecond
 	}
+	n, elapsed, err := b.commitFor(ctx, table, clients, d)
+	if err != nil {
+		return 0, err
+	}
+	rate := float64(n) / elapsed.Seconds()
+	b.logf("producers: %d connections into %s: %s commits/s", clients, table, thousands(rate))
+	return round(rate, 0), nil
+}
+
+// commitFor has clients producers commit one-row INSERTs of the benchmark
+// payload into table for d, and returns how many committed and in what time.
+func (b *bench) commitFor(ctx context.Context, table string, clients int, d time.Duration) (int, time.Duration, error) {
 	insert := `INSERT INTO ` + table + ` (topic, payload) VALUES ($1, $2)`
 	var count atomic.Int64
 	var firstErr atomic.Pointer[error]
@@ -131,11 +147,9 @@ func (b *bench) commitRate(ctx context.Context, table string, clients int) (floa
 	}
 	wg.Wait()
 	if e := firstErr.Load(); e != nil {
-		return 0, *e
+		return 0, 0, *e
 	}
-	rate := float64(count.Load()) / time.Since(start).Seconds()
-	b.logf("producers: %d connections into %s: %s commits/s", clients, table, thousands(rate))
-	return round(rate, 0), nil
+	return int(count.Load()), time.Since(start), nil
 }
 
 // killWaitingRelay starts relayd on cr, waits until it holds the table's
@@ -154,16 +168,16 @@ func (b *bench) killWaitingRelay(ctx context.Context, cr *corner) error {
 	until := func(held bool) error {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			var n int
-			if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'
-				AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`, cr.table.WakeLock()).Scan(&n); err != nil {
+			var pid int
+			err := b.pool.QueryRow(ctx, schema.WakeLockHolderSQL(cr.table.WakeLock())).Scan(&pid)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return err
 			}
-			if (n > 0) == held {
+			if (pid != 0) == held {
 				return nil
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("relayd's wake lock held %v after 30 s, want %v", n > 0, held)
+				return fmt.Errorf("relayd's wake lock held %v after 30 s, want %v", pid != 0, held)
 			}
 			if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
 				return err
@@ -254,7 +268,7 @@ func (b *bench) idleLatency(ctx context.Context, cr *corner) (*IdleLatency, erro
 		}
 	}()
 	lat := make([]time.Duration, 0, n)
-	for range n {
+	for i := range n + 1 { // the first, the relay's first wake-up since it started, not measured
 		// Idle: the relay's batch is recorded and it waits again.
 		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
 			return nil, err
@@ -276,7 +290,9 @@ func (b *bench) idleLatency(ctx context.Context, cr *corner) (*IdleLatency, erro
 				return nil, ctx.Err()
 			}
 		}
-		lat = append(lat, time.Since(start))
+		if i > 0 {
+			lat = append(lat, time.Since(start))
+		}
 	}
 	slices.Sort(lat)
 	l := &IdleLatency{Rows: n, P50Ms: msOf(pct(lat, 50)), MaxMs: msOf(lat[len(lat)-1])}
