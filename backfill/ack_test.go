@@ -48,8 +48,8 @@ func TestAckerNeverCoversUnsettled(t *testing.T) {
 		t.Fatalf("acked past an unsettled delivery: %v", r.calls)
 	}
 	a.requeue(tagged(5)) // out at once, on its own
-	ack(1)          // 1..3 settled: one multiple-ack up to 3
-	ack(6)          // 4 in flight
+	ack(1)               // 1..3 settled: one multiple-ack up to 3
+	ack(6)               // 4 in flight
 	a.requeue(tagged(4)) // 4..6 settled: 4 and 5 requeued already, ack 6
 	want := []string{"nack 5 false true", "ack 3 true", "nack 4 false true", "ack 6 true"}
 	if !reflect.DeepEqual(r.calls, want) {
@@ -67,10 +67,10 @@ func TestAckerHoldDoesNotBlockLaterAcks(t *testing.T) {
 	r, a, acked, ack := ackRig()
 
 	ack(1)
-	ack(2)       // acked as they come: no hold yet
+	ack(2)            // acked as they come: no hold yet
 	a.hold(tagged(3)) // 3 stays unacked
-	ack(5)       // 4 in flight: nothing yet
-	ack(4)       // 4 and 5, each on its own
+	ack(5)            // 4 in flight: nothing yet
+	ack(4)            // 4 and 5, each on its own
 	a.ackAll([]settled{{tagged(6), func() { acked[6] = true }}, {tagged(7), func() { acked[7] = true }}})
 	a.requeue(tagged(8))
 	ack(9)
@@ -97,9 +97,9 @@ func TestAckerKeepDoesNotBlockLaterAcks(t *testing.T) {
 	ack(1)
 	a.keep(tagged(2))
 	a.keep(tagged(2)) // again: no change
-	ack(3)       // past the kept one: on its own
-	ack(2)       // the kept one, on its own
-	ack(4)       // nothing kept: multiple-acks again
+	ack(3)            // past the kept one: on its own
+	ack(2)            // the kept one, on its own
+	ack(4)            // nothing kept: multiple-acks again
 	a.keep(tagged(5))
 	ack(6)
 	a.requeue(tagged(5))
