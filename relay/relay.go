@@ -198,9 +198,9 @@ type Relay struct {
 	// an unknown outcome (RetryBounder); 0: none.
 	retryBound [2]time.Duration
 	breaker    [2]*breaker
-	wake       kick // rows were committed (NOTIFY), or the listener reconnected
-	idle       *idleState
-	drain      kick // a worker's batch came back full: there may be more
+	wake       kick       // rows were committed (NOTIFY), or the listener reconnected
+	idle       *idleState // whether the relay waits for rows: the listener holds the wake lock then
+	drain      kick       // a worker's batch came back full: there may be more
 	log        *slog.Logger
 
 	// full: per target and topic, since when the broker has refused its
