@@ -71,10 +71,6 @@ func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) in
 	if code, done := parseFlags(fs, args, stdout, stderr, tailHelp); done {
 		return code
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "relayd tail: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
 	cfg, code := configOrExit(stderr, noDatabase{env})
 	if cfg == nil {
 		return code
