@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/testenv"
@@ -30,31 +27,13 @@ func (e *env) wakeLockHolder() int {
 func (e *env) notifiedCommits(n int) int {
 	e.t.Helper()
 	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(e.dbURL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var got atomic.Int64
-	cfg.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { got.Add(1) }
-	l, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer l.Close(ctx)
-	if _, err := l.Exec(ctx, "LISTEN "+pgx.Identifier{e.table.Channel()}.Sanitize()); err != nil {
-		e.t.Fatal(err)
-	}
+	l := testenv.Listen(e.t, e.dbURL, e.table.Channel())
 	for i := range n {
 		if _, err := e.writer.Write(ctx, e.pool, outbox.Message{Topic: "test.wake", Payload: []byte{byte(i)}}); err != nil {
 			e.t.Fatal(err)
 		}
 	}
-	// Postgres delivers the notifications of what committed before it
-	// answers.
-	if _, err := l.Exec(ctx, "SELECT 1"); err != nil {
-		e.t.Fatal(err)
-	}
-	return int(got.Load())
+	return len(l.Received(e.t))
 }
 
 // A relay SIGKILLed while it waited for rows leaves nothing that makes

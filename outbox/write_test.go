@@ -456,38 +456,19 @@ func TestWriteNotifies(t *testing.T) {
 				t.Run(fmt.Sprintf("%s/%d/relay waiting %v", p.name, n, waiting), func(t *testing.T) {
 					t.Parallel()
 					e := setup(t)
-					ctx := testCtx(t)
-					cfg, err := pgx.ParseConfig(testenv.DatabaseURL(t))
-					if err != nil {
-						t.Fatal(err)
-					}
-					var got []string
-					cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { got = append(got, n.Channel) }
-					listener, err := pgx.ConnectConfig(ctx, cfg)
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { listener.Close(context.Background()) })
-					if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{e.table.Channel()}.Sanitize()); err != nil {
-						t.Fatal(err)
-					}
+					listener := testenv.Listen(t, testenv.DatabaseURL(t), e.table.Channel())
 					if waiting {
-						if _, err := listener.Exec(ctx, "SELECT pg_advisory_lock($1)", e.table.WakeLock()); err != nil {
-							t.Fatal(err)
-						}
+						listener.Exec(t, "SELECT pg_advisory_lock($1)", e.table.WakeLock())
 					}
 					if _, err := e.write(t, p, true, batchOf(n)...); err != nil {
 						t.Fatalf("write: %v", err)
 					}
-					// Postgres delivers what committed before it answers.
-					if _, err := listener.Exec(ctx, "SELECT 1"); err != nil {
-						t.Fatal(err)
-					}
+					got := listener.Received(t)
 					want := []string{}
 					if waiting {
 						want = []string{e.table.Channel()}
 					}
-					if !slices.Equal(append([]string{}, got...), want) {
+					if !slices.Equal(got, want) {
 						t.Fatalf("notifications on %q, want %q", got, want)
 					}
 				})

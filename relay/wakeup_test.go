@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -32,47 +31,12 @@ func wakeLockHolder(t *testing.T, pool *pgxpool.Pool, table schema.Table) int {
 	return pid
 }
 
-// notifications listens on t's channel and counts what arrives.
-type notifications struct {
-	conn *pgx.Conn
-	n    atomic.Int64
-}
-
-func listenTo(t *testing.T, table schema.Table) *notifications {
-	t.Helper()
-	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &notifications{}
-	cfg.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { l.n.Add(1) }
-	if l.conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.conn.Close(context.Background()) })
-	if _, err := l.conn.Exec(ctx, "LISTEN "+pgx.Identifier{table.Channel()}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-// count is how many notifications have arrived: a round trip first, before
-// whose answer Postgres delivers those committed already.
-func (l *notifications) count(t *testing.T) int {
-	t.Helper()
-	if _, err := l.conn.Exec(context.Background(), "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
-	return int(l.n.Load())
-}
-
 // Producers notify only while a relay waits for rows: an idle relay holds the
 // wake lock, a busy one does not, and a relay gone leaves nothing behind.
 func TestProducersNotifyOnlyWhileARelayWaits(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	l := listenTo(t, f.table)
+	l := testenv.Listen(t, testenv.DatabaseURL(t), f.table.Channel())
 	release := make(chan struct{})
 	var once sync.Once
 	a := newFake(TargetAMQP)
@@ -81,15 +45,15 @@ func TestProducersNotifyOnlyWhileARelayWaits(t *testing.T) {
 	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the relay's: it waits for the batch
 
 	testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) != 0 }, "idle relay holds no wake lock")
-	before := l.count(t)
+	before := len(l.Received(t))
 	f.insert(1, "orders.created") // claimed, and held in the sink
-	if got := l.count(t) - before; got != 1 {
+	if got := len(l.Received(t)) - before; got != 1 {
 		t.Fatalf("%d notifications for a commit while the relay waited, want 1", got)
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) == 0 }, "busy relay still holds the wake lock")
-	before = l.count(t)
+	before = len(l.Received(t))
 	f.insert(3, "orders.created")
-	if got := l.count(t) - before; got != 0 {
+	if got := len(l.Received(t)) - before; got != 0 {
 		t.Fatalf("%d notifications for a commit while the relay was busy, want 0", got)
 	}
 
@@ -100,9 +64,9 @@ func TestProducersNotifyOnlyWhileARelayWaits(t *testing.T) {
 	stop()
 	<-done
 	testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) == 0 }, "stopped relay still holds the wake lock")
-	before = l.count(t)
+	before = len(l.Received(t))
 	f.insert(1, "orders.created")
-	if got := l.count(t) - before; got != 0 {
+	if got := len(l.Received(t)) - before; got != 0 {
 		t.Fatalf("%d notifications with no relay running, want 0", got)
 	}
 }
