@@ -6,7 +6,6 @@ import (
 	"go/token"
 	"net"
 	"os"
-	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -14,6 +13,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/relayd/relayd/internal/testenv"
 )
 
 // No Docker engine is needed: these read the Dockerfile, compose.yaml,
@@ -241,17 +242,10 @@ func configVars(t *testing.T, match func(opts string) bool) map[string]string {
 	vars := map[string]string{}
 	ast.Inspect(f, func(n ast.Node) bool {
 		field, ok := n.(*ast.Field)
-		if !ok || field.Tag == nil {
-			return true
-		}
-		tag, _ := strconv.Unquote(field.Tag.Value)
-		env, ok := reflect.StructTag(tag).Lookup("env")
 		if !ok {
 			return true
 		}
-		name, opts, _ := strings.Cut(env, ",")
-		if match(opts) {
-			_, def, _ := strings.Cut(opts, "default=")
+		if name, opts, def, ok := testenv.EnvTag(field); ok && match(opts) {
 			vars[name] = def
 		}
 		return true

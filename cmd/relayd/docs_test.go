@@ -23,6 +23,8 @@ import (
 	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/inbox"
 	"github.com/relayd/relayd/metrics"
+
+	"github.com/relayd/relayd/internal/testenv"
 )
 
 // The docs are checked against the code, so that they cannot drift: every
@@ -100,22 +102,11 @@ func docReadVars(t *testing.T, files map[string]*ast.File) map[string]docVar {
 		ast.Inspect(f, func(n ast.Node) bool {
 			switch n := n.(type) {
 			case *ast.Field:
-				if n.Tag == nil {
-					return true
-				}
-				tag, _ := strconv.Unquote(n.Tag.Value)
-				spec, ok := reflect.StructTag(tag).Lookup("env")
+				name, opts, def, ok := testenv.EnvTag(n)
 				if !ok {
 					return true
 				}
-				name, opts, _ := strings.Cut(spec, ",")
-				v := docVar{where: path}
-				// go-envconfig takes everything after default= as the value.
-				if i := strings.Index(opts, "default="); i >= 0 {
-					v.def = opts[i+len("default="):]
-				}
-				v.required = strings.Contains(opts, "required")
-				vars[strings.TrimSpace(name)] = v
+				vars[name] = docVar{where: path, def: def, required: strings.Contains(opts, "required")}
 			case *ast.CallExpr:
 				sel, ok := n.Fun.(*ast.SelectorExpr)
 				if !ok || len(n.Args) != 1 || !slices.Contains([]string{"Lookup", "Getenv", "LookupEnv"}, sel.Sel.Name) {
