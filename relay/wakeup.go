@@ -53,11 +53,13 @@ func (s *idleState) add(st workerState, d int) {
 	s.changed.signal()
 }
 
-// claimed notes a claim's rows.
+// claimed notes a claim's rows, which come in id order (store.claim).
 func (s *idleState) claimed(rows []*claimed) {
-	for _, c := range rows {
-		for top := s.top.Load(); c.msg.ID > top && !s.top.CompareAndSwap(top, c.msg.ID); top = s.top.Load() {
-		}
+	if len(rows) == 0 {
+		return
+	}
+	id := rows[len(rows)-1].msg.ID
+	for top := s.top.Load(); id > top && !s.top.CompareAndSwap(top, id); top = s.top.Load() {
 	}
 }
 
