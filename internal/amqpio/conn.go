@@ -7,6 +7,8 @@
 package amqpio
 
 import (
+	"cmp"
+	"crypto/tls"
 	"net"
 	"sync"
 	"time"
@@ -155,4 +157,28 @@ func (c *Conn) flushLocked(deadline time.Time) error {
 		c.Conn.Close()
 	}
 	return err
+}
+
+// DialOptions are what relayd's RabbitMQ connections differ in.
+type DialOptions struct {
+	TLS     *tls.Config   // nil: plain TCP (or whatever the amqps URL implies)
+	Name    string        // connection_name, shown in the management UI
+	Timeout time.Duration // TCP connect timeout; 10 s when zero
+	// Wrap and Made are Dial's wrap and made (tests, corking).
+	Wrap func(net.Conn) net.Conn
+	Made func(*Conn)
+}
+
+// DialURL opens a RabbitMQ connection the way every relayd command does: a
+// 10 s heartbeat, the TLS settings, and reads and writes through *Conn.
+func DialURL(url string, o DialOptions) (*amqp.Connection, error) {
+	cfg := amqp.Config{
+		Heartbeat:       10 * time.Second,
+		TLSClientConfig: o.TLS,
+		Dial:            Dial(cmp.Or(o.Timeout, 10*time.Second), o.Wrap, o.Made),
+	}
+	if o.Name != "" {
+		cfg.Properties = amqp.Table{"connection_name": o.Name}
+	}
+	return amqp.DialConfig(url, cfg)
 }
