@@ -378,7 +378,7 @@ func TestStrandedRowSweepGoesASliceAtATime(t *testing.T) {
 	if _, err := f.pool.Exec(context.Background(), `UPDATE `+tbl+` SET nats_retry_at = now() + interval '1 hour'`); err != nil {
 		t.Fatal(err)
 	}
-	r, _, _ := f.startWith(Config{Sinks: []Sink{newFake(TargetNATS)}, CleanupInterval: time.Hour}, func(r *Relay) { r.sweepSlice = 10 })
+	r, _, _ := f.startWith(Config{Sinks: []Sink{newFake(TargetNATS)}, CleanupInterval: time.Hour}, func(r *Relay) { r.sweep.slice = 10 })
 
 	// Another instance, still in dual write, leaves the last row
 	// delivered to JetStream, owed to RabbitMQ.
@@ -668,7 +668,7 @@ func TestHeldKeyedRowsAreThoseOfBatchesInFlight(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		if firstBatch == nil {
-			firstBatch = r.heldRows()
+			firstBatch = r.held.list()
 			slices.Sort(firstBatch)
 		}
 	}
@@ -683,7 +683,7 @@ func TestHeldKeyedRowsAreThoseOfBatchesInFlight(t *testing.T) {
 	if !slices.Equal(firstBatch, want) {
 		t.Fatalf("held during the first batch: %v, want its rows, the keys' first rows %v", firstBatch, want)
 	}
-	if left := r.heldRows(); len(left) != 0 {
+	if left := r.held.list(); len(left) != 0 {
 		t.Fatalf("held after every batch ended: %v", left)
 	}
 }
@@ -1551,7 +1551,7 @@ func TestShortClaimsFloorFollowsCommittedTransactions(t *testing.T) {
 	var mu sync.Mutex
 	var floors []int64
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
-		r.quickWalk = time.Hour // only the floor may find the late row
+		r.floor.quickWalk = time.Hour // only the floor may find the late row
 		r.testHookClaimed = func(_ int, floor int64) {
 			mu.Lock()
 			floors = append(floors, floor)
@@ -1624,7 +1624,7 @@ func TestRowBehindTheFloorWithoutTransactionIDIsTakenSoon(t *testing.T) {
 	var floor int64
 	var claims int
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
-		r.cheapTook = time.Second
+		r.floor.cheapTook = time.Second
 		r.testHookClaimed = func(_ int, fl int64) {
 			mu.Lock()
 			floor, claims = max(floor, fl), claims+1

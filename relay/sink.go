@@ -21,6 +21,15 @@ const (
 // Targets lists every target the relay knows, in a fixed order.
 var Targets = []Target{TargetAMQP, TargetNATS}
 
+func targetIndex(t Target) int {
+	for i, x := range Targets {
+		if x == t {
+			return i
+		}
+	}
+	return -1
+}
+
 // ParseTargets parses a comma-separated RELAY_TARGETS value: a non-empty set
 // of known targets, each at most once.
 func ParseTargets(s string) ([]Target, error) {

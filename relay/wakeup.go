@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/errlog"
 	"github.com/relayd/relayd/schema"
 )
@@ -88,6 +89,9 @@ func (w *worker) set(st workerState) {
 
 func (w *worker) leave() { w.s.add(w.state, -1) }
 
+// listenRetry is the listener's backoff between connections.
+var listenRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: 10 * time.Second, Jitter: 0.5}
+
 // listen LISTENs on the table's channel on a connection of its own and kicks
 // a worker on every notification. On any error it reconnects with backoff
 // and kicks once more, since notifications sent meanwhile are lost (a
@@ -95,7 +99,7 @@ func (w *worker) leave() { w.s.add(w.state, -1) }
 // gap too).
 func (r *Relay) listen(ctx context.Context) {
 	errs := errlog.New(r.log, "listen")
-	backoff := time.Duration(0)
+	wait := time.Duration(0)
 	for ctx.Err() == nil {
 		listened, err := r.listenOnce(ctx, errs)
 		if ctx.Err() != nil {
@@ -106,10 +110,10 @@ func (r *Relay) listen(ctx context.Context) {
 		if listened {
 			// A connection that listened and then went (a failover) starts
 			// the backoff again, so that reconnections do not wait 10 s.
-			backoff = 0
+			wait = 0
 		}
-		backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
-		sleep(ctx, jitter(backoff))
+		wait = listenRetry.Next(wait)
+		backoff.Sleep(ctx, listenRetry.Wait(wait))
 	}
 }
 
@@ -275,6 +279,11 @@ func (r *Relay) waitNotification(ctx context.Context, conn *pgx.Conn, retry time
 type wakeTrigger struct {
 	channel string
 	lock    int64 // 0: no wake lock (a table not yet migrated to 00007)
+}
+
+// rowQuerier is a connection or transaction that runs a query for one row.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // readWakeTrigger reads the channel and wake lock written into the table's

@@ -1,0 +1,126 @@
+package relay
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/relayd/relayd/internal/backoff"
+)
+
+// retryBackoff is the wait before a row's next attempt on a target:
+// RetryMin·2^(attempt-1), capped at RetryMax, jittered to 50–100%.
+func (r *Relay) retryBackoff(attempt int32) time.Duration {
+	b := backoff.Doubling{Floor: r.cfg.RetryMin, Cap: r.cfg.RetryMax, Jitter: 0.5}
+	return b.Wait(b.Attempt(int(attempt)))
+}
+
+// outageBackoff is the wait before a row whose publish failed for want of
+// the broker (ErrUnavailable, ErrOutOfRoom) is tried again on target ti.
+func (r *Relay) outageBackoff(ti int, c *claimed, err error, now time.Time) time.Duration {
+	if errors.Is(err, ErrOutOfRoom) {
+		return r.roomBackoff(now.Sub(r.full.refused(ti, c.msg.Topic, now, 2*r.cfg.RetryMax)))
+	}
+	d := r.retryBackoff(c.attempts[ti] + 1)
+	if b := r.retryBound[ti]; b > 0 {
+		// It may have been stored: again within the broker's dedupe window.
+		d = min(d, b)
+	}
+	if errors.Is(err, ErrAwaitingConfirm) {
+		// Its confirm may still come: leave recordLate the time to record
+		// it before any instance publishes the row again.
+		d = max(d, r.cfg.PublishTimeout)
+	}
+	return d
+}
+
+// roomBackoff is the wait before a row the broker refused for want of room
+// is published again, its topic refused for `refused`: half that, between
+// RetryMin and RetryMax, jittered to 50–100%. Such refusals are not
+// attempts, so the wait grows with the refusal instead.
+func (r *Relay) roomBackoff(refused time.Duration) time.Duration {
+	return jitter(min(max(refused/2, r.cfg.RetryMin), r.cfg.RetryMax))
+}
+
+// jitter takes up to half off d at random.
+func jitter(d time.Duration) time.Duration {
+	return backoff.Doubling{Jitter: 0.5}.Wait(d)
+}
+
+// fullSince is, per target and topic, since when the broker refuses rows
+// for want of room, until it stores one of the topic, in this process. A
+// run of refusals with none for stale is over, and the next starts anew.
+type fullSince struct {
+	n     atomic.Int32 // entries, so that a delivery reads no map while none is full
+	mu    sync.Mutex
+	since [2]map[string]fullRun
+	swept time.Time // the last sweep of runs that are over (at the bound)
+}
+
+type fullRun struct{ since, last time.Time }
+
+// maxFullTopics bounds the topics remembered; past it (after dropping the
+// runs that are over), a refusal counts from now.
+const maxFullTopics = 10000
+
+// refused notes a refusal of topic by target ti at now, and returns since
+// when its refusals run.
+func (f *fullSince) refused(ti int, topic string, now time.Time, stale time.Duration) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.since[ti]
+	if m == nil {
+		m = map[string]fullRun{}
+		f.since[ti] = m
+	}
+	run, ok := m[topic]
+	switch {
+	case ok && now.Sub(run.last) <= stale:
+		run.last = now
+	case ok:
+		run = fullRun{since: now, last: now}
+	case int(f.n.Load()) >= maxFullTopics:
+		f.sweep(now, stale)
+		if int(f.n.Load()) >= maxFullTopics {
+			return now
+		}
+		run = fullRun{since: now, last: now}
+		f.n.Add(1)
+	default:
+		run = fullRun{since: now, last: now}
+		f.n.Add(1)
+	}
+	m[topic] = run
+	return run.since
+}
+
+// sweep drops the runs that are over, both targets', at most once a second
+// (it walks every entry). Called with mu held.
+func (f *fullSince) sweep(now time.Time, stale time.Duration) {
+	if now.Sub(f.swept) < time.Second {
+		return
+	}
+	f.swept = now
+	for _, m := range f.since {
+		for t, r := range m {
+			if now.Sub(r.last) > stale {
+				delete(m, t)
+				f.n.Add(-1)
+			}
+		}
+	}
+}
+
+// stored ends the refusals of topic by target ti.
+func (f *fullSince) stored(ti int, topic string) {
+	if f.n.Load() == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.since[ti][topic]; ok {
+		delete(f.since[ti], topic)
+		f.n.Add(-1)
+	}
+}
