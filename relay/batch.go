@@ -50,17 +50,13 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 
 	// One claim at a time, each starting where the one before it ended.
 	floor := r.floor.begin(time.Now())
-	if r.testHookClaiming != nil {
-		r.testHookClaiming()
-	}
+	r.hooks.onClaiming()
 	claimStart := time.Now()
 	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor, r.held.list())
 	if err == nil {
 		r.floor.advance(rows, floor, snap, time.Since(claimStart))
 		held = r.held.add(rows)
-		if r.testHookClaimed != nil {
-			r.testHookClaimed(len(rows), floor)
-		}
+		r.hooks.onClaimed(len(rows), floor)
 	}
 	r.floor.end()
 	if err != nil {
@@ -76,9 +72,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 
 	w.set(workerBusy) // producers need not notify meanwhile
 	rec := r.publish(bctx, rows)
-	if r.testHookAfterPublish != nil {
-		r.testHookAfterPublish()
-	}
+	r.hooks.onAfterPublish()
 	if err := r.store.record(bctx, conn, rec); err != nil {
 		return len(rows), len(held), err
 	}

@@ -60,16 +60,7 @@ type Relay struct {
 	late  chan lateConfirm // confirms that came after their batch gave up, for recordLate
 	sweep strandedSweep    // finishStranded's place
 
-	// testHookAfterPublish, when set, runs after a batch's publishes and
-	// before its outcomes are recorded; testHookClaiming just before a
-	// claim and testHookClaimed after it, with the number of rows it took
-	// and the floor its walks started at. Nil in production.
-	testHookAfterPublish func()
-	testHookClaiming     func()
-	testHookClaimed      func(rows int, floor int64)
-	// testHookWakeLock runs just before the listener tries to take the
-	// wake lock.
-	testHookWakeLock func()
+	hooks *testHooks // nil in production
 	// triggerRecheck is how often the listener reads the table's trigger
 	// again while it has no wake lock.
 	triggerRecheck time.Duration

@@ -664,14 +664,14 @@ func TestHeldKeyedRowsAreThoseOfBatchesInFlight(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var firstBatch []int64
-	r.testHookAfterPublish = func() {
+	r.hooks = &testHooks{afterPublish: func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if firstBatch == nil {
 			firstBatch = r.held.list()
 			slices.Sort(firstBatch)
 		}
-	}
+	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); r.Run(ctx) }()
@@ -699,9 +699,9 @@ func TestStopFinishesInFlightBatch(t *testing.T) {
 	}
 	inFlight, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	r.testHookAfterPublish = func() {
+	r.hooks = &testHooks{afterPublish: func() {
 		once.Do(func() { close(inFlight); <-release })
-	}
+	}}
 	ids := f.insert(10, "orders.created")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -1371,12 +1371,12 @@ func TestNotifyWakesOneWorker(t *testing.T) {
 	a, n := newFake(TargetAMQP), newFake(TargetNATS)
 	var claims, empty atomic.Int64
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 4, PollInterval: time.Hour}, func(r *Relay) {
-		r.testHookClaimed = func(rows int, _ int64) {
+		r.hooks = &testHooks{claimed: func(rows int, _ int64) {
 			claims.Add(1)
 			if rows == 0 {
 				empty.Add(1)
 			}
-		}
+		}}
 	})
 
 	// Each worker claims once at start, and one more after LISTEN is up.
@@ -1407,12 +1407,12 @@ func TestFullKeyedBatchesDoNotWakeWorkersWhoseClaimWasEmpty(t *testing.T) {
 	var claims, empty atomic.Int64
 	f.startWith(Config{Sinks: []Sink{newFake(TargetAMQP), newFake(TargetNATS)}, Workers: 8, BatchSize: 2 * keys, PollInterval: time.Hour},
 		func(r *Relay) {
-			r.testHookClaimed = func(rows int, _ int64) {
+			r.hooks = &testHooks{claimed: func(rows int, _ int64) {
 				claims.Add(1)
 				if rows == 0 {
 					empty.Add(1)
 				}
-			}
+			}}
 		})
 	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(keyOf) }, "keyed backlog not delivered")
 	// Every batch takes each key's next row: perKey full batches. At start
@@ -1435,15 +1435,17 @@ func TestClaimsOfOneRelayDoNotOverlap(t *testing.T) {
 	ids := f.insert(2000, "orders.created")
 	var inClaim, most, claims atomic.Int64
 	f.startWith(Config{Sinks: []Sink{a, n}, BatchSize: 50, Workers: 4}, func(r *Relay) {
-		r.testHookClaiming = func() {
-			now := inClaim.Add(1)
-			for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
-			}
-			time.Sleep(2 * time.Millisecond) // the other workers are ready to claim by now
-		}
-		r.testHookClaimed = func(int, int64) {
-			claims.Add(1)
-			inClaim.Add(-1)
+		r.hooks = &testHooks{
+			claiming: func() {
+				now := inClaim.Add(1)
+				for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+				}
+				time.Sleep(2 * time.Millisecond) // the other workers are ready to claim by now
+			},
+			claimed: func(int, int64) {
+				claims.Add(1)
+				inClaim.Add(-1)
+			},
 		}
 	})
 	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(ids) }, "rows not all done")
@@ -1518,7 +1520,7 @@ func TestBatchTakesTwoRoundTrips(t *testing.T) {
 	a, n := newFake(TargetAMQP), newFake(TargetNATS)
 	var claims atomic.Int64
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 1, PollInterval: time.Hour}, func(r *Relay) {
-		r.testHookClaimed = func(int, int64) { claims.Add(1) }
+		r.hooks = &testHooks{claimed: func(int, int64) { claims.Add(1) }}
 	})
 	testenv.Eventually(t, 10*time.Second, func() bool { return claims.Load() >= 2 }, "relay did not start")
 	time.Sleep(100 * time.Millisecond)
@@ -1552,11 +1554,11 @@ func TestShortClaimsFloorFollowsCommittedTransactions(t *testing.T) {
 	var floors []int64
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
 		r.floor.quickWalk = time.Hour // only the floor may find the late row
-		r.testHookClaimed = func(_ int, floor int64) {
+		r.hooks = &testHooks{claimed: func(_ int, floor int64) {
 			mu.Lock()
 			floors = append(floors, floor)
 			mu.Unlock()
-		}
+		}}
 	})
 	lastFloor := func() int64 {
 		mu.Lock()
@@ -1625,11 +1627,11 @@ func TestRowBehindTheFloorWithoutTransactionIDIsTakenSoon(t *testing.T) {
 	var claims int
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
 		r.floor.cheapTook = time.Second
-		r.testHookClaimed = func(_ int, fl int64) {
+		r.hooks = &testHooks{claimed: func(_ int, fl int64) {
 			mu.Lock()
 			floor, claims = max(floor, fl), claims+1
 			mu.Unlock()
-		}
+		}}
 	})
 	testenv.Eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return claims >= 3 }, "relay did not start")
 

@@ -193,9 +193,7 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 	want := r.idle.idle()
 	switch {
 	case want && !l.held:
-		if r.testHookWakeLock != nil {
-			r.testHookWakeLock()
-		}
+		r.hooks.onWakeLock()
 		top, err := l.take(ctx)
 		if err != nil {
 			return 0, err

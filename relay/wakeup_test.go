@@ -100,7 +100,7 @@ func TestRowCommittedAsTheRelayGoesToSleep(t *testing.T) {
 			var tx pgx.Tx
 			hooked := make(chan error, 1)
 			f.startWith(Config{Sinks: []Sink{newFake(TargetAMQP)}, Workers: 1, PollInterval: poll}, func(r *Relay) {
-				r.testHookWakeLock = func() {
+				r.hooks = &testHooks{wakeLock: func() {
 					tries.Add(1)
 					if !armed.CompareAndSwap(true, false) {
 						return
@@ -113,7 +113,7 @@ func TestRowCommittedAsTheRelayGoesToSleep(t *testing.T) {
 						err = tx.Commit(ctx)
 					}
 					hooked <- err
-				}
+				}}
 			})
 			testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) != 0 }, "idle relay holds no wake lock")
 
