@@ -17,13 +17,13 @@ func (r *Relay) retryBackoff(attempt int32) time.Duration {
 }
 
 // outageBackoff is the wait before a row whose publish failed for want of
-// the broker (ErrUnavailable, ErrOutOfRoom) is tried again on target ti.
-func (r *Relay) outageBackoff(ti int, c *claimed, err error, now time.Time) time.Duration {
+// the broker (ErrUnavailable, ErrOutOfRoom) is tried again on target t.
+func (r *Relay) outageBackoff(t Target, c *claimed, err error, now time.Time) time.Duration {
 	if errors.Is(err, ErrOutOfRoom) {
-		return r.roomBackoff(now.Sub(r.full.refused(ti, c.msg.Topic, now, 2*r.cfg.RetryMax)))
+		return r.roomBackoff(now.Sub(r.full.refused(t, c.msg.Topic, now, 2*r.cfg.RetryMax)))
 	}
-	d := r.retryBackoff(c.attempts[ti] + 1)
-	if b := r.retryBound[ti]; b > 0 {
+	d := r.retryBackoff(c.attempts.Get(t) + 1)
+	if b := r.retryBound.Get(t); b > 0 {
 		// It may have been stored: again within the broker's dedupe window.
 		d = min(d, b)
 	}
@@ -54,7 +54,7 @@ func jitter(d time.Duration) time.Duration {
 type fullSince struct {
 	n     atomic.Int32 // entries, so that a delivery reads no map while none is full
 	mu    sync.Mutex
-	since [2]map[string]fullRun
+	since perTarget[map[string]fullRun]
 	swept time.Time // the last sweep of runs that are over (at the bound)
 }
 
@@ -64,15 +64,15 @@ type fullRun struct{ since, last time.Time }
 // runs that are over), a refusal counts from now.
 const maxFullTopics = 10000
 
-// refused notes a refusal of topic by target ti at now, and returns since
+// refused notes a refusal of topic by target t at now, and returns since
 // when its refusals run.
-func (f *fullSince) refused(ti int, topic string, now time.Time, stale time.Duration) time.Time {
+func (f *fullSince) refused(t Target, topic string, now time.Time, stale time.Duration) time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	m := f.since[ti]
+	m := f.since.Get(t)
 	if m == nil {
 		m = map[string]fullRun{}
-		f.since[ti] = m
+		f.since.Set(t, m)
 	}
 	run, ok := m[topic]
 	switch {
@@ -102,25 +102,26 @@ func (f *fullSince) sweep(now time.Time, stale time.Duration) {
 		return
 	}
 	f.swept = now
-	for _, m := range f.since {
-		for t, r := range m {
+	f.since.Each(func(_ Target, m map[string]fullRun) {
+		for topic, r := range m {
 			if now.Sub(r.last) > stale {
-				delete(m, t)
+				delete(m, topic)
 				f.n.Add(-1)
 			}
 		}
-	}
+	})
 }
 
-// stored ends the refusals of topic by target ti.
-func (f *fullSince) stored(ti int, topic string) {
+// stored ends the refusals of topic by target t.
+func (f *fullSince) stored(t Target, topic string) {
 	if f.n.Load() == 0 {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.since[ti][topic]; ok {
-		delete(f.since[ti], topic)
+	m := f.since.Get(t)
+	if _, ok := m[topic]; ok {
+		delete(m, topic)
 		f.n.Add(-1)
 	}
 }

@@ -71,39 +71,39 @@ func TestRoomBackoffGrowsWithTheRefusal(t *testing.T) {
 	var f fullSince
 	const stale = 10 * time.Minute
 	t0 := time.Now()
-	if got := f.refused(1, "a", t0, stale); !got.Equal(t0) {
+	if got := f.refused(TargetNATS, "a", t0, stale); !got.Equal(t0) {
 		t.Fatalf("first refusal: since %v, want now", got)
 	}
-	if got := f.refused(1, "a", t0.Add(time.Minute), stale); !got.Equal(t0) {
+	if got := f.refused(TargetNATS, "a", t0.Add(time.Minute), stale); !got.Equal(t0) {
 		t.Fatalf("second refusal: since %v, want the first's %v", got, t0)
 	}
-	if got := f.refused(0, "a", t0.Add(time.Minute), stale); !got.Equal(t0.Add(time.Minute)) {
+	if got := f.refused(TargetAMQP, "a", t0.Add(time.Minute), stale); !got.Equal(t0.Add(time.Minute)) {
 		t.Fatal("another target's refusals counted")
 	}
-	f.stored(1, "b")
-	if got := f.refused(1, "a", t0.Add(2*time.Minute), stale); !got.Equal(t0) {
+	f.stored(TargetNATS, "b")
+	if got := f.refused(TargetNATS, "a", t0.Add(2*time.Minute), stale); !got.Equal(t0) {
 		t.Fatal("another topic's delivery ended the refusals")
 	}
-	f.stored(1, "a")
+	f.stored(TargetNATS, "a")
 	t1 := t0.Add(3 * time.Minute)
-	if got := f.refused(1, "a", t1, stale); !got.Equal(t1) {
+	if got := f.refused(TargetNATS, "a", t1, stale); !got.Equal(t1) {
 		t.Fatalf("after a delivery: since %v, want a new run from now", got)
 	}
 	// No refusal for longer than stale (another instance stored the
 	// topic's rows): the run is over.
-	if got := f.refused(1, "a", t1.Add(stale+time.Second), stale); !got.Equal(t1.Add(stale + time.Second)) {
+	if got := f.refused(TargetNATS, "a", t1.Add(stale+time.Second), stale); !got.Equal(t1.Add(stale + time.Second)) {
 		t.Fatalf("after %v without a refusal: since %v, want a new run from now", stale, got)
 	}
 	// At the bound (both targets' runs), runs that are over make room.
 	var g fullSince
 	for i := range maxFullTopics {
-		g.refused(i%2, fmt.Sprint(i), t0, stale)
+		g.refused(Targets[i%2], fmt.Sprint(i), t0, stale)
 	}
 	late := t0.Add(stale + time.Second)
-	if got := g.refused(0, "new", late, stale); !got.Equal(late) || g.n.Load() != 1 {
+	if got := g.refused(TargetAMQP, "new", late, stale); !got.Equal(late) || g.n.Load() != 1 {
 		t.Fatalf("at the bound with every run over: since %v, %d entries; want now and 1", got, g.n.Load())
 	}
-	if got := g.refused(0, "new", late.Add(time.Second), stale); !got.Equal(late) {
+	if got := g.refused(TargetAMQP, "new", late.Add(time.Second), stale); !got.Equal(late) {
 		t.Fatal("the new topic's run was not kept")
 	}
 }

@@ -85,22 +85,22 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 	results := r.fanOut(ctx, rows)
 	now := time.Now()
-	for ti := range Targets {
-		if anyWanted(rows, ti) {
-			r.feedBreaker(ti, rows, results[ti], now)
+	for _, t := range Targets {
+		if anyWanted(rows, t) {
+			r.feedBreaker(t, rows, results.Get(t), now)
 		}
 	}
 	rec := newBatchRecord(len(rows), r.enabled)
 	for i, c := range rows {
-		var outcome [2]int16
-		var errText [2]string
-		var backoff [2]time.Duration
-		for ti := range Targets {
-			err := results[ti][i]
+		var outcome perTarget[int16]
+		var errText perTarget[string]
+		var backoff perTarget[time.Duration]
+		for _, t := range Targets {
+			err := results.Get(t)[i]
 			if c.badRow != "" {
 				err = &PermanentError{Reason: c.badRow}
 			}
-			outcome[ti], errText[ti], backoff[ti] = r.settle(ti, c, err, now)
+			*outcome.Ptr(t), *errText.Ptr(t), *backoff.Ptr(t) = r.settle(t, c, err, now)
 		}
 		rec.add(c, outcome, errText, backoff)
 	}
@@ -109,19 +109,20 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 
 // fanOut publishes each target's rows to its sink, the targets in parallel,
 // and returns per target and row the sink's result.
-func (r *Relay) fanOut(ctx context.Context, rows []*claimed) [2][]error {
-	var results [2][]error
+func (r *Relay) fanOut(ctx context.Context, rows []*claimed) perTarget[[]error] {
+	var results perTarget[[]error]
 	var wg sync.WaitGroup
-	for ti := range Targets {
+	for _, t := range Targets {
 		var msgs []*Message
 		var idx []int
 		for i, c := range rows {
-			if c.want[ti] && c.badRow == "" {
+			if c.want.Get(t) && c.badRow == "" {
 				msgs = append(msgs, &c.msg)
 				idx = append(idx, i)
 			}
 		}
-		results[ti] = make([]error, len(rows))
+		out := make([]error, len(rows))
+		results.Set(t, out)
 		if len(msgs) == 0 {
 			continue
 		}
@@ -131,9 +132,9 @@ func (r *Relay) fanOut(ctx context.Context, rows []*claimed) [2][]error {
 			pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 			defer cancel()
 			res := make([]error, len(msgs))
-			r.sinks[ti].Publish(pctx, msgs, res)
+			r.sinks.Get(t).Publish(pctx, msgs, res)
 			for j, i := range idx {
-				results[ti][i] = res[j]
+				out[i] = res[j]
 			}
 		}()
 	}
@@ -141,14 +142,14 @@ func (r *Relay) fanOut(ctx context.Context, rows []*claimed) [2][]error {
 	return results
 }
 
-// feedBreaker tells target ti's breaker how its batch went. A batch whose
+// feedBreaker tells target t's breaker how its batch went. A batch whose
 // every publish failed for want of the broker pauses the target, so that
 // the other target is not held up by its timeouts batch after batch.
 // Refusals for room have no say in pausing, but are an answer: they close it.
-func (r *Relay) feedBreaker(ti int, rows []*claimed, results []error, now time.Time) {
+func (r *Relay) feedBreaker(t Target, rows []*claimed, results []error, now time.Time) {
 	attempted, unavailable, delivered, full := 0, 0, 0, 0
 	for i, c := range rows {
-		if !c.want[ti] {
+		if !c.want.Get(t) {
 			continue
 		}
 		err := results[i]
@@ -165,12 +166,12 @@ func (r *Relay) feedBreaker(ti int, rows []*claimed, results []error, now time.T
 			unavailable++
 		}
 	}
-	t := Targets[ti]
+	b := r.breaker.Get(t)
 	if attempted > 0 && unavailable == attempted {
-		if d := r.breaker[ti].failure(now, firstErr(results)); d > 0 {
+		if d := b.failure(now, firstErr(results)); d > 0 {
 			r.log.Warn("target unavailable, pausing it", "target", string(t), "for", d.String(), "error", firstErr(results))
 		}
-	} else if delivered+full > 0 && r.breaker[ti].success() {
+	} else if delivered+full > 0 && b.success() {
 		r.log.Info("target recovered", "target", string(t))
 	}
 }
@@ -196,36 +197,36 @@ func classify(wanted bool, err error, attempts int32, maxAttempts int) int16 {
 	}
 }
 
-// settle classifies row c's result err on target ti, reports it, and
+// settle classifies row c's result err on target t, reports it, and
 // returns what to record: the outcome, its error text and the backoff.
-func (r *Relay) settle(ti int, c *claimed, err error, now time.Time) (outcome int16, errText string, backoff time.Duration) {
-	t := Targets[ti]
-	outcome = classify(c.want[ti], err, c.attempts[ti], r.cfg.MaxAttempts)
+func (r *Relay) settle(t Target, c *claimed, err error, now time.Time) (outcome int16, errText string, backoff time.Duration) {
+	attempts := c.attempts.Get(t)
+	outcome = classify(c.want.Get(t), err, attempts, r.cfg.MaxAttempts)
 	switch outcome {
 	case outcomeDelivered:
-		r.full.stored(ti, c.msg.Topic)
+		r.full.stored(t, c.msg.Topic)
 		r.cfg.Metrics.Published(t, c.msg.CreatedAt)
 	case outcomeParked:
 		errText = err.Error()
 		if !IsPermanent(err) {
-			errText = fmt.Sprintf("gave up after %d attempts: %v", c.attempts[ti]+1, err)
+			errText = fmt.Sprintf("gave up after %d attempts: %v", attempts+1, err)
 			r.cfg.Metrics.PublishFailed(t, err)
 		}
 		r.cfg.Metrics.Parked(t)
 		r.log.Warn("row parked", "target", string(t), "id", c.msg.ID, "message_id", c.msg.MessageID, "reason", errText)
 	case outcomeOutage:
-		errText, backoff = err.Error(), r.outageBackoff(ti, c, err, now)
+		errText, backoff = err.Error(), r.outageBackoff(t, c, err, now)
 		r.cfg.Metrics.PublishFailed(t, err)
 	case outcomeRetry:
-		errText, backoff = err.Error(), r.retryBackoff(c.attempts[ti]+1)
+		errText, backoff = err.Error(), r.retryBackoff(attempts+1)
 		r.cfg.Metrics.PublishFailed(t, err)
 	}
 	return outcome, errText, backoff
 }
 
-func anyWanted(rows []*claimed, ti int) bool {
+func anyWanted(rows []*claimed, t Target) bool {
 	for _, c := range rows {
-		if c.want[ti] {
+		if c.want.Get(t) {
 			return true
 		}
 	}

@@ -72,7 +72,7 @@ const sweepSliceRows = 50000
 // call goes through the next slice of rows in id order, round and round
 // (docs/design.md, "Stranded rows").
 func (r *Relay) finishStranded(ctx context.Context) error {
-	if r.enabled != [2]bool{false, true} {
+	if !r.enabled.NATSOnly() {
 		return nil
 	}
 	s := &r.sweep

@@ -107,7 +107,7 @@ func (c *Config) validate() error {
 		if seen[s.Target()] {
 			return fmt.Errorf("relay: two sinks for target %s", s.Target())
 		}
-		if targetIndex(s.Target()) < 0 {
+		if !knownTarget(s.Target()) {
 			return fmt.Errorf("relay: unknown target %q", s.Target())
 		}
 		seen[s.Target()] = true

@@ -10,13 +10,13 @@ var errNoTarget = errors.New("no target reachable")
 
 // active reports which enabled targets may be published to now: their
 // sink is ready and their breaker closed.
-func (r *Relay) active(now time.Time) (act [2]bool, any bool) {
-	for i := range Targets {
-		if r.enabled[i] && r.sinks[i].Ready() == nil && r.breaker[i].allow(now) {
-			act[i], any = true, true
+func (r *Relay) active(now time.Time) (act phase, any bool) {
+	for _, t := range r.enabled.targets() {
+		if r.sinks.Get(t).Ready() == nil && r.breaker.Get(t).allow(now) {
+			act.Set(t, true)
 		}
 	}
-	return act, any
+	return act, act.Any()
 }
 
 // Unready says, for each enabled target that is not ready, why: its
@@ -25,15 +25,12 @@ func (r *Relay) active(now time.Time) (act [2]bool, any bool) {
 // target is ready. Safe for concurrent use; /readyz uses it.
 func (r *Relay) Unready() []string {
 	var out []string
-	for i, t := range Targets {
-		if !r.enabled[i] {
-			continue
-		}
-		if err := r.sinks[i].Ready(); err != nil {
+	for _, t := range r.enabled.targets() {
+		if err := r.sinks.Get(t).Ready(); err != nil {
 			out = append(out, fmt.Sprintf("%s: %v", t, err))
 			continue
 		}
-		if n, last := r.breaker[i].failing(time.Now(), r.cfg.PublishTimeout+r.cfg.PollInterval+time.Second); n > 0 {
+		if n, last := r.breaker.Get(t).failing(time.Now(), r.cfg.PublishTimeout+r.cfg.PollInterval+time.Second); n > 0 {
 			out = append(out, fmt.Sprintf("%s: paused after %d failed batch(es) in a row: %s", t, n, last))
 		}
 	}
@@ -44,11 +41,9 @@ func (r *Relay) Unready() []string {
 // when none is active.
 func (r *Relay) nextTargetCheck() time.Duration {
 	d := r.cfg.PollInterval
-	for i := range Targets {
-		if r.enabled[i] {
-			if w := r.breaker[i].wait(time.Now()); w > 0 && w < d {
-				d = w
-			}
+	for _, t := range r.enabled.targets() {
+		if w := r.breaker.Get(t).wait(time.Now()); w > 0 && w < d {
+			d = w
 		}
 	}
 	return min(d, 250*time.Millisecond)

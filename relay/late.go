@@ -7,20 +7,20 @@ import (
 
 // lateConfirm is a message a target confirmed after its batch gave up.
 type lateConfirm struct {
-	ti    int
-	msgID string
+	target Target
+	msgID  string
 }
 
 // lateBuffer is how many late confirms wait to be recorded at most.
 const lateBuffer = 1 << 14
 
-// onLateConfirm queues a late confirm of target ti for recordLate. A full
+// onLateConfirm queues a late confirm of target t for recordLate. A full
 // queue drops it: this instance still knows (the sink does not publish it
 // again); only other instances may.
-func (r *Relay) onLateConfirm(ti int) func(msgID string) {
+func (r *Relay) onLateConfirm(t Target) func(msgID string) {
 	return func(msgID string) {
 		select {
-		case r.late <- lateConfirm{ti: ti, msgID: msgID}:
+		case r.late <- lateConfirm{target: t, msgID: msgID}:
 		default:
 		}
 	}
@@ -40,24 +40,25 @@ func (r *Relay) recordLate(stop <-chan struct{}) {
 			stopping = true
 		case first = <-r.late:
 		}
-		byTarget := [2][]string{}
+		var byTarget perTarget[[]string]
+		add := func(c lateConfirm) { p := byTarget.Ptr(c.target); *p = append(*p, c.msgID) }
 		if !stopping {
-			byTarget[first.ti] = append(byTarget[first.ti], first.msgID)
+			add(first)
 		}
 	more:
 		for n := 1; n < 1000 || stopping; n++ {
 			select {
 			case c := <-r.late:
-				byTarget[c.ti] = append(byTarget[c.ti], c.msgID)
+				add(c)
 			default:
 				break more
 			}
 		}
-		for ti, ids := range byTarget {
+		byTarget.Each(func(t Target, ids []string) {
 			if len(ids) > 0 {
-				r.recordLateSet(ti, ids, stopping)
+				r.recordLateSet(t, ids, stopping)
 			}
-		}
+		})
 		if stopping {
 			return
 		}
@@ -65,7 +66,7 @@ func (r *Relay) recordLate(stop <-chan struct{}) {
 }
 
 // recordLateSet records one set, three tries in all (one when stopping).
-func (r *Relay) recordLateSet(ti int, ids []string, stopping bool) {
+func (r *Relay) recordLateSet(t Target, ids []string, stopping bool) {
 	for attempt := 1; ; attempt++ {
 		// A row a batch in flight holds stays locked for up to the batch's
 		// publish timeout and its record.
@@ -75,16 +76,16 @@ func (r *Relay) recordLateSet(ti int, ids []string, stopping bool) {
 			limit = 5 * time.Second // the process is on its way out
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), limit)
-		n, err := r.store.recordLate(ctx, r.pool, ti, ids, r.enabled, lockWait)
+		n, err := r.store.recordLate(ctx, r.pool, t, ids, r.enabled, lockWait)
 		cancel()
 		if err == nil {
-			r.cfg.Metrics.LateConfirmed(Targets[ti], len(ids))
-			r.log.Info("late confirms recorded", "target", string(Targets[ti]), "confirms", len(ids), "rows_marked", n)
+			r.cfg.Metrics.LateConfirmed(t, len(ids))
+			r.log.Info("late confirms recorded", "target", string(t), "confirms", len(ids), "rows_marked", n)
 			return
 		}
 		if attempt == 3 || stopping {
 			r.log.Warn("late confirms not recorded: another instance may publish these rows again",
-				"target", string(Targets[ti]), "confirms", len(ids), "error", err.Error())
+				"target", string(t), "confirms", len(ids), "error", err.Error())
 			return
 		}
 		time.Sleep(time.Second)

@@ -45,10 +45,10 @@ type Relay struct {
 	cfg        Config
 	pool       *pgxpool.Pool
 	store      *store
-	sinks      [2]Sink // indexed like Targets; nil when disabled
-	enabled    [2]bool
-	retryBound [2]time.Duration // caps the backoff of a row with an unknown outcome (RetryBounder); 0: none
-	breaker    [2]*breaker
+	sinks      perTarget[Sink] // nil when disabled
+	enabled    phase
+	retryBound perTarget[time.Duration] // caps the backoff of a row with an unknown outcome (RetryBounder); 0: none
+	breaker    perTarget[*breaker]
 	log        *slog.Logger
 
 	wake  kick             // rows were committed (NOTIFY), or the listener reconnected
@@ -83,14 +83,15 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		late: make(chan lateConfirm, lateBuffer), sweep: strandedSweep{slice: sweepSliceRows},
 		triggerRecheck: triggerRecheckEvery}
 	for _, s := range cfg.Sinks {
-		i := targetIndex(s.Target())
-		r.sinks[i], r.enabled[i] = s, true
-		r.breaker[i] = &breaker{}
+		t := s.Target()
+		r.sinks.Set(t, s)
+		r.enabled.Set(t, true)
+		r.breaker.Set(t, &breaker{})
 		if rb, ok := s.(RetryBounder); ok {
-			r.retryBound[i] = rb.RetryBound()
+			r.retryBound.Set(t, rb.RetryBound())
 		}
 		if lc, ok := s.(LateConfirmer); ok {
-			lc.OnLateConfirm(r.onLateConfirm(i))
+			lc.OnLateConfirm(r.onLateConfirm(t))
 		}
 	}
 	return r, nil
@@ -120,10 +121,8 @@ func (r *Relay) Run(ctx context.Context) error {
 
 func (r *Relay) targetNames() []string {
 	var out []string
-	for i, t := range Targets {
-		if r.enabled[i] {
-			out = append(out, string(t))
-		}
+	for _, t := range r.enabled.targets() {
+		out = append(out, string(t))
 	}
 	return out
 }
