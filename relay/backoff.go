@@ -35,10 +35,9 @@ func (r *Relay) outageBackoff(t Target, c *claimed, err error, now time.Time) ti
 	return d
 }
 
-// roomBackoff is the wait before a row the broker refused for want of room
-// is published again, its topic refused for `refused`: half that, between
-// RetryMin and RetryMax, jittered to 50–100%. Such refusals are not
-// attempts, so the wait grows with the refusal instead.
+// roomBackoff is the wait before a row refused for want of room goes
+// again, its topic refused for `refused`: half that, within RetryMin and
+// RetryMax, jittered to 50–100% (not an attempt: it grows with the refusal).
 func (r *Relay) roomBackoff(refused time.Duration) time.Duration {
 	return jitter(min(max(refused/2, r.cfg.RetryMin), r.cfg.RetryMax))
 }
@@ -49,8 +48,8 @@ func jitter(d time.Duration) time.Duration {
 }
 
 // fullSince is, per target and topic, since when the broker refuses rows
-// for want of room, until it stores one of the topic, in this process. A
-// run of refusals with none for stale is over, and the next starts anew.
+// for want of room, until it stores one; a run with no refusal for stale is
+// over (docs/design.md, "Backoff and room").
 type fullSince struct {
 	n     atomic.Int32 // entries, so that a delivery reads no map while none is full
 	mu    sync.Mutex

@@ -14,10 +14,9 @@ import (
 var batchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), " +
 	"set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)"}
 
-// runBatch claims, publishes and records one batch, returning the number of
-// rows claimed and how many of them were keyed. Once it holds rows it runs
-// to completion even when ctx is cancelled (soft stop), bounded by its own
-// timeout. Two round trips: begin and claim, then record and commit.
+// runBatch claims, publishes and records one batch in two round trips, and
+// returns how many rows it claimed and how many were keyed. Once it holds
+// rows it runs to the end whatever ctx does, under its own timeout.
 func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err error) {
 	start := time.Now()
 	act, ok := r.active(start)
@@ -142,10 +141,9 @@ func (r *Relay) fanOut(ctx context.Context, rows []*claimed) perTarget[[]error] 
 	return results
 }
 
-// feedBreaker tells target t's breaker how its batch went. A batch whose
-// every publish failed for want of the broker pauses the target, so that
-// the other target is not held up by its timeouts batch after batch.
-// Refusals for room have no say in pausing, but are an answer: they close it.
+// feedBreaker tells target t's breaker how its batch went: every publish
+// failed for want of the broker pauses it; a delivery or a refusal for room
+// (an answer) closes it.
 func (r *Relay) feedBreaker(t Target, rows []*claimed, results []error, now time.Time) {
 	attempted, unavailable, delivered, full := 0, 0, 0, 0
 	for i, c := range rows {

@@ -16,11 +16,8 @@ type breaker struct {
 }
 
 // failing reports how many batches in a row failed for want of the broker,
-// and the last error; 0 when the last batch delivered — or when the last
-// pause ended more than probe ago (a batch's time: the next batch after a
-// pause tells within that), as when no row came after a failure: a broker
-// that keeps failing fails the next batch, one that came back has nothing
-// to show it by.
+// and the last error; 0 when the last batch delivered, or the last pause
+// ended more than probe ago with no batch since to tell.
 func (b *breaker) failing(now time.Time, probe time.Duration) (int, string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -66,11 +66,9 @@ type strandedSweep struct {
 // sweepSliceRows is how many outbox rows each finishStranded goes through.
 const sweepSliceRows = 50000
 
-// finishStranded moves out of the outbox, in the nats-only phase only, rows
-// JetStream has that no batch will finish: they reached JetStream while
-// RabbitMQ still owed them, and are owed to no enabled target now. Each
-// call goes through the next slice of rows in id order, round and round
-// (docs/design.md, "Stranded rows").
+// finishStranded moves out of the outbox, in the nats-only phase, rows
+// JetStream has that RabbitMQ owed before the move, which no batch claims:
+// the next slice of rows each call (docs/design.md, "Stranded rows").
 func (r *Relay) finishStranded(ctx context.Context) error {
 	if !r.enabled.NATSOnly() {
 		return nil

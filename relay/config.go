@@ -45,7 +45,7 @@ type Config struct {
 	// CleanupInterval is how often delivered ids past Retention are
 	// deleted, in batches of 1000, and — in the nats-only phase — the
 	// next slice of the outbox is swept for rows JetStream has that
-	// RabbitMQ owed before the move (see finishStranded). Default 1m.
+	// RabbitMQ owed before the move to nats only. Default 1m.
 	CleanupInterval time.Duration
 	// Logger receives the relay's logs. Default: discard.
 	Logger *slog.Logger

@@ -5,10 +5,9 @@ import (
 	"time"
 )
 
-// claimFloor places a relay's claims: where each claim's unkeyed walk
-// starts, so that during a backlog a claim skips the rows other batches
-// hold instead of trying each one's lock. Its lock also lets one claim of
-// the relay run at a time (see docs/design.md, "The claim floor").
+// claimFloor is where a relay's claims start their unkeyed walks, so that
+// during a backlog they skip the rows other batches hold; its lock lets one
+// claim run at a time (docs/design.md, "The claim floor").
 type claimFloor struct {
 	mu sync.Mutex
 
@@ -68,10 +67,9 @@ func (f *claimFloor) start(now time.Time) int64 {
 	return f.highWater
 }
 
-// advance places the next claims after one that started at floor, took
-// rows in took and saw snap. A full claim moves the high-water mark; a
-// short one proposes its top as the safe floor, taken once no transaction
-// running at its snapshot still is.
+// advance places the next claims after one from floor that took rows in
+// took under snap: a full claim moves the high-water mark, a short one
+// proposes its top as the safe floor, taken once snap's transactions end.
 func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took time.Duration) {
 	full := len(rows) >= f.batchSize
 	if floor == 0 {

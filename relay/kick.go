@@ -1,11 +1,8 @@
 package relay
 
-// kick wakes one idle worker. A NOTIFY means rows may be waiting, and one
-// claim takes them all (up to BatchSize), so waking every idle worker
-// would only add empty claims — a transaction each — per commit. A kick
-// sent while no worker waits is kept (kicks collapse into one) for the
-// first worker to finish its batch; a worker whose claim came back full
-// kicks another in turn, so a backlog brings in every worker.
+// kick wakes one idle worker: one claim takes every waiting row, so waking
+// all would add empty claims. A kick sent while no worker waits is kept
+// (kicks collapse into one) for the first worker that does.
 type kick chan struct{}
 
 func newKick() kick { return make(kick, 1) }

@@ -26,11 +26,9 @@ func (r *Relay) onLateConfirm(t Target) func(msgID string) {
 	}
 }
 
-// recordLate records late confirms as deliveries as they come, in sets of
-// what has queued up: until then only this instance knows the broker has
-// the row, and another one retrying it would publish a second copy. After
-// stop (the batches have finished) it records what is still queued and
-// returns.
+// recordLate records late confirms as deliveries, in sets of what has
+// queued up: until then another instance retrying the row would publish a
+// second copy. After stop it records what is still queued and returns.
 func (r *Relay) recordLate(stop <-chan struct{}) {
 	for {
 		var first lateConfirm

@@ -1,6 +1,7 @@
 // Package relay moves committed outbox rows to the brokers, so that a
-// service can commit a row and its message in one transaction and still
-// have the message published, once per target, in order per key.
+// service can commit its data and a message in one transaction and still
+// have the message reach every target: at least once (deduped by message
+// id), in order per key.
 //
 // Workers claim batches of rows (SELECT ... FOR UPDATE SKIP LOCKED),
 // publish each row to every enabled target that still needs it, and record

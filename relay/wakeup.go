@@ -18,11 +18,9 @@ import (
 	"github.com/relayd/relayd/schema"
 )
 
-// idleState says when this relay waits for rows: no worker has rows in
-// hand and some worker can take them (is not stalled by an outage or an
-// error). The listener holds the table's wake lock only then, so that
-// producers notify only then (docs/design.md, "Waking the relay"). Safe
-// for concurrent use.
+// idleState says when this relay waits for rows: no worker has rows in hand
+// and some worker can take them. The listener holds the wake lock only then,
+// so producers notify only then (docs/design.md, "Waking the relay").
 type idleState struct {
 	mu      sync.Mutex
 	n       [3]int // workers in each workerState
@@ -93,10 +91,8 @@ func (w *worker) leave() { w.s.add(w.state, -1) }
 var listenRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: 10 * time.Second, Jitter: 0.5}
 
 // listen LISTENs on the table's channel on a connection of its own and kicks
-// a worker on every notification. On any error it reconnects with backoff
-// and kicks once more, since notifications sent meanwhile are lost (a
-// backlog then brings in the other workers; the poll interval covers that
-// gap too).
+// a worker on every notification; after an error it reconnects with backoff
+// and kicks once more, as notifications sent meanwhile are lost.
 func (r *Relay) listen(ctx context.Context) {
 	errs := errlog.New(r.log, "listen")
 	wait := time.Duration(0)
@@ -284,10 +280,9 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// readWakeTrigger reads the channel and wake lock written into the table's
-// insert trigger by the migration, which follow the spelling of the table's
-// name it was given: "outbox" and "public.outbox" are one table but two
-// channels. Without the trigger (dropped by hand), the relay's own spelling.
+// readWakeTrigger reads the channel and wake lock in the table's insert
+// trigger: they follow the spelling the migration was given ("outbox" and
+// "public.outbox" are two channels). Without the trigger, the relay's own.
 func readWakeTrigger(ctx context.Context, db rowQuerier, t schema.Table) (wakeTrigger, error) {
 	def := wakeTrigger{channel: t.Channel()}
 	var args []byte

@@ -12,10 +12,9 @@ import (
 // batchRetry is a worker's backoff after a failed batch.
 var batchRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: 30 * time.Second, Jitter: 0.5}
 
-// work is one worker's loop: claim and publish batches back to back while
-// they come back full, otherwise wait for a kick (a NOTIFY, or a worker
-// that found a backlog) or the poll interval. A worker whose claim came
-// back empty waits for a NOTIFY only: it just found no work to spare.
+// work is one worker's loop: batches back to back while they come back
+// full, else wait for a kick or the poll interval (docs/design.md, "The
+// worker loop and kicks").
 func (r *Relay) work(ctx context.Context, id int) {
 	log := r.log.With("worker", id)
 	errs := errlog.New(log, "relay batch")
