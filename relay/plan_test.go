@@ -226,7 +226,7 @@ func TestClaimReturnsRowsInIDOrder(t *testing.T) {
 	defer conn.Release()
 	defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
 
-	rows, _, err := newStore(f.table).claim(ctx, conn, [2]bool{true, true}, 500, false, 0, nil)
+	rows, _, err := newStore(f.table).claim(ctx, conn, phase{perTarget[bool]{AMQP: true, NATS: true}}, 500, false, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestClaimReturnsRowsInIDOrder(t *testing.T) {
 		if c.msg.HasKey {
 			keyed++
 		}
-		if !c.want[0] && c.want[1] {
+		if !c.want.AMQP && c.want.NATS {
 			natsOnly++
 		}
 	}

@@ -7,65 +7,6 @@ import (
 	"time"
 )
 
-// Target names a broker the relay publishes to. It is also the prefix of the
-// target's delivery columns in the outbox table and the value of the
-// `target` metric label.
-type Target string
-
-// The targets. Their order is the order of the RELAY_TARGETS phases.
-const (
-	TargetAMQP Target = "amqp" // the legacy RabbitMQ exchange
-	TargetNATS Target = "nats" // the new JetStream stream
-)
-
-// Targets lists every target the relay knows, in a fixed order.
-var Targets = []Target{TargetAMQP, TargetNATS}
-
-// ParseTargets parses a comma-separated RELAY_TARGETS value: a non-empty set
-// of known targets, each at most once.
-func ParseTargets(s string) ([]Target, error) {
-	if s == "" {
-		return nil, errors.New("empty: want amqp, nats or amqp,nats")
-	}
-	seen := map[Target]bool{}
-	var out []Target
-	for _, part := range splitComma(s) {
-		t := Target(part)
-		if t != TargetAMQP && t != TargetNATS {
-			return nil, fmt.Errorf("unknown target %q: want amqp, nats or amqp,nats", part)
-		}
-		if seen[t] {
-			return nil, fmt.Errorf("target %q given twice", part)
-		}
-		seen[t] = true
-	}
-	for _, t := range Targets { // canonical order
-		if seen[t] {
-			out = append(out, t)
-		}
-	}
-	return out, nil
-}
-
-func splitComma(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			p := s[start:i]
-			for len(p) > 0 && p[0] == ' ' {
-				p = p[1:]
-			}
-			for len(p) > 0 && p[len(p)-1] == ' ' {
-				p = p[:len(p)-1]
-			}
-			out = append(out, p)
-			start = i + 1
-		}
-	}
-	return out
-}
-
 // Message is one outbox row on its way to a broker.
 type Message struct {
 	ID        int64             // the row's id

@@ -21,8 +21,8 @@ type store struct {
 	claimSQL  string
 	recordSQL string
 	// lateSQL marks rows delivered to a target whose confirm came after
-	// their batch gave up waiting (indexed like Targets).
-	lateSQL    [2]string
+	// their batch gave up waiting.
+	lateSQL    perTarget[string]
 	cleanupSQL string
 	// cleanupDeliveredSQL trims the record of delivered ids.
 	cleanupDeliveredSQL string
@@ -83,7 +83,7 @@ WITH upd AS (
 INSERT INTO %[2]s (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, done_at)
 SELECT id, message_id, amqp_at, nats_at, amqp_sent, clock_timestamp() FROM del`, tbl, t.Delivered()),
 
-		lateSQL: [2]string{lateSQL(tbl, "amqp"), lateSQL(tbl, "nats")},
+		lateSQL: perTarget[string]{AMQP: lateSQL(tbl, "amqp"), NATS: lateSQL(tbl, "nats")},
 
 		// The next slice of the outbox in id order, past $1, at most $2
 		// rows (the primary key's order: no scan of the whole table, which
@@ -298,10 +298,10 @@ const keyWindow = 4
 // claimed is one claimed row and what to do with it.
 type claimed struct {
 	msg      Message
-	want     [2]bool // indexed like Targets
-	attempts [2]int32
+	want     perTarget[bool]
+	attempts perTarget[int32]
 	// delivered: the target had the row before this batch.
-	delivered [2]bool
+	delivered perTarget[bool]
 	badRow    string // why the row can never be published (bad headers), or ""
 }
 
@@ -324,13 +324,13 @@ type batchSender interface {
 
 // claim begins a batch's transaction (batchBegin) and claims, in one round
 // trip.
-func (s *store) claim(ctx context.Context, db batchSender, active [2]bool, limit int, skipParked bool, floor int64, held []int64) ([]*claimed, snapshot, error) {
+func (s *store) claim(ctx context.Context, db batchSender, active phase, limit int, skipParked bool, floor int64, held []int64) ([]*claimed, snapshot, error) {
 	var snap snapshot
 	b := &pgx.Batch{}
 	for _, q := range batchBegin {
 		b.Queue(q)
 	}
-	b.Queue(s.claimSQL, active[0], active[1], limit, skipParked, keyWindow*limit, max(1, limit/2), floor, held)
+	b.Queue(s.claimSQL, active.AMQP, active.NATS, limit, skipParked, keyWindow*limit, max(1, limit/2), floor, held)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	for range batchBegin {
@@ -348,8 +348,8 @@ func (s *store) claim(ctx context.Context, db batchSender, active [2]bool, limit
 		c := &claimed{}
 		var key, headers *string
 		if err := rows.Scan(&c.msg.ID, &c.msg.MessageID, &c.msg.Topic, &key, &headers, &c.msg.Payload,
-			&c.msg.CreatedAt, &c.attempts[0], &c.attempts[1], &c.delivered[0], &c.delivered[1],
-			&c.want[0], &c.want[1], &snap.xmin, &snap.xmax); err != nil {
+			&c.msg.CreatedAt, &c.attempts.AMQP, &c.attempts.NATS, &c.delivered.AMQP, &c.delivered.NATS,
+			&c.want.AMQP, &c.want.NATS, &snap.xmin, &snap.xmax); err != nil {
 			return nil, snap, fmt.Errorf("claim batch: scan: %w", err)
 		}
 		if key != nil {
@@ -406,60 +406,60 @@ const (
 // batchRecord collects a batch's outcomes column-wise for recordSQL: rows
 // still owed to an enabled target, and rows every enabled target now has.
 type batchRecord struct {
-	enabled [2]bool // the targets a row must reach to be done
+	enabled phase // the targets a row must reach to be done
 
 	ids     []int64
-	outcome [2][]int16
-	errText [2][]string
-	backoff [2][]int64 // milliseconds
+	outcome perTarget[[]int16]
+	errText perTarget[[]string]
+	backoff perTarget[[]int64] // milliseconds
 
 	doneIDs []int64
-	doneNow [2][]bool // delivered in this batch (else before)
+	doneNow perTarget[[]bool] // delivered in this batch (else before)
 }
 
-func newBatchRecord(n int, enabled [2]bool) *batchRecord {
+func newBatchRecord(n int, enabled phase) *batchRecord {
 	return &batchRecord{enabled: enabled, ids: make([]int64, 0, n), doneIDs: make([]int64, 0, n)}
 }
 
 // add records one claimed row's outcomes.
-func (b *batchRecord) add(c *claimed, outcome [2]int16, errText [2]string, backoff [2]time.Duration) {
+func (b *batchRecord) add(c *claimed, outcome perTarget[int16], errText perTarget[string], backoff perTarget[time.Duration]) {
 	done := true
-	for i := range 2 {
-		if b.enabled[i] && !c.delivered[i] && outcome[i] != outcomeDelivered {
+	for _, t := range Targets {
+		if b.enabled.Has(t) && !c.delivered.Get(t) && outcome.Get(t) != outcomeDelivered {
 			done = false
 		}
 	}
 	if done {
 		b.doneIDs = append(b.doneIDs, c.msg.ID)
-		for i := range 2 {
-			b.doneNow[i] = append(b.doneNow[i], outcome[i] == outcomeDelivered)
+		for _, t := range Targets {
+			appendTo(&b.doneNow, t, outcome.Get(t) == outcomeDelivered)
 		}
 		return
 	}
 	b.ids = append(b.ids, c.msg.ID)
-	for i := range 2 {
-		b.outcome[i] = append(b.outcome[i], outcome[i])
-		b.errText[i] = append(b.errText[i], errText[i])
-		b.backoff[i] = append(b.backoff[i], backoff[i].Milliseconds())
+	for _, t := range Targets {
+		appendTo(&b.outcome, t, outcome.Get(t))
+		appendTo(&b.errText, t, errText.Get(t))
+		appendTo(&b.backoff, t, backoff.Get(t).Milliseconds())
 	}
 }
 
 // args are recordSQL's parameters for b.
 func (b *batchRecord) args() []any {
 	return []any{b.ids,
-		b.outcome[0], b.errText[0], b.backoff[0],
-		b.outcome[1], b.errText[1], b.backoff[1],
-		b.doneIDs, b.doneNow[0], b.doneNow[1]}
+		b.outcome.AMQP, b.errText.AMQP, b.backoff.AMQP,
+		b.outcome.NATS, b.errText.NATS, b.backoff.NATS,
+		b.doneIDs, b.doneNow.AMQP, b.doneNow.NATS}
 }
 
-// recordLate records that target ti has the rows of msgIDs (their confirms
+// recordLate records that target t has the rows of msgIDs (their confirms
 // came after their batches gave up), in a transaction of its own: rows every
 // enabled target now has leave the outbox as a batch's do. It returns how
 // many rows it marked.
 //
 // It waits for a row's lock at most lockWait: a batch in flight holds its
 // rows for up to its publish timeout and its record.
-func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, ti int, msgIDs []string, enabled [2]bool, lockWait time.Duration) (int, error) {
+func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, msgIDs []string, enabled phase, lockWait time.Duration) (int, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return 0, err
@@ -468,7 +468,7 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, ti int, msgI
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", lockWait.Milliseconds())); err != nil {
 		return 0, err
 	}
-	rows, err := tx.Query(ctx, s.lateSQL[ti], msgIDs)
+	rows, err := tx.Query(ctx, s.lateSQL.Get(t), msgIDs)
 	if err != nil {
 		return 0, err
 	}
@@ -476,16 +476,16 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, ti int, msgI
 	marked := 0
 	for rows.Next() {
 		var id int64
-		var has [2]bool
-		if err := rows.Scan(&id, &has[0], &has[1]); err != nil {
+		var has perTarget[bool]
+		if err := rows.Scan(&id, &has.AMQP, &has.NATS); err != nil {
 			rows.Close()
 			return 0, err
 		}
 		marked++
-		if (has[0] || !enabled[0]) && (has[1] || !enabled[1]) {
+		if (has.AMQP || !enabled.AMQP) && (has.NATS || !enabled.NATS) {
 			done.doneIDs = append(done.doneIDs, id)
-			done.doneNow[0] = append(done.doneNow[0], false)
-			done.doneNow[1] = append(done.doneNow[1], false)
+			done.doneNow.AMQP = append(done.doneNow.AMQP, false)
+			done.doneNow.NATS = append(done.doneNow.NATS, false)
 		}
 	}
 	rows.Close()

@@ -13,15 +13,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/errlog"
 	"github.com/relayd/relayd/schema"
 )
 
-// idleState says when this relay waits for rows: no worker has rows in
-// hand and some worker can take them (is not stalled by an outage or an
-// error). The listener holds the table's wake lock only then, so that
-// producers notify only then (docs/design.md, "Waking the relay"). Safe
-// for concurrent use.
+// idleState says when this relay waits for rows: no worker has rows in hand
+// and some worker can take them. The listener holds the wake lock only then,
+// so producers notify only then (docs/design.md, "Waking the relay").
 type idleState struct {
 	mu      sync.Mutex
 	n       [3]int // workers in each workerState
@@ -88,14 +87,15 @@ func (w *worker) set(st workerState) {
 
 func (w *worker) leave() { w.s.add(w.state, -1) }
 
+// listenRetry is the listener's backoff between connections.
+var listenRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: 10 * time.Second, Jitter: 0.5}
+
 // listen LISTENs on the table's channel on a connection of its own and kicks
-// a worker on every notification. On any error it reconnects with backoff
-// and kicks once more, since notifications sent meanwhile are lost (a
-// backlog then brings in the other workers; the poll interval covers that
-// gap too).
+// a worker on every notification; after an error it reconnects with backoff
+// and kicks once more, as notifications sent meanwhile are lost.
 func (r *Relay) listen(ctx context.Context) {
 	errs := errlog.New(r.log, "listen")
-	backoff := time.Duration(0)
+	wait := time.Duration(0)
 	for ctx.Err() == nil {
 		listened, err := r.listenOnce(ctx, errs)
 		if ctx.Err() != nil {
@@ -106,10 +106,10 @@ func (r *Relay) listen(ctx context.Context) {
 		if listened {
 			// A connection that listened and then went (a failover) starts
 			// the backoff again, so that reconnections do not wait 10 s.
-			backoff = 0
+			wait = 0
 		}
-		backoff = min(max(2*backoff, 100*time.Millisecond), 10*time.Second)
-		sleep(ctx, jitter(backoff))
+		wait = listenRetry.Next(wait)
+		backoff.Sleep(ctx, listenRetry.Wait(wait))
 	}
 }
 
@@ -189,9 +189,7 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 	want := r.idle.idle()
 	switch {
 	case want && !l.held:
-		if r.testHookWakeLock != nil {
-			r.testHookWakeLock()
-		}
+		r.hooks.onWakeLock()
 		top, err := l.take(ctx)
 		if err != nil {
 			return 0, err
@@ -277,10 +275,14 @@ type wakeTrigger struct {
 	lock    int64 // 0: no wake lock (a table not yet migrated to 00007)
 }
 
-// readWakeTrigger reads the channel and wake lock written into the table's
-// insert trigger by the migration, which follow the spelling of the table's
-// name it was given: "outbox" and "public.outbox" are one table but two
-// channels. Without the trigger (dropped by hand), the relay's own spelling.
+// rowQuerier is a connection or transaction that runs a query for one row.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// readWakeTrigger reads the channel and wake lock in the table's insert
+// trigger: they follow the spelling the migration was given ("outbox" and
+// "public.outbox" are two channels). Without the trigger, the relay's own.
 func readWakeTrigger(ctx context.Context, db rowQuerier, t schema.Table) (wakeTrigger, error) {
 	def := wakeTrigger{channel: t.Channel()}
 	var args []byte

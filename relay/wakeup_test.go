@@ -100,7 +100,7 @@ func TestRowCommittedAsTheRelayGoesToSleep(t *testing.T) {
 			var tx pgx.Tx
 			hooked := make(chan error, 1)
 			f.startWith(Config{Sinks: []Sink{newFake(TargetAMQP)}, Workers: 1, PollInterval: poll}, func(r *Relay) {
-				r.testHookWakeLock = func() {
+				r.hooks = &testHooks{wakeLock: func() {
 					tries.Add(1)
 					if !armed.CompareAndSwap(true, false) {
 						return
@@ -113,7 +113,7 @@ func TestRowCommittedAsTheRelayGoesToSleep(t *testing.T) {
 						err = tx.Commit(ctx)
 					}
 					hooked <- err
-				}
+				}}
 			})
 			testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, f.pool, f.table) != 0 }, "idle relay holds no wake lock")
 
@@ -204,4 +204,71 @@ func TestMigrationToTheWakeLockUnderARunningRelay(t *testing.T) {
 	if s := f.state(ids[2]); !s.amqpParked || !s.natsDelivered {
 		t.Fatalf("parked row after the migration: %+v, want still parked for amqp, delivered to nats", s)
 	}
+}
+
+// The LISTEN connection dropped again and again over a process's life
+// (failovers, idle-session timeouts): each time it had listened, the next
+// reconnection comes at once. The backoff used to double across drops and
+// never reset: after seven, every reconnection waited 5–10 s, and the
+// NOTIFYs of that time were lost.
+func TestListenReconnectsAtOnceAfterEachDrop(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}, PollInterval: time.Hour})
+	ctx := context.Background()
+	listening := func() int { return wakeLockHolder(t, f.pool, f.table) } // idle: the listener holds it
+	for i := range 9 {
+		var pid int
+		start := time.Now()
+		testenv.Eventually(t, 30*time.Second, func() bool { pid = listening(); return pid != 0 }, "no LISTEN connection (drop %d)", i)
+		if took := time.Since(start); i > 0 && took > 2*time.Second {
+			t.Fatalf("LISTEN back %v after drop %d, want at once (the backoff restarts after a connection that listened)", took, i)
+		}
+		if _, err := f.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool { return listening() != pid }, "LISTEN connection %d not gone", pid)
+	}
+	// And a NOTIFY is heard on the last one.
+	testenv.Eventually(t, 30*time.Second, func() bool { return listening() != 0 }, "no LISTEN connection at the end")
+	f.insert(1, "orders.created")
+	testenv.Eventually(t, 5*time.Second, func() bool { return f.countDone() == 1 }, "row not delivered after its NOTIFY (poll interval 1h)")
+}
+
+// The insert trigger's channel follows the spelling of the table's name
+// migrate was given: a table migrated as "name" (on the search_path) and
+// relayed as "schema.name" is one table with two channel names. The relay
+// listens on the trigger's, so its NOTIFYs are heard (they went unheard, the
+// rows waiting for the poll interval).
+func TestNotifyHeardWhateverTheSpellingOfTheTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	sch, name := testenv.Name("t"), testenv.Name("o")
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{sch}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{sch}.Sanitize()+` CASCADE`) }) //nolint:errcheck // best effort
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = sch
+	onPath, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDBFromPool(onPath)
+	_, err = schema.Up(ctx, db, schema.Table{Name: name}, nil)
+	db.Close()
+	onPath.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f := &fixture{t: t, pool: pool, table: schema.Table{Schema: sch, Name: name}}
+	f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}, PollInterval: time.Hour})
+	testenv.Eventually(t, 30*time.Second, func() bool { return wakeLockHolder(t, pool, f.table) != 0 }, "no idle LISTEN connection")
+	f.insert(1, "orders.created")
+	testenv.Eventually(t, 5*time.Second, func() bool { return f.countDone() == 1 }, "row not delivered after its NOTIFY (poll interval 1h)")
 }

@@ -5,23 +5,6 @@ import (
 	"time"
 )
 
-// kick wakes one idle worker. A NOTIFY means rows may be waiting, and one
-// claim takes them all (up to BatchSize), so waking every idle worker
-// would only add empty claims — a transaction each — per commit. A kick
-// sent while no worker waits is kept (kicks collapse into one) for the
-// first worker to finish its batch; a worker whose claim came back full
-// kicks another in turn, so a backlog brings in every worker.
-type kick chan struct{}
-
-func newKick() kick { return make(kick, 1) }
-
-func (k kick) signal() {
-	select {
-	case k <- struct{}{}:
-	default:
-	}
-}
-
 // breaker pauses a target after batches in which every publish failed for
 // want of the broker: 100ms doubling to 30s. It closes on the first batch
 // with a delivery.
@@ -33,11 +16,8 @@ type breaker struct {
 }
 
 // failing reports how many batches in a row failed for want of the broker,
-// and the last error; 0 when the last batch delivered — or when the last
-// pause ended more than probe ago (a batch's time: the next batch after a
-// pause tells within that), as when no row came after a failure: a broker
-// that keeps failing fails the next batch, one that came back has nothing
-// to show it by.
+// and the last error; 0 when the last batch delivered, or the last pause
+// ended more than probe ago with no batch since to tell.
 func (b *breaker) failing(now time.Time, probe time.Duration) (int, string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

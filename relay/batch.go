@@ -1,0 +1,241 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// batchBegin opens a batch's transaction with generic plans kept on the
+// outbox's indexes (docs/design.md, "Batch plans"); store.claim sends it in
+// the claim's round trip. The settings are transaction-local.
+var batchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), " +
+	"set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)"}
+
+// runBatch claims, publishes and records one batch in two round trips, and
+// returns how many rows it claimed and how many were keyed. Once it holds
+// rows it runs to the end whatever ctx does, under its own timeout.
+func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err error) {
+	start := time.Now()
+	act, ok := r.active(start)
+	if !ok {
+		return 0, 0, errNoTarget
+	}
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+30*time.Second)
+	defer cancel()
+	// Until it holds rows, a batch stops with the relay: a shutdown does
+	// not wait on a Postgres that does not answer.
+	cctx, ccancel := context.WithCancel(bctx)
+	defer ccancel()
+	defer context.AfterFunc(ctx, ccancel)()
+	conn, err := r.pool.Acquire(cctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("begin: %w", err)
+	}
+	var held []int64 // the batch's keyed rows, in r.held until its transaction ends
+	defer func() {
+		// A transaction still open (or failed) ends without a trace; a
+		// connection that cannot roll back is closed on release.
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			conn.Exec(rctx, "ROLLBACK") //nolint:errcheck // see above
+			cancel()
+		}
+		conn.Release()
+		r.held.remove(held)
+	}()
+
+	// One claim at a time, each starting where the one before it ended.
+	floor := r.floor.begin(time.Now())
+	r.hooks.onClaiming()
+	claimStart := time.Now()
+	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor, r.held.list())
+	if err == nil {
+		r.floor.advance(rows, floor, snap, time.Since(claimStart))
+		held = r.held.add(rows)
+		r.hooks.onClaimed(len(rows), floor)
+	}
+	r.floor.end()
+	if err != nil {
+		return 0, 0, err
+	}
+	r.idle.claimed(rows)
+	if len(rows) == 0 {
+		if _, err := conn.Exec(cctx, "COMMIT"); err != nil { // holds nothing: stops with the relay too
+			return 0, 0, fmt.Errorf("commit empty claim: %w", err)
+		}
+		return 0, 0, nil
+	}
+
+	w.set(workerBusy) // producers need not notify meanwhile
+	rec := r.publish(bctx, rows)
+	r.hooks.onAfterPublish()
+	if err := r.store.record(bctx, conn, rec); err != nil {
+		return len(rows), len(held), err
+	}
+	r.cfg.Metrics.Batch(time.Since(start), len(rows))
+	return len(rows), len(held), nil
+}
+
+// publish sends each row to the targets it wants, all targets at once, and
+// returns the outcomes to record.
+func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
+	results := r.fanOut(ctx, rows)
+	now := time.Now()
+	for _, t := range Targets {
+		if anyWanted(rows, t) {
+			r.feedBreaker(t, rows, results.Get(t), now)
+		}
+	}
+	rec := newBatchRecord(len(rows), r.enabled)
+	for i, c := range rows {
+		var outcome perTarget[int16]
+		var errText perTarget[string]
+		var backoff perTarget[time.Duration]
+		for _, t := range Targets {
+			err := results.Get(t)[i]
+			if c.badRow != "" {
+				err = &PermanentError{Reason: c.badRow}
+			}
+			*outcome.Ptr(t), *errText.Ptr(t), *backoff.Ptr(t) = r.settle(t, c, err, now)
+		}
+		rec.add(c, outcome, errText, backoff)
+	}
+	return rec
+}
+
+// fanOut publishes each target's rows to its sink, the targets in parallel,
+// and returns per target and row the sink's result.
+func (r *Relay) fanOut(ctx context.Context, rows []*claimed) perTarget[[]error] {
+	var results perTarget[[]error]
+	var wg sync.WaitGroup
+	for _, t := range Targets {
+		var msgs []*Message
+		var idx []int
+		for i, c := range rows {
+			if c.want.Get(t) && c.badRow == "" {
+				msgs = append(msgs, &c.msg)
+				idx = append(idx, i)
+			}
+		}
+		out := make([]error, len(rows))
+		results.Set(t, out)
+		if len(msgs) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+			defer cancel()
+			res := make([]error, len(msgs))
+			r.sinks.Get(t).Publish(pctx, msgs, res)
+			for j, i := range idx {
+				out[i] = res[j]
+			}
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+// feedBreaker tells target t's breaker how its batch went: every publish
+// failed for want of the broker pauses it; a delivery or a refusal for room
+// (an answer) closes it.
+func (r *Relay) feedBreaker(t Target, rows []*claimed, results []error, now time.Time) {
+	attempted, unavailable, delivered, full := 0, 0, 0, 0
+	for i, c := range rows {
+		if !c.want.Get(t) {
+			continue
+		}
+		err := results[i]
+		if c.badRow == "" && errors.Is(err, ErrOutOfRoom) {
+			full++
+			continue
+		}
+		attempted++
+		switch {
+		case c.badRow != "":
+		case err == nil:
+			delivered++
+		case errors.Is(err, ErrUnavailable):
+			unavailable++
+		}
+	}
+	b := r.breaker.Get(t)
+	if attempted > 0 && unavailable == attempted {
+		if d := b.failure(now, firstErr(results)); d > 0 {
+			r.log.Warn("target unavailable, pausing it", "target", string(t), "for", d.String(), "error", firstErr(results))
+		}
+	} else if delivered+full > 0 && b.success() {
+		r.log.Info("target recovered", "target", string(t))
+	}
+}
+
+// classify is the outcome to record for a row on a target (the outcome*
+// codes): err is the publish's result, attempts the row's failed attempts
+// before it, maxAttempts Config.MaxAttempts.
+func classify(wanted bool, err error, attempts int32, maxAttempts int) int16 {
+	switch {
+	case !wanted:
+		return outcomeNone
+	case err == nil:
+		return outcomeDelivered
+	case IsPermanent(err):
+		return outcomeParked
+	case errors.Is(err, ErrOutOfRoom), errors.Is(err, ErrUnavailable):
+		// The broker, not the row: retry without using up attempts.
+		return outcomeOutage
+	case maxAttempts > 0 && attempts+1 >= int32(maxAttempts):
+		return outcomeParked
+	default:
+		return outcomeRetry
+	}
+}
+
+// settle classifies row c's result err on target t, reports it, and
+// returns what to record: the outcome, its error text and the backoff.
+func (r *Relay) settle(t Target, c *claimed, err error, now time.Time) (outcome int16, errText string, backoff time.Duration) {
+	attempts := c.attempts.Get(t)
+	outcome = classify(c.want.Get(t), err, attempts, r.cfg.MaxAttempts)
+	switch outcome {
+	case outcomeDelivered:
+		r.full.stored(t, c.msg.Topic)
+		r.cfg.Metrics.Published(t, c.msg.CreatedAt)
+	case outcomeParked:
+		errText = err.Error()
+		if !IsPermanent(err) {
+			errText = fmt.Sprintf("gave up after %d attempts: %v", attempts+1, err)
+			r.cfg.Metrics.PublishFailed(t, err)
+		}
+		r.cfg.Metrics.Parked(t)
+		r.log.Warn("row parked", "target", string(t), "id", c.msg.ID, "message_id", c.msg.MessageID, "reason", errText)
+	case outcomeOutage:
+		errText, backoff = err.Error(), r.outageBackoff(t, c, err, now)
+		r.cfg.Metrics.PublishFailed(t, err)
+	case outcomeRetry:
+		errText, backoff = err.Error(), r.retryBackoff(attempts+1)
+		r.cfg.Metrics.PublishFailed(t, err)
+	}
+	return outcome, errText, backoff
+}
+
+func anyWanted(rows []*claimed, t Target) bool {
+	for _, c := range rows {
+		if c.want.Get(t) {
+			return true
+		}
+	}
+	return false
+}
+
+func firstErr(errs []error) string {
+	for _, e := range errs {
+		if e != nil {
+			return e.Error()
+		}
+	}
+	return ""
+}

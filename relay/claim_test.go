@@ -1,0 +1,188 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relayd/relayd/internal/testenv"
+)
+
+// Rows of one key reach each broker in id order across 4 workers, even when
+// some fail and are retried; a key's failing row holds only that key.
+func TestKeyOrderThroughRetries(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	var mu sync.Mutex
+	failed := map[string]int{}
+	flaky := func(m *Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		// Every 7th row fails twice before it goes through.
+		if m.ID%7 == 0 && failed[m.MessageID] < 2 {
+			failed[m.MessageID]++
+			return errors.New("nats: temporary refusal")
+		}
+		return nil
+	}
+	n.setFail(flaky)
+	keyOf := f.insertKeyed(20, 30)
+	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 50, Workers: 4, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond})
+	testenv.Eventually(t, 60*time.Second, func() bool { return f.countDone() == len(keyOf) }, "keyed rows not all done")
+	checkKeyOrder(t, "amqp", a.confirmedOrder(), keyOf)
+	checkKeyOrder(t, "nats", n.confirmedOrder(), keyOf)
+}
+
+// A parked row holds the later rows of its key (strict, the default) and no
+// other key's; with SkipParkedKeys the later rows go past it.
+func TestParkedRowHoldsItsKeyOnly(t *testing.T) {
+	t.Parallel()
+	for _, skip := range []bool{false, true} {
+		t.Run(fmt.Sprintf("skip=%v", skip), func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			a := newFake(TargetAMQP)
+			keyOf := f.insertKeyed(3, 5) // k0, k1, k2 x 5 rows
+			var poison int64
+			for id, k := range keyOf {
+				if k == "k1" && (poison == 0 || id < poison) {
+					poison = id
+				}
+			}
+			a.setFail(func(m *Message) error {
+				if m.ID == poison {
+					return Permanent("amqp: refused")
+				}
+				return nil
+			})
+			f.start(Config{Sinks: []Sink{a}, SkipParkedKeys: skip})
+			want := 10 // k0 and k2
+			if skip {
+				want = 14 // all but the poison row
+			}
+			testenv.Eventually(t, 20*time.Second, func() bool { return f.countDone() == want }, "want %d rows done", want)
+			time.Sleep(300 * time.Millisecond) // several poll intervals: held rows must stay held
+			if got := f.countDone(); got != want {
+				t.Fatalf("%d rows done, want %d", got, want)
+			}
+			for id, k := range keyOf {
+				delivered, _ := a.count(idToMsg(t, f, id))
+				switch {
+				case id == poison && delivered != 0:
+					t.Fatalf("poison row delivered")
+				case k == "k1" && id != poison && !skip && delivered != 0:
+					t.Fatalf("row %d of the held key delivered past its parked row", id)
+				case k != "k1" && delivered != 1:
+					t.Fatalf("row %d of an unrelated key delivered %d times", id, delivered)
+				}
+			}
+			checkKeyOrder(t, "amqp", a.confirmedOrder(), keyOf)
+			stats, err := ReadStats(context.Background(), f.pool, f.table, []Target{TargetAMQP})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stats[0].HeldKeys != 1 || stats[0].Parked != 1 {
+				t.Fatalf("stats %+v: want 1 parked row holding 1 key", stats[0])
+			}
+		})
+	}
+}
+
+// A key held by a waiting row (parked, or its retry not due) may have far
+// more later rows than a claim's keyed window: they must not crowd out the
+// other keys behind them.
+func TestHeldKeyLongerThanTheWindow(t *testing.T) {
+	t.Parallel()
+	for _, held := range []string{"parked", "retry"} {
+		t.Run(held, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			a := newFake(TargetAMQP)
+			const batch = 10 // window: keyWindow × 10 keyed rows
+			hot := f.insertKeyed(1, 3*keyWindow*batch)
+			var first int64
+			for id := range hot {
+				if first == 0 || id < first {
+					first = id
+				}
+			}
+			others := f.insertKeyed(5, 10) // keys k0..k4 again: k0 is the hot key
+			for id, k := range others {
+				if k == "k0" {
+					hot[id] = k
+					delete(others, id)
+				}
+			}
+			a.setFail(func(m *Message) error {
+				if m.ID != first {
+					return nil
+				}
+				if held == "parked" {
+					return Permanent("amqp: refused")
+				}
+				return errors.New("amqp: try later")
+			})
+			f.start(Config{Sinks: []Sink{a}, BatchSize: batch, Workers: 2, RetryMin: time.Hour, RetryMax: time.Hour})
+			testenv.Eventually(t, 20*time.Second, func() bool { return f.countDone() == len(others) },
+				"the %d rows of other keys not all done (%d)", len(others), f.countDone())
+			time.Sleep(300 * time.Millisecond)
+			if got := f.countDone(); got != len(others) {
+				t.Fatalf("%d rows done, want %d: the held key's rows went past its first", got, len(others))
+			}
+			for id := range others {
+				if n, _ := a.count(idToMsg(t, f, id)); n != 1 {
+					t.Fatalf("row %d of another key delivered %d times", id, n)
+				}
+			}
+		})
+	}
+}
+
+// A key whose backlog fills the claim's window — a bulk job's rows of one
+// key, ahead of the rest — advances one row per batch round trip; the keys
+// after it go meanwhile (found past the window by a skip scan of the keys),
+// not once its backlog is down to a window's worth.
+func TestHotKeyAheadOfTheWindowDoesNotHoldBackTheOthers(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a := newFake(TargetAMQP)
+	const batch = 10 // window: keyWindow × 10 keyed rows
+	hot := f.insertKeyed(1, 3*keyWindow*batch)
+	others := f.insertKeyed(6, 1) // k0..k5: k0 is the hot key
+	for id, k := range others {
+		if k == "k0" {
+			hot[id] = k
+			delete(others, id)
+		}
+	}
+	a.setFail(func(m *Message) error {
+		if m.Key == "k0" {
+			time.Sleep(10 * time.Millisecond) // a round trip of the hot key's
+		}
+		return nil
+	})
+	f.start(Config{Sinks: []Sink{a}, BatchSize: batch, Workers: 2})
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == len(hot)+len(others) }, "not all rows done")
+	order := a.confirmedOrder()
+	hotBefore, left := 0, len(others)
+	for _, id := range order {
+		if left == 0 {
+			break
+		}
+		if _, ok := others[id]; ok {
+			left--
+		} else {
+			hotBefore++
+		}
+	}
+	if hotBefore > keyWindow*batch {
+		t.Fatalf("the other keys' %d rows went after %d of the hot key's %d: held back until its backlog fit the window (%d rows)",
+			len(others), hotBefore, len(hot), keyWindow*batch)
+	}
+	checkKeyOrder(t, "hot key", order, hot)
+	t.Logf("the other keys' rows done after %d of the hot key's %d", hotBefore, len(hot))
+}

@@ -1,0 +1,91 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/relayd/relayd/internal/errlog"
+)
+
+// cleanup runs CleanupOnce every CleanupInterval.
+func (r *Relay) cleanup(ctx context.Context) {
+	errs := errlog.New(r.log, "cleanup")
+	t := time.NewTicker(r.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := r.CleanupOnce(ctx); err != nil && ctx.Err() == nil {
+			errs.Error(err)
+		} else {
+			errs.OK()
+		}
+	}
+}
+
+// CleanupOnce finishes the next slice's stranded rows (rows JetStream has
+// that RabbitMQ owed before the move to nats only), then deletes, 1000 at a
+// time, the record of delivered ids past retention, the backfill's record
+// of moved ids past retention, and rows marked done in the outbox before
+// migration 00005 past retention; it returns the first error.
+func (r *Relay) CleanupOnce(ctx context.Context) error {
+	// Each step on its own: one that fails does not keep the others from
+	// their work.
+	first := r.finishStranded(ctx)
+	for _, q := range []string{r.store.cleanupDeliveredSQL, r.store.cleanupBackfilledSQL, r.store.cleanupSQL} {
+		for {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			tag, err := r.pool.Exec(ctx, q, r.cfg.Retention.Milliseconds(), 1000)
+			if err != nil {
+				first = cmp.Or(first, fmt.Errorf("cleanup: %w", err))
+				break
+			}
+			if tag.RowsAffected() < 1000 {
+				break
+			}
+		}
+	}
+	return first
+}
+
+// strandedSweep is where finishStranded's next slice of the outbox starts.
+type strandedSweep struct {
+	mu    sync.Mutex
+	from  int64 // the next slice starts past it
+	slice int   // rows a slice goes through
+}
+
+// sweepSliceRows is how many outbox rows each finishStranded goes through.
+const sweepSliceRows = 50000
+
+// finishStranded moves out of the outbox, in the nats-only phase, rows
+// JetStream has that RabbitMQ owed before the move, which no batch claims:
+// the next slice of rows each call (docs/design.md, "Stranded rows").
+func (r *Relay) finishStranded(ctx context.Context) error {
+	if !r.enabled.NATSOnly() {
+		return nil
+	}
+	s := &r.sweep
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var last, scanned, n int64
+	if err := r.pool.QueryRow(ctx, r.store.finishSQL, s.from, s.slice).Scan(&last, &scanned, &n); err != nil {
+		return fmt.Errorf("cleanup: finish rows JetStream has: %w", err)
+	}
+	s.from = last
+	if scanned < int64(s.slice) {
+		s.from = 0 // the end: from the start next time
+	}
+	if n > 0 {
+		r.log.Info("finished rows JetStream has that RabbitMQ owed before the move to nats only", "rows", n)
+	}
+	return nil
+}

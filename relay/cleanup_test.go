@@ -1,0 +1,132 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A phase change leaves rows that reached the target that stays while the
+// one dropped still owed them (in retry, or parked): no batch claims them
+// (they are owed to no enabled target), so the relay's cleanup finishes them
+// — gone from the outbox, recorded as delivered — and leaves alone the rows
+// the remaining target still owes.
+func TestPhaseChangeFinishesStrandedRows(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ids := f.insert(4, "orders.created")
+	for i, set := range []string{
+		"nats_delivered_at = now(), amqp_parked_at = now(), amqp_last_error = 'refused'",          // stranded
+		"nats_delivered_at = now(), amqp_retry_at = now() + interval '1 hour'",                    // stranded
+		"amqp_delivered_at = now(), nats_retry_at = now() + interval '1 hour', nats_attempts = 1", // still owed to nats
+		"amqp_delivered_at = now(), nats_parked_at = now()",                                       // parked for nats
+	} {
+		f.setRow(ids[i], set)
+	}
+	n := newFake(TargetNATS)
+	r, _, _ := f.start(Config{Sinks: []Sink{n}})
+	if err := r.CleanupOnce(context.Background()); err != nil { // what the relay does every CleanupInterval
+		t.Fatal(err)
+	}
+	for i, want := range []rowState{{natsDelivered: true, done: true}, {natsDelivered: true, done: true}} {
+		if s := f.state(ids[i]); s != want {
+			t.Errorf("row %d: %+v, want %+v", i, s, want)
+		}
+	}
+	if s := f.state(ids[2]); s.done || s.natsDelivered {
+		t.Errorf("row owed to nats: %+v, want still owed", s)
+	}
+	if s := f.state(ids[3]); s.done || !s.natsParked {
+		t.Errorf("row parked for nats: %+v, want still parked", s)
+	}
+	if got := n.total(); got != 0 {
+		t.Errorf("nats got %d publishes; the stranded rows are in it already, the others wait", got)
+	}
+}
+
+// The sweep goes through one slice of the outbox a cleanup, round and
+// round: a stranded row (here left by an instance still in dual write) is
+// found within a round, and no cleanup scans a whole backlog.
+func TestStrandedRowSweepGoesASliceAtATime(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ids := f.insert(35, "orders.created")
+	tbl := f.table.Ident()
+	// Pending for JetStream but not due: the relay leaves them be.
+	if _, err := f.pool.Exec(context.Background(), `UPDATE `+tbl+` SET nats_retry_at = now() + interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	r, _, _ := f.startWith(Config{Sinks: []Sink{newFake(TargetNATS)}, CleanupInterval: time.Hour}, func(r *Relay) { r.sweep.slice = 10 })
+
+	// Another instance, still in dual write, leaves the last row
+	// delivered to JetStream, owed to RabbitMQ.
+	f.setRow(ids[34], "nats_delivered_at = now(), nats_retry_at = NULL, amqp_retry_at = now() + interval '1 hour'")
+	calls := 0
+	for ; calls < 6 && !f.state(ids[34]).done; calls++ {
+		if err := r.CleanupOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 35 rows in slices of 10: from the start, the fourth slice has it.
+	if calls != 4 || !f.state(ids[34]).done {
+		t.Fatalf("finished after %d cleanups (done %v), want the fourth: a slice of 10 each", calls, f.state(ids[34]).done)
+	}
+	for _, id := range ids[:34] {
+		if s := f.state(id); s.done {
+			t.Fatalf("row %s finished, still owed to JetStream", id)
+		}
+	}
+}
+
+// Only the nats-only phase finishes such rows. In phase amqp a row RabbitMQ
+// has and JetStream still owes stays: a move back from dual write keeps it
+// for when dual write resumes, and during a move to dual write the
+// instances still in phase amqp leave it to the dual-write ones.
+func TestPhaseAMQPLeavesRowsJetStreamOwes(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ids := f.insert(1, "orders.created")
+	f.setRow(ids[0], "amqp_delivered_at = now(), nats_retry_at = now() + interval '1 hour'")
+	r, _, _ := f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}})
+	if err := r.CleanupOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.state(ids[0]); s.done || !s.amqpDelivered {
+		t.Fatalf("row %+v, want still in the outbox, owed to nats", s)
+	}
+}
+
+// The record of delivered ids older than Retention is deleted, and so are
+// rows marked done in the outbox before migration 00005; others stay.
+func TestCleanupKeepsRetention(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a := newFake(TargetAMQP)
+	r, err := New(f.pool, Config{Table: f.table, Sinks: []Sink{a}, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := f.insert(2500, "orders.created")
+	ctx := context.Background()
+	// 2100 rows finished two hours ago, 300 a minute ago, 100 not yet.
+	exec := func(q string, args ...any) {
+		if _, err := f.pool.Exec(ctx, q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`UPDATE `+f.table.Ident()+` SET amqp_delivered_at = now(), done_at = now() - interval '2 hours' WHERE message_id = ANY($1::uuid[])`, ids[:2100])
+	exec(`UPDATE `+f.table.Ident()+` SET amqp_delivered_at = now(), done_at = now() - interval '1 minute' WHERE message_id = ANY($1::uuid[])`, ids[2100:2400])
+	// The delivered table: 2300 ids recorded two hours ago, 200 a minute ago.
+	exec(`INSERT INTO ` + f.table.Delivered() + ` (id, message_id, amqp_delivered_at, done_at)
+		SELECT -g, gen_random_uuid(), now(), now() - CASE WHEN g <= 2300 THEN interval '2 hours' ELSE interval '1 minute' END
+		FROM generate_series(1, 2500) g`)
+	if err := r.CleanupOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var left, leftDone, leftDelivered int
+	f.pool.QueryRow(ctx, `SELECT count(*), count(done_at), (SELECT count(*) FROM `+f.table.Delivered()+`) FROM `+f.table.Ident()).
+		Scan(&left, &leftDone, &leftDelivered)
+	if left != 400 || leftDone != 300 || leftDelivered != 200 {
+		t.Fatalf("after cleanup: %d rows (%d done) and %d delivered ids, want 400 (300 done) and 200", left, leftDone, leftDelivered)
+	}
+}

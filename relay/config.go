@@ -1,0 +1,128 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/relayd/relayd/schema"
+)
+
+// Config configures a Relay. Zero values take the defaults stated.
+type Config struct {
+	// Table is the outbox table. Default "outbox".
+	Table schema.Table
+	// Sinks are the enabled targets, at most one per Target. Required.
+	Sinks []Sink
+	// BatchSize is how many rows one worker claims at a time, 2 to 10,000
+	// (at most half of them keyed). Default 500.
+	BatchSize int
+	// Workers is how many batches are in flight at once. Default 8.
+	Workers int
+	// PublishTimeout bounds how long a batch waits for confirms; messages
+	// without one by then are retried. Default 10s.
+	PublishTimeout time.Duration
+	// PollInterval is how often an idle worker looks for rows when no
+	// NOTIFY arrives. Default 1s.
+	PollInterval time.Duration
+	// RetryMin and RetryMax bound the per-row backoff after a failed
+	// publish (exponential with jitter). Defaults 1s and 5m.
+	RetryMin, RetryMax time.Duration
+	// MaxAttempts parks a row for a target after this many failed
+	// attempts (failures of the broker itself — disconnects, timeouts — do
+	// not count). Negative means never. Default (0) 20: about an hour of
+	// retries with the default backoff.
+	MaxAttempts int
+	// SkipParkedKeys lets the later rows of a key go past a parked row of
+	// that key. Default false: a parked row holds its key (strict order)
+	// until an operator retries it.
+	SkipParkedKeys bool
+	// Retention is how long the record of delivered message ids (which
+	// reached each broker, and when) is kept; delivered rows themselves
+	// leave the outbox at once. Default 24h.
+	Retention time.Duration
+	// CleanupInterval is how often delivered ids past Retention are
+	// deleted, in batches of 1000, and — in the nats-only phase — the
+	// next slice of the outbox is swept for rows JetStream has that
+	// RabbitMQ owed before the move to nats only. Default 1m.
+	CleanupInterval time.Duration
+	// Logger receives the relay's logs. Default: discard.
+	Logger *slog.Logger
+	// Metrics receives the relay's measurements. Default: none.
+	Metrics Observer
+}
+
+func (c *Config) applyDefaults() {
+	if c.Table == (schema.Table{}) {
+		c.Table = schema.Table{Name: schema.DefaultTable}
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
+	}
+	if c.Workers == 0 {
+		c.Workers = 8
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = 10 * time.Second
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = time.Second
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = 5 * time.Minute
+	}
+	if c.Retention == 0 {
+		c.Retention = 24 * time.Hour
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 20
+	}
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopObserver{}
+	}
+}
+
+func (c *Config) validate() error {
+	if _, err := schema.ParseTable(c.Table.String()); err != nil {
+		return err
+	}
+	if len(c.Sinks) == 0 {
+		return errors.New("relay: no sinks: at least one target must be enabled")
+	}
+	seen := map[Target]bool{}
+	for _, s := range c.Sinks {
+		if s == nil {
+			return errors.New("relay: nil sink")
+		}
+		if seen[s.Target()] {
+			return fmt.Errorf("relay: two sinks for target %s", s.Target())
+		}
+		if !knownTarget(s.Target()) {
+			return fmt.Errorf("relay: unknown target %q", s.Target())
+		}
+		seen[s.Target()] = true
+	}
+	switch {
+	case c.BatchSize < 2 || c.BatchSize > 10000:
+		// At least 2: a batch takes at most half (and at least 1) keyed
+		// rows, and with 1 a keyed row would leave no room for unkeyed ones.
+		return fmt.Errorf("relay: BatchSize %d out of range 2..10000", c.BatchSize)
+	case c.Workers < 1 || c.Workers > 256:
+		return fmt.Errorf("relay: Workers %d out of range 1..256", c.Workers)
+	case c.PublishTimeout < 0, c.PollInterval < 0, c.RetryMin < 0, c.Retention < 0, c.CleanupInterval < 0:
+		return errors.New("relay: durations must not be negative")
+	case c.RetryMax < c.RetryMin:
+		return fmt.Errorf("relay: RetryMax %v below RetryMin %v", c.RetryMax, c.RetryMin)
+	}
+	return nil
+}

@@ -1,0 +1,108 @@
+package relay
+
+import (
+	"sync"
+	"time"
+)
+
+// claimFloor is where a relay's claims start their unkeyed walks, so that
+// during a backlog they skip the rows other batches hold; its lock lets one
+// claim run at a time (docs/design.md, "The claim floor").
+type claimFloor struct {
+	mu sync.Mutex
+
+	batchSize int
+	poll      time.Duration // walk from the oldest row at least this often
+	quickWalk time.Duration // ...and this often while that walk is cheap
+	cheapTook time.Duration // the longest a cheap walk from the oldest row takes
+
+	highWater int64            // the next walks start past it
+	fullWalk  int64            // unix ns of the last walk from the oldest row
+	cheapWalk bool             // the last walk from the oldest row was short and quick
+	safe      int64            // every row below it was taken
+	seenXmin  int64            // the newest claim snapshot's oldest running transaction
+	tops      []floorCandidate // short claims' tops, waiting for seenXmin
+}
+
+// quickWalkEvery is how often, at most, claims walk from the oldest row
+// while that walk is cheap; cheapWalkTook is what counts as cheap.
+const (
+	quickWalkEvery = 100 * time.Millisecond
+	cheapWalkTook  = 20 * time.Millisecond
+)
+
+func newClaimFloor(batchSize int, poll time.Duration) *claimFloor {
+	return &claimFloor{batchSize: batchSize, poll: poll, quickWalk: quickWalkEvery, cheapTook: cheapWalkTook}
+}
+
+// floorCandidate is the top of a short claim that walked from the safe
+// floor, and the claim snapshot's first unassigned transaction id.
+type floorCandidate struct{ top, xmax int64 }
+
+// maxFloorCandidates bounds the tops waiting for a transaction that runs
+// long (elsewhere in the database); dropping one only delays the floor.
+const maxFloorCandidates = 64
+
+// begin takes the floor's lock for one claim and returns where its walks
+// start; end releases it.
+func (f *claimFloor) begin(now time.Time) int64 {
+	f.mu.Lock()
+	return f.start(now)
+}
+
+func (f *claimFloor) end() { f.mu.Unlock() }
+
+// start is where a claim's unkeyed walks start: the high-water mark, or 0
+// (the oldest row) at least every poll, and every quickWalk while that walk
+// is cheap, to take what the mark skips.
+func (f *claimFloor) start(now time.Time) int64 {
+	every := int64(f.poll)
+	if f.cheapWalk {
+		every = min(every, int64(f.quickWalk))
+	}
+	if now.UnixNano()-f.fullWalk >= every {
+		f.fullWalk = now.UnixNano()
+		return 0
+	}
+	return f.highWater
+}
+
+// advance places the next claims after one from floor that took rows in
+// took under snap: a full claim moves the high-water mark, a short one
+// proposes its top as the safe floor, taken once snap's transactions end.
+func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took time.Duration) {
+	full := len(rows) >= f.batchSize
+	if floor == 0 {
+		f.cheapWalk = !full && took < f.cheapTook
+	}
+	var top int64
+	for _, c := range rows {
+		if !c.msg.HasKey {
+			top = max(top, c.msg.ID)
+		}
+	}
+	f.seenXmin = max(f.seenXmin, snap.xmin)
+	switch {
+	case full && floor == 0:
+		// More claimable rows below the mark than a batch (a target back
+		// from an outage, retries falling due): walk on from here.
+		f.highWater, f.safe, f.tops = top, min(f.safe, top), f.tops[:0]
+		return
+	case full:
+		f.highWater = max(f.highWater, top)
+		return
+	}
+	if top > 0 && floor <= f.safe && len(f.tops) < maxFloorCandidates {
+		f.tops = append(f.tops, floorCandidate{top: top, xmax: snap.xmax})
+	}
+	waiting := f.tops[:0]
+	for _, c := range f.tops {
+		if c.xmax <= f.seenXmin {
+			f.safe = max(f.safe, c.top)
+		} else {
+			waiting = append(waiting, c)
+		}
+	}
+	f.tops = waiting
+	f.highWater = f.safe
+}

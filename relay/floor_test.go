@@ -1,0 +1,151 @@
+package relay
+
+import (
+	"testing"
+	"time"
+)
+
+func unkeyed(ids ...int64) []*claimed {
+	rows := make([]*claimed, len(ids))
+	for i, id := range ids {
+		rows[i] = &claimed{msg: Message{ID: id}}
+	}
+	return rows
+}
+
+// The claim floor's start: from the oldest row every PollInterval (every
+// quickWalk while that walk is cheap), else from the high-water mark.
+func TestClaimFloorStart(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		name      string
+		cheap     bool
+		lastWalk  time.Duration // before now
+		highWater int64
+		want      int64
+	}{
+		{"first claim walks from the oldest row", false, 1000 * time.Second, 50, 0},
+		{"within PollInterval: the mark", false, 500 * time.Millisecond, 50, 50},
+		{"PollInterval passed: the oldest row", false, time.Second, 50, 0},
+		{"cheap walk, quickWalk passed: the oldest row", true, 100 * time.Millisecond, 50, 0},
+		{"cheap walk, within quickWalk: the mark", true, 50 * time.Millisecond, 50, 50},
+		{"not cheap, quickWalk passed: the mark", false, 100 * time.Millisecond, 50, 50},
+	} {
+		f := newClaimFloor(10, time.Second)
+		f.cheapWalk, f.highWater = tc.cheap, tc.highWater
+		f.fullWalk = t0.Add(-tc.lastWalk).UnixNano()
+		if got := f.start(t0); got != tc.want {
+			t.Errorf("%s: start %d, want %d", tc.name, got, tc.want)
+		}
+		if tc.want == 0 && f.fullWalk != t0.UnixNano() {
+			t.Errorf("%s: a walk from the oldest row not noted", tc.name)
+		}
+	}
+}
+
+// advance after a claim: full claims move the high-water mark, short ones
+// propose the safe floor, taken once seenXmin passes their snapshot's xmax.
+func TestClaimFloorAdvance(t *testing.T) {
+	t.Parallel()
+	type state struct {
+		highWater, safe int64
+		tops            []floorCandidate
+		seenXmin        int64
+	}
+	for _, tc := range []struct {
+		name   string
+		before state
+		rows   []*claimed
+		floor  int64
+		snap   snapshot
+		want   state
+	}{
+		{"full claim from 0 lowers the mark to its top",
+			state{highWater: 500, safe: 400, tops: []floorCandidate{{top: 450, xmax: 9}}},
+			unkeyed(10, 11, 12), 0, snapshot{xmin: 5, xmax: 6},
+			state{highWater: 12, safe: 12, seenXmin: 5}},
+		{"full claim from the mark raises it",
+			state{highWater: 100, safe: 50},
+			unkeyed(101, 102, 103), 100, snapshot{xmin: 5, xmax: 6},
+			state{highWater: 103, safe: 50, seenXmin: 5}},
+		{"full claim below the mark keeps it",
+			state{highWater: 200, safe: 50},
+			unkeyed(101, 102, 103), 100, snapshot{},
+			state{highWater: 200, safe: 50}},
+		{"short claim from the safe floor waits for its transactions",
+			state{highWater: 90, safe: 50},
+			unkeyed(60, 70), 50, snapshot{xmin: 5, xmax: 8},
+			state{highWater: 50, safe: 50, tops: []floorCandidate{{top: 70, xmax: 8}}, seenXmin: 5}},
+		{"short claim candidate accepted once seenXmin passes xmax",
+			state{highWater: 50, safe: 50, tops: []floorCandidate{{top: 70, xmax: 8}}, seenXmin: 5},
+			nil, 50, snapshot{xmin: 8, xmax: 9},
+			state{highWater: 70, safe: 70, seenXmin: 8}},
+		{"short claim above the safe floor proposes nothing",
+			state{highWater: 90, safe: 50},
+			unkeyed(95), 90, snapshot{xmin: 100, xmax: 101},
+			state{highWater: 50, safe: 50, seenXmin: 100}},
+		{"seenXmin never goes back",
+			state{highWater: 50, safe: 50, seenXmin: 20},
+			nil, 50, snapshot{xmin: 10, xmax: 11},
+			state{highWater: 50, safe: 50, seenXmin: 20}},
+	} {
+		f := newClaimFloor(3, time.Second)
+		f.highWater, f.safe, f.tops, f.seenXmin = tc.before.highWater, tc.before.safe, tc.before.tops, tc.before.seenXmin
+		f.advance(tc.rows, tc.floor, tc.snap, time.Millisecond)
+		got := state{f.highWater, f.safe, f.tops, f.seenXmin}
+		if got.highWater != tc.want.highWater || got.safe != tc.want.safe || got.seenXmin != tc.want.seenXmin ||
+			len(got.tops) != len(tc.want.tops) || (len(got.tops) > 0 && got.tops[0] != tc.want.tops[0]) {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// Keyed rows do not move the floor: the floor places the unkeyed walks.
+func TestClaimFloorIgnoresKeyedRows(t *testing.T) {
+	t.Parallel()
+	f := newClaimFloor(2, time.Second)
+	f.highWater = 10
+	f.advance([]*claimed{{msg: Message{ID: 11}}, {msg: Message{ID: 99, HasKey: true}}}, 10, snapshot{}, 0)
+	if f.highWater != 11 {
+		t.Fatalf("high-water mark %d after a full claim of unkeyed 11 and keyed 99, want 11", f.highWater)
+	}
+}
+
+// A walk from the oldest row counts as cheap when it came back short
+// within cheapTook; only walks from the oldest row say so.
+func TestClaimFloorCheapWalk(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		rows  []*claimed
+		floor int64
+		took  time.Duration
+		was   bool
+		want  bool
+	}{
+		{"short and quick", unkeyed(1), 0, time.Millisecond, false, true},
+		{"short but slow", unkeyed(1), 0, time.Second, true, false},
+		{"full", unkeyed(1, 2), 0, time.Millisecond, true, false},
+		{"from the mark: unchanged", unkeyed(1), 5, time.Second, true, true},
+	} {
+		f := newClaimFloor(2, time.Second)
+		f.cheapWalk = tc.was
+		f.advance(tc.rows, tc.floor, snapshot{}, tc.took)
+		if f.cheapWalk != tc.want {
+			t.Errorf("%s: cheap %v, want %v", tc.name, f.cheapWalk, tc.want)
+		}
+	}
+}
+
+// A full tops list drops new candidates: the floor is only delayed.
+func TestClaimFloorBoundsCandidates(t *testing.T) {
+	t.Parallel()
+	f := newClaimFloor(1000, time.Second)
+	for i := range maxFloorCandidates + 10 {
+		f.advance(unkeyed(int64(i+1)), 0, snapshot{xmin: 1, xmax: 100}, 0)
+	}
+	if len(f.tops) != maxFloorCandidates {
+		t.Fatalf("%d candidates, want at most %d", len(f.tops), maxFloorCandidates)
+	}
+}

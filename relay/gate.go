@@ -1,0 +1,50 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+var errNoTarget = errors.New("no target reachable")
+
+// active reports which enabled targets may be published to now: their
+// sink is ready and their breaker closed.
+func (r *Relay) active(now time.Time) (act phase, any bool) {
+	for _, t := range r.enabled.targets() {
+		if r.sinks.Get(t).Ready() == nil && r.breaker.Get(t).allow(now) {
+			act.Set(t, true)
+		}
+	}
+	return act, act.Any()
+}
+
+// Unready says, for each enabled target that is not ready, why: its
+// broker connection is down, or the relay paused it because every publish
+// of its last batches failed for want of the broker. Empty means every
+// target is ready. Safe for concurrent use; /readyz uses it.
+func (r *Relay) Unready() []string {
+	var out []string
+	for _, t := range r.enabled.targets() {
+		if err := r.sinks.Get(t).Ready(); err != nil {
+			out = append(out, fmt.Sprintf("%s: %v", t, err))
+			continue
+		}
+		if n, last := r.breaker.Get(t).failing(time.Now(), r.cfg.PublishTimeout+r.cfg.PollInterval+time.Second); n > 0 {
+			out = append(out, fmt.Sprintf("%s: paused after %d failed batch(es) in a row: %s", t, n, last))
+		}
+	}
+	return out
+}
+
+// nextTargetCheck is how long to wait before looking at the targets again
+// when none is active.
+func (r *Relay) nextTargetCheck() time.Duration {
+	d := r.cfg.PollInterval
+	for _, t := range r.enabled.targets() {
+		if w := r.breaker.Get(t).wait(time.Now()); w > 0 && w < d {
+			d = w
+		}
+	}
+	return min(d, 250*time.Millisecond)
+}

@@ -1,0 +1,35 @@
+package relay
+
+// testHooks are callbacks a test sets on a Relay before Run, so that it can
+// see or stall the relay at a given step. A Relay's hooks are nil in
+// production, and every method is a no-op on nil.
+type testHooks struct {
+	afterPublish func()                      // after a batch's publishes, before its record
+	claiming     func()                      // just before a claim, under the floor's lock
+	claimed      func(rows int, floor int64) // after a claim, under the floor's lock
+	wakeLock     func()                      // just before the listener tries the wake lock
+}
+
+func (h *testHooks) onAfterPublish() {
+	if h != nil && h.afterPublish != nil {
+		h.afterPublish()
+	}
+}
+
+func (h *testHooks) onClaiming() {
+	if h != nil && h.claiming != nil {
+		h.claiming()
+	}
+}
+
+func (h *testHooks) onClaimed(rows int, floor int64) {
+	if h != nil && h.claimed != nil {
+		h.claimed(rows, floor)
+	}
+}
+
+func (h *testHooks) onWakeLock() {
+	if h != nil && h.wakeLock != nil {
+		h.wakeLock()
+	}
+}

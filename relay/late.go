@@ -1,0 +1,91 @@
+package relay
+
+import (
+	"context"
+	"time"
+)
+
+// lateConfirm is a message a target confirmed after its batch gave up.
+type lateConfirm struct {
+	target Target
+	msgID  string
+}
+
+// lateBuffer is how many late confirms wait to be recorded at most.
+const lateBuffer = 1 << 14
+
+// onLateConfirm queues a late confirm of target t for recordLate. A full
+// queue drops it: this instance still knows (the sink does not publish it
+// again); only other instances may.
+func (r *Relay) onLateConfirm(t Target) func(msgID string) {
+	return func(msgID string) {
+		select {
+		case r.late <- lateConfirm{target: t, msgID: msgID}:
+		default:
+		}
+	}
+}
+
+// recordLate records late confirms as deliveries, in sets of what has
+// queued up: until then another instance retrying the row would publish a
+// second copy. After stop it records what is still queued and returns.
+func (r *Relay) recordLate(stop <-chan struct{}) {
+	for {
+		var first lateConfirm
+		stopping := false
+		select {
+		case <-stop:
+			stopping = true
+		case first = <-r.late:
+		}
+		var byTarget perTarget[[]string]
+		add := func(c lateConfirm) { p := byTarget.Ptr(c.target); *p = append(*p, c.msgID) }
+		if !stopping {
+			add(first)
+		}
+	more:
+		for n := 1; n < 1000 || stopping; n++ {
+			select {
+			case c := <-r.late:
+				add(c)
+			default:
+				break more
+			}
+		}
+		byTarget.Each(func(t Target, ids []string) {
+			if len(ids) > 0 {
+				r.recordLateSet(t, ids, stopping)
+			}
+		})
+		if stopping {
+			return
+		}
+	}
+}
+
+// recordLateSet records one set, three tries in all (one when stopping).
+func (r *Relay) recordLateSet(t Target, ids []string, stopping bool) {
+	for attempt := 1; ; attempt++ {
+		// A row a batch in flight holds stays locked for up to the batch's
+		// publish timeout and its record.
+		lockWait := r.cfg.PublishTimeout + 30*time.Second
+		limit := lockWait + 30*time.Second
+		if stopping {
+			limit = 5 * time.Second // the process is on its way out
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), limit)
+		n, err := r.store.recordLate(ctx, r.pool, t, ids, r.enabled, lockWait)
+		cancel()
+		if err == nil {
+			r.cfg.Metrics.LateConfirmed(t, len(ids))
+			r.log.Info("late confirms recorded", "target", string(t), "confirms", len(ids), "rows_marked", n)
+			return
+		}
+		if attempt == 3 || stopping {
+			r.log.Warn("late confirms not recorded: another instance may publish these rows again",
+				"target", string(t), "confirms", len(ids), "error", err.Error())
+			return
+		}
+		time.Sleep(time.Second)
+	}
+}
