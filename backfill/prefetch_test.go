@@ -63,14 +63,14 @@ func TestDefaultPrefetchFillsEveryBatch(t *testing.T) {
 	}
 
 	var peak atomic.Int64
-	testHookFlush = func(inFlight int64) {
+	cfg := Config{AMQPURL: testenv.AMQPURL(t), Queue: queue, NATS: st.NC, Stream: st.Name,
+		SubjectPrefix: st.Prefix, DB: pool, Table: table, Rate: 2000}
+	cfg.test.onFlush = func(inFlight int64) {
 		for p := peak.Load(); inFlight > p && !peak.CompareAndSwap(p, inFlight); p = peak.Load() {
 		}
 	}
-	t.Cleanup(func() { testHookFlush = nil })
 
-	sum, err := Run(ctx, Config{AMQPURL: testenv.AMQPURL(t), Queue: queue, NATS: st.NC, Stream: st.Name,
-		SubjectPrefix: st.Prefix, DB: pool, Table: table, Rate: 2000})
+	sum, err := Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

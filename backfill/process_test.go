@@ -205,9 +205,8 @@ func TestProcessWaitingForASlotGivesUpAtItsTime(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, st := processRunner(t, "bfslot", func(*Config) {})
-	defer func(d time.Duration) { retryInPlace = d }(retryInPlace)
-	retryInPlace = 300 * time.Millisecond
+	b, st := processRunner(t, "bfslot", func(c *Config) { c.test.retryInPlace = 300 * time.Millisecond })
+	retryInPlace := b.cfg.test.retryInPlace
 	slots := make(chan struct{}, 1)
 	slots <- struct{}{} // the one slot is busy
 	id := st.Prefix[:len(st.Prefix)-1]
