@@ -109,7 +109,7 @@ type Summary struct {
 	Moved            int64         `json:"moved"`             // published to JetStream and acked
 	AlreadyDelivered int64         `json:"already_delivered"` // the relay or an earlier run had it: acked, not re-sent
 	Derived          int64         `json:"derived_ids"`       // of the moved, how many had no message-id
-	Duplicates       int64         `json:"duplicates"`        // of the moved, how many JetStream already held (a repeat within its duplicate window: dropped, not stored twice)
+	Duplicates       int64         `json:"duplicates"`        // of the moved, how many JetStream already had (a repeat within its duplicate window: dropped, not stored twice)
 	DeadLettered     int64         `json:"dead_lettered"`     // refused by JetStream for good, parked in the dead-letter queue
 	Failed           int64         `json:"failed"`            // refused for good and held (no dead-letter queue): back in the queue at the end
 	Requeued         int64         `json:"requeued"`          // transient failures, requeued to try again

@@ -85,7 +85,7 @@ func (b *runner) open(ctx context.Context) (*consumerConn, error) {
 	c.acks = newAcker(c.ch)
 	c.gone, c.cancelGone = context.WithCancel(ctx)
 	c.watchGone(dlqGone)
-	// The buffer holds the prefetch: only unacked deliveries are in it, so
+	// Room for the prefetch: only unacked deliveries are in the buffer, so
 	// the stamping never waits for the consume loop.
 	c.stamped = make(chan arrival, max(b.cfg.Prefetch, 1))
 	go c.stamp(deliveries)

@@ -151,10 +151,9 @@ func (c *consumerConn) check(ctx context.Context) {
 	}
 }
 
-// drained reports whether the queue has no ready message — and, unless
-// other consumers are allowed, no consumer but this one: the consumer of a
-// connection that died without a close still holds its unacked deliveries
-// until the broker notices, and they come back to the queue then.
+// drained reports whether the queue has no ready message and, unless other
+// consumers are allowed, no consumer but this one: a dead connection's
+// consumer may still have deliveries unacked, which will come back.
 func (b *runner) drained(conn *amqp.Connection) (bool, error) {
 	ch, err := conn.Channel()
 	if err != nil {

@@ -30,32 +30,6 @@ func (b *runner) dryRun(ctx context.Context) (Summary, error) {
 		want = min(want, b.cfg.Limit)
 	}
 	var batch []*item
-	check := func() error {
-		known, err := b.known(ctx, batch)
-		if err != nil {
-			return fmt.Errorf("read the relay's record: %w", err)
-		}
-		for _, it := range batch {
-			switch {
-			case known[it.id]:
-				b.already.Add(1)
-			case it.bad != "":
-				if b.cfg.DeadLetterQueue != "" {
-					b.dead.Add(1)
-				} else {
-					b.failed.Add(1)
-				}
-			default:
-				b.moved.Add(1)
-				if it.derived {
-					b.derived.Add(1)
-				}
-			}
-		}
-		batch = batch[:0]
-		b.progress()
-		return nil
-	}
 	seen := int64(0)
 	for seen < want {
 		select {
@@ -66,9 +40,10 @@ func (b *runner) dryRun(ctx context.Context) (Summary, error) {
 			seen++
 			batch = append(batch, b.prepare(d))
 			if len(batch) >= batchMax {
-				if err := check(); err != nil {
+				if err := b.dryCount(ctx, batch); err != nil {
 					return b.summary(), err
 				}
+				batch = batch[:0]
 			}
 		case <-time.After(time.Second):
 			want = seen // the queue had fewer than it said (other consumers)
@@ -76,9 +51,36 @@ func (b *runner) dryRun(ctx context.Context) (Summary, error) {
 			want = seen
 		}
 	}
-	if err := check(); err != nil {
+	if err := b.dryCount(ctx, batch); err != nil {
 		return b.summary(), err
 	}
 	// Closing the channel returns every unacked delivery to the queue.
 	return b.summary(), ch.Close()
+}
+
+// dryCount counts what a real run would do with batch.
+func (b *runner) dryCount(ctx context.Context, batch []*item) error {
+	known, err := b.known(ctx, batch)
+	if err != nil {
+		return fmt.Errorf("read the relay's record: %w", err)
+	}
+	for _, it := range batch {
+		switch {
+		case known[it.id]:
+			b.already.Add(1)
+		case it.bad != "":
+			if b.cfg.DeadLetterQueue != "" {
+				b.dead.Add(1)
+			} else {
+				b.failed.Add(1)
+			}
+		default:
+			b.moved.Add(1)
+			if it.derived {
+				b.derived.Add(1)
+			}
+		}
+	}
+	b.progress()
+	return nil
 }

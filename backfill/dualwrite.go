@@ -40,10 +40,8 @@ func (b *runner) checkDualWrite(ctx context.Context) error {
 	return nil
 }
 
-// dualWriteLookback is how far back the first checkDualWrite looks: the
-// check walks the rows finished in it, a million in two minutes of a busy
-// dual write; the checks every dualWriteRecheck after it watch for the
-// instances that were quiet then.
+// dualWriteLookback is how far back the first checkDualWrite looks (it
+// walks the rows finished in it); the rechecks catch instances quiet then.
 const dualWriteLookback = 2 * time.Minute
 
 // dualWriteRecheck is how often a run checks that every instance is still

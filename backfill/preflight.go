@@ -55,13 +55,9 @@ func (b *runner) preflight(ctx context.Context) error {
 	if _, err := b.js.Stream(ctx, b.cfg.Stream); err != nil {
 		return fmt.Errorf("nats: stream %q: %w", b.cfg.Stream, err)
 	}
-	// The backfill skips a message whose row is still in the outbox owed to
-	// JetStream: the relay will deliver it. An instance without nats in
-	// RELAY_TARGETS never will, and the message it has in flight (its copy
-	// in the queue before its confirm is recorded) would reach JetStream by
-	// neither. Checked again every dualWriteRecheck while the run goes on:
-	// a quiet outbox proves nothing (an instance on RELAY_TARGETS=amqp that
-	// has finished nothing lately shows only once it does).
+	// A message whose row is owed to JetStream is skipped: the relay will
+	// deliver it, unless an instance runs without nats. Rechecked during the
+	// run (recheckDualWrite): a quiet instance shows only once it finishes rows.
 	if err := b.checkDualWrite(ctx); err != nil {
 		if !b.cfg.DryRun || !errors.Is(err, ErrNotDualWrite) {
 			return err

@@ -20,13 +20,10 @@ const retryInPlace = 10 * time.Minute
 // drained: far longer than RabbitMQ takes to redeliver to its consumer.
 const requeueSettle = time.Second
 
-// process settles one batch: skip what JetStream already has, publish the
-// rest, record and ack what JetStream acked, dead-letter or hold what it
-// refuses for good. What cannot move for now is kept (acker.keep) and tried
-// again here after a wait, not requeued: a quorum queue counts each return
-// against its delivery-limit. It goes back to the queue when ctx ends or
-// retryInPlace after received. Each attempt takes one of slots (nil: no
-// limit), not the waits between attempts.
+// process settles one batch (settle), keeping what cannot move for now and
+// trying it again here after a wait: a quorum queue counts each requeue
+// against its delivery-limit. It requeues them when ctx ends or retryInPlace
+// after received. Each attempt takes one of slots (nil: no limit).
 func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, dlq *deadLetter, received time.Time, slots chan struct{}) {
 	inPlace := cmp.Or(b.cfg.test.retryInPlace, retryInPlace)
 	items := make([]*item, len(ds))

@@ -142,10 +142,9 @@ func (b *runner) ackMoved(ctx context.Context, acks *acker, moved []*item) {
 	acks.ackAll(done)
 }
 
-// duplicates counts ids JetStream already had, and says so every
-// retryWarnEvery at most: a repeat of a message moved or delivered moments
-// ago, or two legacy messages sharing an id, of which the stream keeps the
-// first.
+// duplicates counts ids JetStream already had (a repeat within its
+// duplicate window, or two legacy messages sharing an id), and says so
+// every retryWarnEvery at most.
 func (b *runner) duplicates(ids []string) {
 	b.dups.Add(int64(len(ids)))
 	b.mu.Lock()
