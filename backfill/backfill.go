@@ -98,6 +98,11 @@ type testOptions struct {
 	retryInPlace time.Duration        // 0: retryInPlace
 }
 
+// DefaultPrefetch is Config.Prefetch's default: enough unacked deliveries
+// for every parallel batch to be full, one more filling, and RabbitMQ
+// streaming the next ones meanwhile.
+const DefaultPrefetch = 4 * parallel * batchMax
+
 // Progress is a snapshot of a run.
 type Progress struct {
 	QueueDepthAtStart int64

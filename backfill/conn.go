@@ -17,11 +17,6 @@ const (
 	batchWait = 20 * time.Millisecond
 	parallel  = 4 // batches in flight at once
 
-	// DefaultPrefetch is Config.Prefetch's default: enough unacked
-	// deliveries for every parallel batch to be full, one more filling, and
-	// RabbitMQ streaming the next ones meanwhile.
-	DefaultPrefetch = 4 * parallel * batchMax
-
 	consumerTag = "relayd-backfill"
 	dialTimeout = 30 * time.Second
 )
