@@ -6,21 +6,17 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// acker settles one channel's deliveries. Delivery tags count up from 1 on
-// a channel, and batches finish out of order; acks go out as one
-// multiple-ack for each run of settled tags from the lowest unsettled one —
-// a frame and a write per run instead of per message, for the backfill and
-// for RabbitMQ. Requeues go out at once, one by one. A multiple-ack never
-// covers a delivery still in flight: the run stops at the first unsettled
-// tag. Nor one held unacked (hold) or kept to settle later (keep): while one
-// is, acks go one by one.
+// acker settles one channel's deliveries, which batches finish out of
+// order: one multiple-ack per run of settled tags, never covering a delivery
+// in flight, held (hold) or kept (keep); while one is held or kept, acks go
+// one by one. Requeues go out at once.
 type acker struct {
 	ch amqp.Acknowledger
 
 	mu      sync.Mutex
 	next    uint64                // lowest tag not yet settled
 	settled map[uint64]settlement // settled tags above next
-	held    int                   // deliveries held, unacked for the session
+	held    int                   // deliveries held, unacked until the channel closes
 	// heldBelow: of those, below next (a multiple-ack would ack them).
 	heldBelow int
 	// kept: deliveries below next left unacked for now, to be acked or
@@ -66,9 +62,7 @@ type settled struct {
 }
 
 // ackAll acks a batch as ack does each of its deliveries, with one frame
-// for the batch when the run of settled tags covers it: acking one by one
-// would send a frame, and cost a write here and a command in RabbitMQ, per
-// message.
+// for the batch when the run of settled tags covers it.
 func (a *acker) ackAll(ss []settled) {
 	if len(ss) == 0 {
 		return
@@ -107,10 +101,9 @@ func (a *acker) requeue(d amqp.Delivery) error {
 	return err
 }
 
-// keep leaves d unacked for now, to be acked (ack, ackAll) or requeued
-// later, without holding up the acks of the deliveries after it: a
-// message tried again in place. Keeping a delivery already kept does
-// nothing.
+// keep leaves d, a message tried again in place, unacked for now, to be
+// acked or requeued later, without holding up the acks after it. Keeping a
+// delivery already kept does nothing.
 func (a *acker) keep(d amqp.Delivery) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -1,5 +1,6 @@
-// Package backfill drains a legacy RabbitMQ queue into the JetStream stream,
-// losing and duplicating nothing.
+// Package backfill exists for the migration from RabbitMQ to JetStream: it
+// drains a legacy RabbitMQ queue into the JetStream stream, losing and
+// duplicating nothing, while the relays write to both (relayd backfill).
 //
 // It follows RabbitMQ Shovel's on-confirm mode, the only mode that loses
 // nothing: a delivery is acked on RabbitMQ only after JetStream acked the
@@ -12,21 +13,22 @@
 // JetStream (or still owes it) are acked without being sent, however old;
 // and every id moved is recorded in Postgres before its RabbitMQ ack, so a
 // rerun after a crash skips it instead of relying on the window.
+//
+// A run (runner) consumes on one RabbitMQ connection at a time
+// (consumerConn): it opens it, consumes in batches, and finishes the last
+// deliveries; loop reconnects when one is lost. Words used throughout: a
+// message that cannot move for now is kept unacked and tried again in
+// place; one JetStream refuses for good, without a dead-letter queue, is
+// held unacked until its connection ends.
 package backfill
 
 import (
-	"cmp"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,32 +36,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/time/rate"
 
-	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/internal/jspub"
-	"github.com/relayd/relayd/outbox"
-	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
-)
-
-// DerivedIDHeader marks a message whose id was derived from its content
-// (it had no AMQP message-id); its value is the id.
-const DerivedIDHeader = "Relay-Derived-Id"
-
-// ReasonHeader carries, on a dead-lettered message, why JetStream refused it.
-const ReasonHeader = "x-relay-dead-letter-reason"
-
-// The headers with which a dead-lettered message keeps where it was
-// published to — the dead-letter publish goes through the default exchange
-// to the dead-letter queue, and a message re-driven from there needs its
-// routing key (its subject) and exchange — and its expiration, which it
-// does not keep as a property (it would expire in the dead-letter queue).
-const (
-	RoutingKeyHeader = "x-relay-original-routing-key"
-	ExchangeHeader   = "x-relay-original-exchange"
-	ExpirationHeader = "x-relay-original-expiration"
 )
 
 // Config configures a backfill run.
@@ -107,7 +87,21 @@ type Config struct {
 	Logger *slog.Logger
 	// OnProgress, when set, is called after every batch and at the end.
 	OnProgress func(Progress)
+
+	test testOptions
 }
+
+// testOptions are zero in production: tests set them, each on its own
+// run, to watch it or shorten its waits.
+type testOptions struct {
+	onFlush      func(inFlight int64) // told, as each batch is handed on, the deliveries not yet settled
+	retryInPlace time.Duration        // 0: retryInPlace
+}
+
+// DefaultPrefetch is Config.Prefetch's default: enough unacked deliveries
+// for every parallel batch to be full, one more filling, and RabbitMQ
+// streaming the next ones meanwhile.
+const DefaultPrefetch = 4 * parallel * batchMax
 
 // Progress is a snapshot of a run.
 type Progress struct {
@@ -120,7 +114,7 @@ type Summary struct {
 	Moved            int64         `json:"moved"`             // published to JetStream and acked
 	AlreadyDelivered int64         `json:"already_delivered"` // the relay or an earlier run had it: acked, not re-sent
 	Derived          int64         `json:"derived_ids"`       // of the moved, how many had no message-id
-	Duplicates       int64         `json:"duplicates"`        // of the moved, how many JetStream already held (a repeat within its duplicate window: dropped, not stored twice)
+	Duplicates       int64         `json:"duplicates"`        // of the moved, how many JetStream already had (a repeat within its duplicate window: dropped, not stored twice)
 	DeadLettered     int64         `json:"dead_lettered"`     // refused by JetStream for good, parked in the dead-letter queue
 	Failed           int64         `json:"failed"`            // refused for good and held (no dead-letter queue): back in the queue at the end
 	Requeued         int64         `json:"requeued"`          // transient failures, requeued to try again
@@ -222,16 +216,16 @@ type runner struct {
 	lastRequeue                                           atomic.Int64 // unix ns
 
 	mu       sync.Mutex
-	seenHeld map[string]bool // ids refused for good and held this run
+	seenHeld map[string]bool // ids held this run
 	// retrying: how many times each message could not move for now (a
 	// full stream, JetStream down), until it moves; see retryWait.
 	retrying      map[string]int
 	nRetrying     atomic.Int64 // len(retrying)
-	lastGhostWarn time.Time    // the main loop's alone (drained)
+	lastGhostWarn time.Time    // the consume loop's alone (drained)
 	lastRetryWarn time.Time
 	dualWriteAt   time.Time // the database's time of the last checkDualWrite that passed
 	dualWriteFrom time.Time // the first row that reached JetStream at the first check (zero: none)
-	lastDualWrite time.Time // when checkDualWrite was last tried (the session loop's)
+	lastDualWrite time.Time // when checkDualWrite was last tried (the consume loop's)
 	lastDupWarn   time.Time
 }
 
@@ -252,274 +246,4 @@ func (b *runner) progress() {
 	if b.cfg.OnProgress != nil {
 		b.cfg.OnProgress(Progress{QueueDepthAtStart: b.depth0, Summary: b.summary()})
 	}
-}
-
-// preflight checks the queue, its other consumers, and the stream.
-func (b *runner) preflight(ctx context.Context) error {
-	conn, err := amqp.DialTLS(b.cfg.AMQPURL, b.cfg.TLS)
-	if err != nil {
-		return fmt.Errorf("amqp: connect: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("amqp: channel: %w", err)
-	}
-	q, err := ch.QueueDeclarePassive(b.cfg.Queue, true, false, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("amqp: queue %q: %w", b.cfg.Queue, err)
-	}
-	// A consumer whose process just died (a crashed earlier run) is still
-	// counted until RabbitMQ has closed its connection: give it a moment.
-	for wait := 0; q.Consumers > 0 && !b.cfg.AllowOtherConsumers && wait < 10; wait++ {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-		if q, err = ch.QueueDeclarePassive(b.cfg.Queue, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("amqp: queue %q: %w", b.cfg.Queue, err)
-		}
-	}
-	b.depth0 = int64(q.Messages)
-	if q.Consumers > 0 {
-		if !b.cfg.AllowOtherConsumers {
-			return fmt.Errorf("%w: queue %q has %d consumer(s) that would take some of its messages; stop them, or pass --allow-other-consumers", ErrOtherConsumers, b.cfg.Queue, q.Consumers)
-		}
-		b.log.Warn("other consumers share the queue: they will take some of its messages", "queue", b.cfg.Queue, "consumers", q.Consumers)
-	}
-	if b.cfg.DeadLetterQueue != "" && !b.cfg.DryRun {
-		ch2, err := conn.Channel()
-		if err != nil {
-			return err
-		}
-		if _, err := ch2.QueueDeclarePassive(b.cfg.DeadLetterQueue, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("amqp: dead-letter queue %q: %w (declare it first)", b.cfg.DeadLetterQueue, err)
-		}
-	}
-	if _, err := b.js.Stream(ctx, b.cfg.Stream); err != nil {
-		return fmt.Errorf("nats: stream %q: %w", b.cfg.Stream, err)
-	}
-	// The backfill skips a message whose row is still in the outbox owed to
-	// JetStream: the relay will deliver it. An instance without nats in
-	// RELAY_TARGETS never will, and the message it has in flight (its copy
-	// in the queue before its confirm is recorded) would reach JetStream by
-	// neither. Checked again every dualWriteRecheck while the run goes on:
-	// a quiet outbox proves nothing (an instance on RELAY_TARGETS=amqp that
-	// has finished nothing lately shows only once it does).
-	if err := b.checkDualWrite(ctx); err != nil {
-		if !b.cfg.DryRun || !errors.Is(err, ErrNotDualWrite) {
-			return err
-		}
-		b.log.Warn("backfill: a real run would refuse to start", "error", err.Error())
-	}
-	b.log.Info("backfill starting", "queue", b.cfg.Queue, "depth", b.depth0, "stream", b.cfg.Stream, "dry_run", b.cfg.DryRun)
-	return nil
-}
-
-// checkDualWrite fails with ErrNotDualWrite when rows left the outbox
-// without JetStream: at the first check, in the last dualWriteLookback,
-// after the first that reached JetStream; then since the last check.
-func (b *runner) checkDualWrite(ctx context.Context) error {
-	since := b.dualWriteAt
-	if !since.IsZero() {
-		// A record committed after the last check may bear an earlier
-		// done_at; rows before the first that reached JetStream are
-		// from before dual write.
-		since = since.Add(-time.Minute)
-		if since.Before(b.dualWriteFrom) {
-			since = b.dualWriteFrom
-		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	n, first, at, err := relay.FinishedWithoutNATS(ctx, b.cfg.DB, b.cfg.Table, dualWriteLookback, since)
-	if err != nil {
-		return fmt.Errorf("postgres: %s: %w", b.cfg.Table.Delivered(), err)
-	}
-	if n > 0 {
-		return fmt.Errorf("%w: %d rows left %s lately without reaching JetStream: a relayd instance runs without nats in RELAY_TARGETS, and the messages it has in flight would reach JetStream by neither it nor the backfill; switch every instance to RELAY_TARGETS=amqp,nats, then run the backfill",
-			ErrNotDualWrite, n, b.cfg.Table)
-	}
-	if b.dualWriteAt.IsZero() {
-		b.dualWriteFrom = first
-	}
-	b.dualWriteAt, b.lastDualWrite = at, time.Now()
-	return nil
-}
-
-// dualWriteLookback is how far back the first checkDualWrite looks: the
-// check walks the rows finished in it, a million in two minutes of a busy
-// dual write; the checks every dualWriteRecheck after it watch for the
-// instances that were quiet then.
-const dualWriteLookback = 2 * time.Minute
-
-// dualWriteRecheck is how often a run checks that every instance is still
-// in dual write (checkDualWrite).
-const dualWriteRecheck = 30 * time.Second
-
-// item is one delivery on its way.
-type item struct {
-	d       amqp.Delivery
-	acks    *acker // settles d
-	id      string
-	derived bool
-	subject string
-	msg     *nats.Msg
-	bad     string // why JetStream can never take it, or ""
-}
-
-func (b *runner) prepare(d amqp.Delivery) *item {
-	it := &item{d: d, id: d.MessageId}
-	if it.id == "" {
-		it.id, it.derived = DeriveID(d), true
-	}
-	key := b.mapKey(d.RoutingKey)
-	it.subject = b.cfg.SubjectPrefix + key
-	if err := outbox.ValidateTopic(key); err != nil {
-		it.bad = fmt.Sprintf("routing key %q is not a valid subject: %v", key, err)
-		return it
-	}
-	// A header key NATS refuses would fail the publish every time (nats.go
-	// refuses the whole message), and a Nats- header would tell JetStream
-	// what to do with it (Nats-Rollup purges the subject): refused for good.
-	if reason := badHeaderKey(d.Headers); reason != "" {
-		it.bad = "header " + reason
-		return it
-	}
-	it.msg = &nats.Msg{Subject: it.subject, Data: d.Body, Header: natsHeaders(d)}
-	if it.derived {
-		it.msg.Header.Set(DerivedIDHeader, it.id)
-	}
-	// Nats-Msg-Id and Nats-Expected-Stream are set here rather than by
-	// jetstream.WithMsgID and WithExpectStream: the same headers, without
-	// the options' allocations per message.
-	it.msg.Header[jetstream.MsgIDHeader] = []string{it.id}
-	it.msg.Header[jetstream.ExpectedStreamHeader] = []string{b.cfg.Stream}
-	if size := jspub.PayloadSize(it.msg); size > b.cfg.NATS.MaxPayload() {
-		it.bad = fmt.Sprintf("message of %d bytes with its headers exceeds the NATS server's max_payload %d", size, b.cfg.NATS.MaxPayload())
-	}
-	return it
-}
-
-func (b *runner) mapKey(key string) string {
-	best := ""
-	for from := range b.cfg.SubjectMap {
-		if strings.HasPrefix(key, from) && len(from) > len(best) {
-			best = from
-		}
-	}
-	if best == "" {
-		return key
-	}
-	return b.cfg.SubjectMap[best] + strings.TrimPrefix(key, best)
-}
-
-// badHeaderKey says why one of t's keys cannot be a NATS header, or "" —
-// the first in key order, so a message always gets the same reason.
-// Nats-Msg-Id and Nats-Expected-Stream are not refused: prepare sets them.
-func badHeaderKey(t amqp.Table) string {
-	return headers.First(t, func(k string, _ any) string {
-		if k == jetstream.MsgIDHeader || k == jetstream.ExpectedStreamHeader {
-			return ""
-		}
-		return cmp.Or(headers.NATSKeyReason(k), headers.NATSReservedReason(k))
-	})
-}
-
-// natsHeaders carries the AMQP headers and the useful properties over.
-func natsHeaders(d amqp.Delivery) nats.Header {
-	// Room for the properties below and the three headers prepare adds.
-	h := make(nats.Header, len(d.Headers)+8)
-	for k, v := range d.Headers {
-		h[k] = []string{headerValue(v)}
-	}
-	if d.ContentType != "" {
-		h.Set("Content-Type", d.ContentType)
-	}
-	if d.CorrelationId != "" {
-		h.Set("Correlation-Id", d.CorrelationId)
-	}
-	if !d.Timestamp.IsZero() {
-		h.Set("Amqp-Timestamp", d.Timestamp.UTC().Format(time.RFC3339))
-	}
-	if d.Type != "" {
-		h.Set("Amqp-Type", d.Type)
-	}
-	h.Set("Amqp-Routing-Key", d.RoutingKey)
-	return h
-}
-
-func headerValue(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case []byte:
-		return string(x)
-	case time.Time:
-		return x.UTC().Format(time.RFC3339)
-	case nil:
-		return ""
-	default:
-		if b, err := json.Marshal(x); err == nil {
-			return string(b)
-		}
-		return fmt.Sprint(x)
-	}
-}
-
-// brokerHeaders are the headers RabbitMQ adds to a message on its way: a
-// quorum queue's count of deliveries (on each redelivery), dead-lettering's
-// history, and the federation/shovel hop. They say what happened to the
-// message, not what it is, and stay out of its derived id.
-var brokerHeaders = map[string]bool{
-	"x-delivery-count":       true,
-	"x-death":                true,
-	"x-first-death-exchange": true,
-	"x-first-death-queue":    true,
-	"x-first-death-reason":   true,
-	"x-last-death-exchange":  true,
-	"x-last-death-queue":     true,
-	"x-last-death-reason":    true,
-	"x-received-from":        true,
-}
-
-// DeriveID is the id of a message that has no message-id: a UUID (version
-// 8, RFC 9562) built from the SHA-256 of its routing key, timestamp, type,
-// correlation id, content type, headers (sorted by name; not those RabbitMQ
-// adds on the way, brokerHeaders) and body. The same message always gets the
-// same id — redelivered, dead-lettered and consumed again — so a rerun after
-// a crash publishes it with the same Nats-Msg-Id, and an inbox reading the
-// legacy queue finds the id of its backfilled copy. Two messages identical in
-// all of these are treated as one.
-func DeriveID(d amqp.Delivery) string {
-	h := sha256.New()
-	field := func(s string) { fmt.Fprintf(h, "%d:%s;", len(s), s) }
-	field(d.RoutingKey)
-	if !d.Timestamp.IsZero() {
-		field(d.Timestamp.UTC().Format(time.RFC3339Nano))
-	} else {
-		field("")
-	}
-	field(d.Type)
-	field(d.CorrelationId)
-	field(d.ContentType)
-	keys := make([]string, 0, len(d.Headers))
-	for k := range d.Headers {
-		if !brokerHeaders[k] {
-			keys = append(keys, k)
-		}
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		field(k)
-		field(headerValue(d.Headers[k]))
-	}
-	field(string(d.Body))
-	var u [16]byte
-	copy(u[:], h.Sum(nil))
-	u[6] = (u[6] & 0x0f) | 0x80 // version 8
-	u[8] = (u[8] & 0x3f) | 0x80 // variant 10
-	s := hex.EncodeToString(u[:])
-	return s[0:8] + "-" + s[8:12] + "-" + s[12:16] + "-" + s[16:20] + "-" + s[20:32]
 }

@@ -6,7 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/uuidtext"
 )
 
@@ -92,105 +93,22 @@ ON CONFLICT (message_id) DO NOTHING`, b.cfg.Table.Backfilled()), ids, derived, b
 }
 
 // recordMoved records moved ids, trying again while ctx lasts (the batch's
-// time to settle) when Postgres fails: a message acked unrecorded comes
-// back when the ack is lost (the connection dropping with it) and is
-// published again, a second copy in the stream once JetStream's duplicate
-// window has passed. Acking on the first failure made every blip of
-// Postgres a window for that.
+// time to settle) when Postgres fails: a message acked unrecorded whose ack
+// is then lost is published again, past the duplicate window a second copy.
 func (b *runner) recordMoved(ctx context.Context, moved []*item) error {
-	wait := recordRetryMin
+	wait := recordBackoff.Next(0)
 	for {
 		err := b.record(ctx, moved)
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
 		b.log.Debug("backfill: record of moved ids failed; trying again", "error", err.Error(), "wait", wait)
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, wait) {
 			return err
-		case <-time.After(wait):
 		}
-		wait = min(2*wait, recordRetryMax)
+		wait = recordBackoff.Next(wait)
 	}
 }
 
-// The waits between attempts to record a batch's moved ids.
-const (
-	recordRetryMin = 100 * time.Millisecond
-	recordRetryMax = 2 * time.Second
-)
-
-// dryRun looks at every ready message (up to Limit) without acking any,
-// counts what a real run would do, then returns them all to the queue by
-// closing the channel. Nothing is published and nothing recorded.
-func (b *runner) dryRun(ctx context.Context) (Summary, error) {
-	conn, err := amqp.DialTLS(b.cfg.AMQPURL, b.cfg.TLS)
-	if err != nil {
-		return Summary{}, fmt.Errorf("amqp: connect: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return Summary{}, err
-	}
-	deliveries, err := ch.ConsumeWithContext(ctx, b.cfg.Queue, "relayd-backfill-dry-run", false, false, false, false, nil)
-	if err != nil {
-		return Summary{}, fmt.Errorf("amqp: consume: %w", err)
-	}
-	want := b.depth0
-	if b.cfg.Limit > 0 {
-		want = min(want, b.cfg.Limit)
-	}
-	var batch []*item
-	check := func() error {
-		known, err := b.known(ctx, batch)
-		if err != nil {
-			return fmt.Errorf("read the relay's record: %w", err)
-		}
-		for _, it := range batch {
-			switch {
-			case known[it.id]:
-				b.already.Add(1)
-			case it.bad != "":
-				if b.cfg.DeadLetterQueue != "" {
-					b.dead.Add(1)
-				} else {
-					b.failed.Add(1)
-				}
-			default:
-				b.moved.Add(1)
-				if it.derived {
-					b.derived.Add(1)
-				}
-			}
-		}
-		batch = batch[:0]
-		b.progress()
-		return nil
-	}
-	seen := int64(0)
-	for seen < want {
-		select {
-		case d, ok := <-deliveries:
-			if !ok {
-				return b.summary(), ctx.Err()
-			}
-			seen++
-			batch = append(batch, b.prepare(d))
-			if len(batch) >= batchMax {
-				if err := check(); err != nil {
-					return b.summary(), err
-				}
-			}
-		case <-time.After(time.Second):
-			want = seen // the queue had fewer than it said (other consumers)
-		case <-ctx.Done():
-			want = seen
-		}
-	}
-	if err := check(); err != nil {
-		return b.summary(), err
-	}
-	// Closing the channel returns every unacked delivery to the queue.
-	return b.summary(), ch.Close()
-}
+// recordBackoff spaces the attempts to record a batch's moved ids.
+var recordBackoff = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: 2 * time.Second}

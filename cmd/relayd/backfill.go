@@ -56,61 +56,20 @@ type backfillEnv struct {
 	MetricsAddr string  `env:"RELAY_BACKFILL_METRICS_ADDR"` // empty: no listener
 }
 
+// backfillFlags are backfill's flags, after the RELAY_BACKFILL_* defaults.
+type backfillFlags struct {
+	queue, dlq, metricsAddr             string
+	prefetch                            int
+	limit                               int64
+	rate                                float64
+	subjectMap                          map[string]string
+	allowOthers, follow, dryRun, asJSON bool
+}
+
 func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	var be backfillEnv
-	if err := noEmpty[backfillEnv](env); err != nil {
-		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
-		return exitUsage
-	}
-	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &be, Lookuper: env}); err != nil {
-		fmt.Fprintf(stderr, "relayd: config: %v\n", envError[backfillEnv](err))
-		return exitUsage
-	}
-	if be.Prefetch == 0 {
-		be.Prefetch = backfill.DefaultPrefetch
-	}
-	fs := flag.NewFlagSet("backfill", flag.ContinueOnError)
-	queue := fs.String("queue", be.Queue, "the legacy queue to drain (required)")
-	dlq := fs.String("dead-letter-queue", be.DeadLetter, "queue for messages JetStream refuses for good (must exist)")
-	prefetch := fs.Int("prefetch", be.Prefetch, "unacked deliveries at once")
-	limit := fs.Int64("limit", be.Limit, "stop after N messages (0: all)")
-	rateFlag := fs.Float64("rate", be.Rate, "at most R messages per second (0: no cap)")
-	subjectMap := fs.String("subject-map", be.SubjectMap, "rewrite routing-key prefixes: from=to[,from=to...]")
-	allowOthers := fs.Bool("allow-other-consumers", be.AllowOthers, "start even if other consumers share the queue")
-	follow := fs.Bool("follow", be.Follow, "keep going after the queue is drained")
-	dryRun := fs.Bool("dry-run", be.DryRun, "report what would happen; change nothing")
-	asJSON := fs.Bool("json", be.JSON, "print the summary as JSON")
-	metricsAddr := fs.String("metrics-addr", be.MetricsAddr, "serve /metrics on host:port (unset: no listener)")
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, backfillHelp)); done {
+	f, code, ok := parseBackfillFlags(args, stdout, stderr, env)
+	if !ok {
 		return code
-	}
-	if *queue == "" {
-		fmt.Fprintln(stderr, "relayd backfill: --queue (or RELAY_BACKFILL_QUEUE) is required")
-		return exitUsage
-	}
-	for _, c := range []struct {
-		bad  bool
-		name string
-		want string
-		val  any
-	}{
-		{*prefetch < 0 || *prefetch > 65535, "--prefetch (or RELAY_BACKFILL_PREFETCH)", "1..65535 (0: the default)", *prefetch},
-		{*limit < 0, "--limit (or RELAY_BACKFILL_LIMIT)", "0 (all) or more", *limit},
-		{*rateFlag < 0, "--rate (or RELAY_BACKFILL_RATE)", "0 (no cap) or more", *rateFlag},
-	} {
-		if c.bad {
-			fmt.Fprintf(stderr, "relayd backfill: %s: %v is out of range: want %s\n", c.name, c.val, c.want)
-			return exitUsage
-		}
-	}
-	if *metricsAddr != "" && !validListenAddr(*metricsAddr) {
-		fmt.Fprintf(stderr, "relayd backfill: --metrics-addr (or RELAY_BACKFILL_METRICS_ADDR): %q is not host:port with a port of 0..65535\n", *metricsAddr)
-		return exitUsage
-	}
-	smap, err := parseSubjectMap(*subjectMap)
-	if err != nil {
-		fmt.Fprintf(stderr, "relayd backfill: --subject-map: %v\n", err)
-		return exitUsage
 	}
 	if !amqpURLOK(env, stderr) {
 		return exitUsage
@@ -120,22 +79,96 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		return code
 	}
 	defer ss.close()
+	return runBackfill(ss, f, stdout, stderr)
+}
+
+// parseBackfillFlags reads the RELAY_BACKFILL_* defaults and the flags, and
+// checks them; when not ok, the command exits with code.
+func parseBackfillFlags(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) (f backfillFlags, code int, ok bool) {
+	var be backfillEnv
+	if err := noEmpty[backfillEnv](env); err != nil {
+		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+		return f, exitUsage, false
+	}
+	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &be, Lookuper: env}); err != nil {
+		fmt.Fprintf(stderr, "relayd: config: %v\n", envError[backfillEnv](err))
+		return f, exitUsage, false
+	}
+	if be.Prefetch == 0 {
+		be.Prefetch = backfill.DefaultPrefetch
+	}
+	fs := flag.NewFlagSet("backfill", flag.ContinueOnError)
+	fs.StringVar(&f.queue, "queue", be.Queue, "the legacy queue to drain (required)")
+	fs.StringVar(&f.dlq, "dead-letter-queue", be.DeadLetter, "queue for messages JetStream refuses for good (must exist)")
+	fs.IntVar(&f.prefetch, "prefetch", be.Prefetch, "unacked deliveries at once")
+	fs.Int64Var(&f.limit, "limit", be.Limit, "stop after N messages (0: all)")
+	fs.Float64Var(&f.rate, "rate", be.Rate, "at most R messages per second (0: no cap)")
+	subjectMap := fs.String("subject-map", be.SubjectMap, "rewrite routing-key prefixes: from=to[,from=to...]")
+	fs.BoolVar(&f.allowOthers, "allow-other-consumers", be.AllowOthers, "start even if other consumers share the queue")
+	fs.BoolVar(&f.follow, "follow", be.Follow, "keep going after the queue is drained")
+	fs.BoolVar(&f.dryRun, "dry-run", be.DryRun, "report what would happen; change nothing")
+	fs.BoolVar(&f.asJSON, "json", be.JSON, "print the summary as JSON")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", be.MetricsAddr, "serve /metrics on host:port (unset: no listener)")
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, backfillHelp)); done {
+		return f, code, false
+	}
+	if !f.valid(stderr) {
+		return f, exitUsage, false
+	}
+	var err error
+	if f.subjectMap, err = parseSubjectMap(*subjectMap); err != nil {
+		fmt.Fprintf(stderr, "relayd backfill: --subject-map: %v\n", err)
+		return f, exitUsage, false
+	}
+	return f, 0, true
+}
+
+// valid checks the flags' values, saying on stderr what is wrong.
+func (f backfillFlags) valid(stderr io.Writer) bool {
+	if f.queue == "" {
+		fmt.Fprintln(stderr, "relayd backfill: --queue (or RELAY_BACKFILL_QUEUE) is required")
+		return false
+	}
+	for _, c := range []struct {
+		bad  bool
+		name string
+		want string
+		val  any
+	}{
+		{f.prefetch < 0 || f.prefetch > 65535, "--prefetch (or RELAY_BACKFILL_PREFETCH)", "1..65535 (0: the default)", f.prefetch},
+		{f.limit < 0, "--limit (or RELAY_BACKFILL_LIMIT)", "0 (all) or more", f.limit},
+		{f.rate < 0, "--rate (or RELAY_BACKFILL_RATE)", "0 (no cap) or more", f.rate},
+	} {
+		if c.bad {
+			fmt.Fprintf(stderr, "relayd backfill: %s: %v is out of range: want %s\n", c.name, c.val, c.want)
+			return false
+		}
+	}
+	if f.metricsAddr != "" && !validListenAddr(f.metricsAddr) {
+		fmt.Fprintf(stderr, "relayd backfill: --metrics-addr (or RELAY_BACKFILL_METRICS_ADDR): %q is not host:port with a port of 0..65535\n", f.metricsAddr)
+		return false
+	}
+	return true
+}
+
+// runBackfill runs the backfill on ss with its progress reported, prints
+// the summary, and returns the exit code.
+func runBackfill(ss *session, f backfillFlags, stdout, stderr io.Writer) int {
 	cfg, log, ctx, pool, nc := ss.cfg, ss.log, ss.ctx, ss.pool, ss.nc
 	if err := checkSchema(ctx, cfg, pool, log); err != nil {
 		log.Error("backfill", "error", err.Error())
 		return exitFailure
 	}
-
 	tlsCfg, err := cfg.amqpTLS()
 	if err != nil {
 		log.Error("backfill", "error", err.Error())
 		return exitFailure
 	}
 	rep := newReporter(stderr, log)
-	if *metricsAddr != "" {
+	if f.metricsAddr != "" {
 		reg := prometheus.NewRegistry()
 		rep.register(reg)
-		srv, err := startHTTP(*metricsAddr, cfg.PProf, reg, func(context.Context) []string { return nil }, log)
+		srv, err := startHTTP(f.metricsAddr, cfg.PProf, reg, func(context.Context) []string { return nil }, log)
 		if err != nil {
 			log.Error("backfill: --metrics-addr", "error", err.Error())
 			return exitFailure
@@ -143,17 +176,17 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		defer srv.Close()
 	}
 	sum, err := backfill.Run(ctx, backfill.Config{
-		AMQPURL: cfg.AMQPURL, TLS: tlsCfg, Queue: *queue, Prefetch: *prefetch,
-		NATS: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix, SubjectMap: smap,
-		DB: pool, Table: cfg.table, DeadLetterQueue: *dlq,
-		Follow: *follow, DryRun: *dryRun, Limit: *limit, Rate: *rateFlag, AllowOtherConsumers: *allowOthers,
+		AMQPURL: cfg.AMQPURL, TLS: tlsCfg, Queue: f.queue, Prefetch: f.prefetch,
+		NATS: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix, SubjectMap: f.subjectMap,
+		DB: pool, Table: cfg.table, DeadLetterQueue: f.dlq,
+		Follow: f.follow, DryRun: f.dryRun, Limit: f.limit, Rate: f.rate, AllowOtherConsumers: f.allowOthers,
 		PublishTimeout: cfg.PublishTimeout, Logger: log, OnProgress: rep.update,
 	})
 	rep.finish()
 	interrupted := errors.Is(err, context.Canceled)
 	if err != nil && !interrupted {
 		log.Error("backfill failed", "error", err.Error())
-		printSummary(stdout, sum, *asJSON)
+		printSummary(stdout, sum, f.asJSON)
 		if errors.Is(err, backfill.ErrOtherConsumers) {
 			return exitUsage
 		}
@@ -162,7 +195,7 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	if interrupted {
 		log.Info("backfill interrupted: rerun to continue where it stopped")
 	}
-	printSummary(stdout, sum, *asJSON)
+	printSummary(stdout, sum, f.asJSON)
 	return exitOK
 }
 

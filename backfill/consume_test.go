@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/testenv"
@@ -63,14 +61,14 @@ func TestDefaultPrefetchFillsEveryBatch(t *testing.T) {
 	}
 
 	var peak atomic.Int64
-	testHookFlush = func(inFlight int64) {
+	cfg := Config{AMQPURL: testenv.AMQPURL(t), Queue: queue, NATS: st.NC, Stream: st.Name,
+		SubjectPrefix: st.Prefix, DB: pool, Table: table, Rate: 2000}
+	cfg.test.onFlush = func(inFlight int64) {
 		for p := peak.Load(); inFlight > p && !peak.CompareAndSwap(p, inFlight); p = peak.Load() {
 		}
 	}
-	t.Cleanup(func() { testHookFlush = nil })
 
-	sum, err := Run(ctx, Config{AMQPURL: testenv.AMQPURL(t), Queue: queue, NATS: st.NC, Stream: st.Name,
-		SubjectPrefix: st.Prefix, DB: pool, Table: table, Rate: 2000})
+	sum, err := Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,23 +85,5 @@ func TestDefaultPrefetchFillsEveryBatch(t *testing.T) {
 	if got, want := peak.Load(), int64(parallel*batchMax); got <= want {
 		t.Fatalf("at most %d deliveries were ours at once; the default prefetch (%d) must let %d batches of %d be in flight with one more filling (more than %d)",
 			got, DefaultPrefetch, parallel, batchMax, want)
-	}
-}
-
-// With --rate, the prefetch holds at most five minutes of messages: the
-// rest of a 4,096 prefetch would wait unacked behind the limiter past
-// RabbitMQ's consumer timeout (30 min by default) at a rate below 2.3 msg/s.
-func TestRateCapsThePrefetch(t *testing.T) {
-	for _, c := range []struct {
-		rate float64
-		want int
-	}{{0, DefaultPrefetch}, {0.001, 1}, {0.5, 150}, {2, 600}, {100, DefaultPrefetch}} {
-		cfg := Config{AMQPURL: "amqp://x", Queue: "q", NATS: &nats.Conn{}, Stream: "S", DB: &pgxpool.Pool{}, Rate: c.rate}
-		if err := cfg.applyDefaults(); err != nil {
-			t.Fatal(err)
-		}
-		if cfg.Prefetch != c.want {
-			t.Errorf("rate %v: prefetch %d, want %d", c.rate, cfg.Prefetch, c.want)
-		}
 	}
 }

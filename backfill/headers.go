@@ -1,0 +1,71 @@
+package backfill
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/internal/headers"
+)
+
+// DerivedIDHeader marks a message whose id was derived from its content
+// (it had no AMQP message-id); its value is the id.
+const DerivedIDHeader = "Relay-Derived-Id"
+
+// badHeaderKey says why one of t's keys cannot be a NATS header, or "" —
+// the first in key order, so a message always gets the same reason.
+// Nats-Msg-Id and Nats-Expected-Stream are not refused: prepare sets them.
+func badHeaderKey(t amqp.Table) string {
+	return headers.First(t, func(k string, _ any) string {
+		if k == jetstream.MsgIDHeader || k == jetstream.ExpectedStreamHeader {
+			return ""
+		}
+		return cmp.Or(headers.NATSKeyReason(k), headers.NATSReservedReason(k))
+	})
+}
+
+// natsHeaders carries the AMQP headers and the useful properties over.
+func natsHeaders(d amqp.Delivery) nats.Header {
+	// Room for the properties below and the three headers prepare adds.
+	h := make(nats.Header, len(d.Headers)+8)
+	for k, v := range d.Headers {
+		h[k] = []string{headerValue(v)}
+	}
+	if d.ContentType != "" {
+		h.Set("Content-Type", d.ContentType)
+	}
+	if d.CorrelationId != "" {
+		h.Set("Correlation-Id", d.CorrelationId)
+	}
+	if !d.Timestamp.IsZero() {
+		h.Set("Amqp-Timestamp", d.Timestamp.UTC().Format(time.RFC3339))
+	}
+	if d.Type != "" {
+		h.Set("Amqp-Type", d.Type)
+	}
+	h.Set("Amqp-Routing-Key", d.RoutingKey)
+	return h
+}
+
+func headerValue(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case []byte:
+		return string(x)
+	case time.Time:
+		return x.UTC().Format(time.RFC3339)
+	case nil:
+		return ""
+	default:
+		if b, err := json.Marshal(x); err == nil {
+			return string(b)
+		}
+		return fmt.Sprint(x)
+	}
+}
