@@ -1,8 +1,8 @@
 package deploy
 
 import (
-	"bufio"
 	"bytes"
+	"cmp"
 	"flag"
 	"fmt"
 	"go/ast"
@@ -10,6 +10,7 @@ import (
 	"go/token"
 	"io/fs"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -109,14 +110,21 @@ type bundle struct {
 	raw         []byte
 }
 
+// built caches each root's build: a check may mutate its own decode.
+var built = map[string][]byte{}
+
 // kustomize builds dir (relative to kubernetes/) from an in-memory copy of
 // kubernetes/ with the test's overlay added, and decodes every object
-// strictly.
+// strictly, afresh at each call.
 func kustomize(t *testing.T, dir string) *bundle {
 	t.Helper()
-	raw, err := buildYAML(dir)
-	if err != nil {
-		t.Fatalf("kustomize build %s: %v", dir, err)
+	raw, ok := built[dir]
+	if !ok {
+		var err error
+		if raw, err = buildYAML(dir); err != nil {
+			t.Fatalf("kustomize build %s: %v", dir, err)
+		}
+		built[dir] = raw
 	}
 	b, err := decode(dir, raw)
 	if err != nil {
@@ -225,11 +233,12 @@ func (b *bundle) pods() []pod {
 	return out
 }
 
-// relay returns the relay Deployment and its relayd container.
-func (b *bundle) relay(t *testing.T) (*appsv1.Deployment, *corev1.Container) {
-	t.Helper()
+// relay returns the relay Deployment and its relayd container, or nil and
+// nil with a problem added when there is not exactly one.
+func (b *bundle) relay(p *problems) (*appsv1.Deployment, *corev1.Container) {
 	if len(b.deployments) != 1 {
-		t.Fatalf("%s: %d Deployments, want the one relayd", b.name, len(b.deployments))
+		p.add("%d Deployments, want the one relayd", len(b.deployments))
+		return nil, nil
 	}
 	d := b.deployments[0]
 	for i, c := range d.Spec.Template.Spec.Containers {
@@ -237,7 +246,7 @@ func (b *bundle) relay(t *testing.T) (*appsv1.Deployment, *corev1.Container) {
 			return d, &d.Spec.Template.Spec.Containers[i]
 		}
 	}
-	t.Fatalf("%s: Deployment %s has no container running `relayd run`", b.name, d.Name)
+	p.add("Deployment %s has no container running `relayd run`", d.Name)
 	return nil, nil
 }
 
@@ -342,204 +351,272 @@ var envNotTagged = []string{"GOMAXPROCS"}
 // overlay, and the example with every component.
 var builds = []string{"base", "overlays/example", allOverlay}
 
-func TestKubernetesBuildsAndDecodesStrictly(t *testing.T) {
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		if len(b.deployments) == 0 {
-			t.Errorf("%s: no Deployment", dir)
-		}
+// problems collects what one check finds wrong in one build.
+type problems []string
+
+func (p *problems) add(format string, args ...any) { *p = append(*p, fmt.Sprintf(format, args...)) }
+
+// facts are what the manifests are checked against, read from relayd's
+// source, its docs and alerts.yml.
+type facts struct {
+	defaults map[string]string // relayd's variables and their defaults
+	known    map[string]bool   // every variable relayd reads
+	served   map[string]bool   // the paths its HTTP server serves
+	peakRSS  resource.Quantity // the largest the bench measured
+	job      string            // the scrape job RelaydDown reads
+	groups   []monitoringv1.RuleGroup
+	exported map[string]string // metric name → type
+}
+
+func readFacts(t *testing.T) *facts {
+	t.Helper()
+	f := &facts{defaults: relaydEnv(t), known: map[string]bool{}, served: servedPaths(t), peakRSS: peakRSS(t), exported: exportedMetrics(t)}
+	for name := range f.defaults {
+		f.known[name] = true
 	}
-	// The strict decode refuses a field the type lacks.
-	bad := []byte("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: x\nspec:\n  replica: 2\n")
-	if _, err := decode("bad", bad); err == nil {
-		t.Error("a Deployment with spec.replica (a typo) decoded without error: the decode is not strict")
+	for _, name := range envNotTagged {
+		f.known[name] = true
+	}
+	var alerts []byte
+	alerts, f.groups = alertsGroups(t)
+	m := regexp.MustCompile(`up\{job="([^"]+)"\}`).FindSubmatch(alerts)
+	if m == nil {
+		t.Fatal(`alerts.yml: no up{job="..."}`)
+	}
+	f.job = string(m[1])
+	return f
+}
+
+// checks are run on every build; TestKubernetesChecksCatchBreakage breaks
+// each and sees it fail.
+var checks = map[string]func(*facts, *bundle, *problems){
+	"probes":    checkProbes,
+	"env":       checkEnvNames,
+	"times":     checkShutdownAndStartup,
+	"security":  checkRestricted,
+	"resources": checkResources,
+	"secrets":   checkSecrets,
+	"rules":     checkRules,
+	"service":   checkServiceAndMonitor,
+	"replicas":  checkReplicasAndKEDA,
+	"migrate":   checkMigratesFirst,
+}
+
+func TestKubernetes(t *testing.T) {
+	if *update {
+		writeRuleFile(t)
+	}
+	f := readFacts(t)
+	for _, dir := range builds {
+		t.Run(dir, func(t *testing.T) {
+			kustomize(t, dir) // builds and decodes, or fails once
+			for _, name := range slices.Sorted(maps.Keys(checks)) {
+				t.Run(name, func(t *testing.T) {
+					var p problems
+					checks[name](f, kustomize(t, dir), &p)
+					for _, msg := range p {
+						t.Error(msg)
+					}
+				})
+			}
+		})
+	}
+}
+
+// The strict decode refuses a field its type lacks.
+func TestKubernetesDecodeIsStrict(t *testing.T) {
+	for kind, doc := range map[string]string{
+		"Deployment":   "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: x\nspec:\n  replica: 2\n",
+		"ScaledObject": "apiVersion: keda.sh/v1alpha1\nkind: ScaledObject\nmetadata:\n  name: x\nspec:\n  minReplicas: 2\n",
+		"apiVersion":   "apiVersion: apps/v1beta1\nkind: Deployment\nmetadata:\n  name: x\n",
+	} {
+		if _, err := decode(kind, []byte(doc)); err == nil {
+			t.Errorf("%s: decoded without error: %s", kind, doc)
+		}
 	}
 }
 
 // The relay's probes are the paths relayd serves, on the port relayd
 // listens on: /healthz for liveness and start-up, /readyz for readiness
 // (never for liveness: a broker outage fails it everywhere).
-func TestKubernetesProbes(t *testing.T) {
-	served := servedPaths(t)
-	defaults := relaydEnv(t)
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		_, c := b.relay(t)
-		addr := b.env(c, defaults)["RELAY_METRICS_ADDR"]
-		port := requireAllInterfaces(t, dir+": RELAY_METRICS_ADDR", addr)
-		want := map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe}
-		if c.StartupProbe != nil {
-			want["/healthz "] = c.StartupProbe // a second /healthz
+func checkProbes(f *facts, b *bundle, p *problems) {
+	_, c := b.relay(p)
+	if c == nil {
+		return
+	}
+	addr := b.env(c, f.defaults)["RELAY_METRICS_ADDR"]
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || (host != "" && host != "0.0.0.0" && host != "::") {
+		p.add("RELAY_METRICS_ADDR=%q: want every interface, \":PORT\": the kubelet cannot reach loopback", addr)
+	}
+	for _, probe := range []struct {
+		kind, path string
+		probe      *corev1.Probe
+	}{{"liveness", "/healthz", c.LivenessProbe}, {"readiness", "/readyz", c.ReadinessProbe}, {"startup", "/healthz", c.StartupProbe}} {
+		if probe.probe == nil || probe.probe.HTTPGet == nil {
+			p.add("no httpGet %s probe", probe.kind)
+			continue
 		}
-		for path, p := range want {
-			path = strings.TrimSpace(path)
-			if p == nil || p.HTTPGet == nil {
-				t.Errorf("%s: no httpGet probe for %s", dir, path)
-				continue
-			}
-			if p.HTTPGet.Path != path || !served[path] {
-				t.Errorf("%s: probe path %q, want %s, which relayd serves (%v)", dir, p.HTTPGet.Path, path, slices.Sorted(maps.Keys(served)))
-			}
-			if got := containerPort(c, p.HTTPGet.Port); strconv.Itoa(int(got)) != port {
-				t.Errorf("%s: probe %s on port %v (%d), but relayd listens on %s", dir, path, p.HTTPGet.Port.String(), got, addr)
-			}
+		get := probe.probe.HTTPGet
+		if get.Path != probe.path || !f.served[get.Path] {
+			p.add("%s probe on %q, want %s (relayd serves %v)", probe.kind, get.Path, probe.path, slices.Sorted(maps.Keys(f.served)))
+		}
+		if got := containerPort(c, get.Port); strconv.Itoa(int(got)) != port {
+			p.add("%s probe on port %s (%d), but relayd listens on %q", probe.kind, get.Port.String(), got, addr)
 		}
 	}
 }
 
 // containerPort resolves a probe's or Service's port, named or numbered.
-func containerPort(c *corev1.Container, p intstr.IntOrString) int32 {
-	if p.Type == intstr.Int {
-		return p.IntVal
+func containerPort(c *corev1.Container, port intstr.IntOrString) int32 {
+	if port.Type == intstr.Int {
+		return port.IntVal
 	}
 	for _, cp := range c.Ports {
-		if cp.Name == p.StrVal {
+		if cp.Name == port.StrVal {
 			return cp.ContainerPort
 		}
 	}
 	return 0
 }
 
-// Every variable a container is given is one relayd reads: a misspelt
-// RELAY_* would be ignored silently.
-func TestKubernetesEnvNamesAreRelayds(t *testing.T) {
-	known := relaydEnv(t)
-	for _, name := range envNotTagged {
-		known[name] = ""
-	}
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		checked := 0
-		for _, p := range b.pods() {
-			for _, c := range slices.Concat(p.spec.InitContainers, p.spec.Containers) {
-				var names []string
-				for _, e := range c.Env {
-					names = append(names, e.Name)
-				}
-				for _, from := range c.EnvFrom {
-					if from.ConfigMapRef != nil {
-						cm := b.configMaps[from.ConfigMapRef.Name]
-						if cm == nil {
-							t.Errorf("%s: %s container %s: envFrom ConfigMap %s is not in the build", dir, p.owner, c.Name, from.ConfigMapRef.Name)
-							continue
-						}
-						for key := range cm.Data {
-							names = append(names, from.Prefix+key)
-						}
-					}
-					if from.SecretRef != nil {
-						t.Errorf("%s: %s container %s: envFrom a Secret: name each variable with secretKeyRef", dir, p.owner, c.Name)
-					}
-				}
-				for _, name := range names {
-					checked++
-					if _, ok := known[name]; !ok {
-						t.Errorf("%s: %s container %s sets %s, which relayd does not read", dir, p.owner, c.Name, name)
-					}
-				}
+// containers returns every container of every pod template, with where it is.
+func (b *bundle) containers() (out []struct {
+	where string
+	pod   *corev1.PodSpec
+	c     *corev1.Container
+}) {
+	for _, pd := range b.pods() {
+		for _, list := range [][]corev1.Container{pd.spec.InitContainers, pd.spec.Containers} {
+			for i := range list {
+				out = append(out, struct {
+					where string
+					pod   *corev1.PodSpec
+					c     *corev1.Container
+				}{pd.owner + " container " + list[i].Name, pd.spec, &list[i]})
 			}
 		}
-		if checked < 5 {
-			t.Errorf("%s: only %d variables found", dir, checked)
-		}
 	}
+	return out
 }
 
-// duration reads a relayd duration setting as relayd would.
-func duration(t *testing.T, env map[string]string, name string) time.Duration {
-	t.Helper()
-	d, err := time.ParseDuration(env[name])
-	if err != nil {
-		t.Fatalf("%s=%q: %v", name, env[name], err)
+// Every variable a container is given is one relayd reads: a misspelt
+// RELAY_* would be ignored silently.
+func checkEnvNames(f *facts, b *bundle, p *problems) {
+	checked := 0
+	for _, x := range b.containers() {
+		var names []string
+		for _, e := range x.c.Env {
+			names = append(names, e.Name)
+		}
+		for _, from := range x.c.EnvFrom {
+			if from.SecretRef != nil {
+				p.add("%s: envFrom a Secret: name each variable with a secretKeyRef", x.where)
+			}
+			if from.ConfigMapRef == nil {
+				continue
+			}
+			cm := b.configMaps[from.ConfigMapRef.Name]
+			if cm == nil {
+				p.add("%s: envFrom ConfigMap %s, which is not in the build", x.where, from.ConfigMapRef.Name)
+				continue
+			}
+			for key := range cm.Data {
+				names = append(names, from.Prefix+key)
+			}
+		}
+		for _, name := range names {
+			checked++
+			if !f.known[name] {
+				p.add("%s sets %s, which relayd does not read", x.where, name)
+			}
+		}
 	}
-	return d
+	if checked < 5 {
+		p.add("only %d variables found", checked)
+	}
 }
 
 // The kubelet waits longer than relayd lets in-flight batches finish
 // (RELAY_PUBLISH_TIMEOUT < RELAY_SHUTDOWN_TIMEOUT < the grace period,
 // docs/deploying.md), and the start-up probe longer than relayd waits for
 // Postgres, NATS and RabbitMQ one after the other.
-func TestKubernetesShutdownAndStartupTimes(t *testing.T) {
-	defaults := relaydEnv(t)
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		d, c := b.relay(t)
-		env := b.env(c, defaults)
-		shutdown := duration(t, env, "RELAY_SHUTDOWN_TIMEOUT")
-		publish := duration(t, env, "RELAY_PUBLISH_TIMEOUT")
-		grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds
-		if grace == nil || time.Duration(*grace)*time.Second <= shutdown {
-			t.Errorf("%s: terminationGracePeriodSeconds %v, want more than RELAY_SHUTDOWN_TIMEOUT %v", dir, ptrString(grace), shutdown)
+func checkShutdownAndStartup(f *facts, b *bundle, p *problems) {
+	d, c := b.relay(p)
+	if c == nil {
+		return
+	}
+	env := b.env(c, f.defaults)
+	durations := map[string]time.Duration{}
+	for _, name := range []string{"RELAY_SHUTDOWN_TIMEOUT", "RELAY_PUBLISH_TIMEOUT", "RELAY_STARTUP_TIMEOUT"} {
+		v, err := time.ParseDuration(env[name])
+		if err != nil {
+			p.add("%s=%q: %v", name, env[name], err)
+			return
 		}
-		if publish >= shutdown {
-			t.Errorf("%s: RELAY_PUBLISH_TIMEOUT %v, want less than RELAY_SHUTDOWN_TIMEOUT %v", dir, publish, shutdown)
-		}
-		startup := 3 * duration(t, env, "RELAY_STARTUP_TIMEOUT")
-		if p := c.StartupProbe; p == nil {
-			t.Errorf("%s: no startup probe: relayd serves /healthz only once it has connected (up to %v)", dir, startup)
-		} else if budget := time.Duration(p.InitialDelaySeconds+p.PeriodSeconds*p.FailureThreshold) * time.Second; budget < startup {
-			t.Errorf("%s: the startup probe gives up after %v, before relayd's own start-up waits (%v)", dir, budget, startup)
-		}
+		durations[name] = v
+	}
+	shutdown := durations["RELAY_SHUTDOWN_TIMEOUT"]
+	grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds
+	if grace == nil || time.Duration(*grace)*time.Second <= shutdown {
+		p.add("terminationGracePeriodSeconds %s, want more than RELAY_SHUTDOWN_TIMEOUT %v", ptrString(grace), shutdown)
+	}
+	if publish := durations["RELAY_PUBLISH_TIMEOUT"]; publish >= shutdown {
+		p.add("RELAY_PUBLISH_TIMEOUT %v, want less than RELAY_SHUTDOWN_TIMEOUT %v", publish, shutdown)
+	}
+	startup := 3 * durations["RELAY_STARTUP_TIMEOUT"]
+	if sp := c.StartupProbe; sp == nil {
+		p.add("no startup probe: relayd serves /healthz only once connected (up to %v)", startup)
+	} else if budget := time.Duration(sp.InitialDelaySeconds+sp.PeriodSeconds*sp.FailureThreshold) * time.Second; budget < startup {
+		p.add("the startup probe gives up after %v, before relayd's own start-up waits end (%v)", budget, startup)
 	}
 }
 
-func ptrString[T any](p *T) string {
-	if p == nil {
+func ptrString[T any](v *T) string {
+	if v == nil {
 		return "unset"
 	}
-	return fmt.Sprint(*p)
+	return fmt.Sprint(*v)
+}
+
+// cmpOr is the container's setting if set, else the pod's.
+func cmpOr[T any](c, pod *T) *T {
+	if c != nil {
+		return c
+	}
+	return pod
 }
 
 // Every container of every pod runs as a numeric non-root uid (the image's
 // USER is a name, which the kubelet cannot check), on a read-only root
 // filesystem, with no capabilities and no privilege escalation.
-func TestKubernetesPodsAreRestricted(t *testing.T) {
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		for _, p := range b.pods() {
-			psc := p.spec.SecurityContext
-			if psc == nil {
-				psc = &corev1.PodSecurityContext{}
-			}
-			for _, c := range slices.Concat(p.spec.InitContainers, p.spec.Containers) {
-				where := fmt.Sprintf("%s: %s container %s", dir, p.owner, c.Name)
-				sc := c.SecurityContext
-				if sc == nil {
-					sc = &corev1.SecurityContext{}
-				}
-				nonRoot, uid := cmpOr(sc.RunAsNonRoot, psc.RunAsNonRoot), cmpOr(sc.RunAsUser, psc.RunAsUser)
-				if nonRoot == nil || !*nonRoot {
-					t.Errorf("%s: runAsNonRoot is not true", where)
-				}
-				if uid == nil || *uid == 0 {
-					t.Errorf("%s: runAsUser %s, want a numeric non-root uid", where, ptrString(uid))
-				}
-				if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
-					t.Errorf("%s: readOnlyRootFilesystem is not true", where)
-				}
-				if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
-					t.Errorf("%s: allowPrivilegeEscalation is not false", where)
-				}
-				if sc.Privileged != nil && *sc.Privileged {
-					t.Errorf("%s: privileged", where)
-				}
-				if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) > 0 {
-					t.Errorf("%s: capabilities %+v, want drop ALL and add none", where, sc.Capabilities)
-				}
-			}
+func checkRestricted(_ *facts, b *bundle, p *problems) {
+	for _, x := range b.containers() {
+		psc := cmpOr(x.pod.SecurityContext, &corev1.PodSecurityContext{})
+		sc := cmpOr(x.c.SecurityContext, &corev1.SecurityContext{})
+		if nonRoot := cmpOr(sc.RunAsNonRoot, psc.RunAsNonRoot); nonRoot == nil || !*nonRoot {
+			p.add("%s: runAsNonRoot is not true", x.where)
+		}
+		if uid := cmpOr(sc.RunAsUser, psc.RunAsUser); uid == nil || *uid == 0 {
+			p.add("%s: runAsUser %s, want a numeric non-root uid", x.where, ptrString(uid))
+		}
+		if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			p.add("%s: readOnlyRootFilesystem is not true", x.where)
+		}
+		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			p.add("%s: allowPrivilegeEscalation is not false", x.where)
+		}
+		if sc.Privileged != nil && *sc.Privileged {
+			p.add("%s: privileged", x.where)
+		}
+		if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) > 0 {
+			p.add("%s: capabilities %+v, want drop ALL and add none", x.where, sc.Capabilities)
 		}
 	}
 }
 
-// cmpOr is the container's setting if set, else the pod's.
-func cmpOr[T any](c, p *T) *T {
-	if c != nil {
-		return c
-	}
-	return p
-}
-
-// peakRSS returns the largest peak RSS in docs/performance.md's tables.
+// peakRSS returns the largest figure of docs/performance.md's peak RSS
+// columns.
 func peakRSS(t *testing.T) resource.Quantity {
 	t.Helper()
 	data, err := os.ReadFile("../docs/performance.md")
@@ -548,13 +625,12 @@ func peakRSS(t *testing.T) resource.Quantity {
 	}
 	var peak int64
 	col := -1
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		cells := strings.Split(sc.Text(), "|")
-		if !strings.HasPrefix(sc.Text(), "|") {
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if !strings.HasPrefix(line, "|") {
 			col = -1
 			continue
 		}
+		cells := strings.Split(line, "|")
 		if i := slices.IndexFunc(cells, func(c string) bool { return strings.TrimSpace(c) == "peak RSS" }); i >= 0 {
 			col = i
 			continue
@@ -578,24 +654,17 @@ func peakRSS(t *testing.T) resource.Quantity {
 
 // Every container asks for CPU and for at least the largest peak RSS the
 // bench measured, and is limited above that.
-func TestKubernetesResourcesFromTheBench(t *testing.T) {
-	peak := peakRSS(t)
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		for _, p := range b.pods() {
-			for _, c := range slices.Concat(p.spec.InitContainers, p.spec.Containers) {
-				where := fmt.Sprintf("%s: %s container %s", dir, p.owner, c.Name)
-				req, lim := c.Resources.Requests.Memory(), c.Resources.Limits.Memory()
-				if req.Cmp(peak) < 0 {
-					t.Errorf("%s: memory request %v, below the bench's peak RSS %v", where, req, &peak)
-				}
-				if lim.IsZero() || lim.Cmp(*req) <= 0 {
-					t.Errorf("%s: memory limit %v, want one above the request %v", where, lim, req)
-				}
-				if c.Resources.Requests.Cpu().IsZero() {
-					t.Errorf("%s: no CPU request", where)
-				}
-			}
+func checkResources(f *facts, b *bundle, p *problems) {
+	for _, x := range b.containers() {
+		req, lim := x.c.Resources.Requests.Memory(), x.c.Resources.Limits.Memory()
+		if req.Cmp(f.peakRSS) < 0 {
+			p.add("%s: memory request %v, below the bench's peak RSS %v", x.where, req, &f.peakRSS)
+		}
+		if lim.IsZero() || lim.Cmp(*req) <= 0 {
+			p.add("%s: memory limit %v, want one above the request %v", x.where, lim, req)
+		}
+		if x.c.Resources.Requests.Cpu().IsZero() {
+			p.add("%s: no CPU request", x.where)
 		}
 	}
 }
@@ -603,63 +672,56 @@ func TestKubernetesResourcesFromTheBench(t *testing.T) {
 // secretVars are the settings that carry credentials.
 var secretVars = []string{"RELAY_DATABASE_URL", "RELAY_AMQP_URL", "RELAY_NATS_URL"}
 
-var userinfo = regexp.MustCompile(`[a-z]+://[^/@\s:]+:[^/@\s]+@`)
+var userinfo = regexp.MustCompile(`[a-z]+://[^/@\s:"]+:[^/@\s"]+@`)
 
 // The base ships no credentials: no Secret, the URLs only from a Secret
 // reference, no password in a URL anywhere. An overlay's build has every
-// Secret and key the pods refer to.
-func TestKubernetesSecretsNotInBase(t *testing.T) {
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		base := dir == "base"
-		if base && len(b.secrets) > 0 {
-			t.Errorf("base: ships Secrets %v", slices.Collect(maps.Keys(b.secrets)))
-		}
-		if base && userinfo.Match(b.raw) {
-			t.Errorf("base: a URL with a password: %s", userinfo.Find(b.raw))
-		}
-		for _, cm := range b.configMaps {
-			for k := range cm.Data {
-				if slices.Contains(secretVars, k) {
-					t.Errorf("%s: ConfigMap %s holds %s: it belongs in a Secret", dir, cm.Name, k)
-				}
+// Secret and key the pods refer to, and its values are placeholders.
+func checkSecrets(_ *facts, b *bundle, p *problems) {
+	base := b.name == "base"
+	if base && len(b.secrets) > 0 {
+		p.add("the base ships Secrets %v", slices.Sorted(maps.Keys(b.secrets)))
+	}
+	if base && userinfo.Match(b.raw) {
+		p.add("a URL with a password in the base: %s", userinfo.Find(b.raw))
+	}
+	for _, cm := range b.configMaps {
+		for k := range cm.Data {
+			if slices.Contains(secretVars, k) {
+				p.add("ConfigMap %s holds %s: it belongs in a Secret", cm.Name, k)
 			}
 		}
-		for _, p := range b.pods() {
-			for _, c := range slices.Concat(p.spec.InitContainers, p.spec.Containers) {
-				for _, e := range c.Env {
-					ref := (*corev1.SecretKeySelector)(nil)
-					if e.ValueFrom != nil {
-						ref = e.ValueFrom.SecretKeyRef
-					}
-					if slices.Contains(secretVars, e.Name) && ref == nil {
-						t.Errorf("%s: %s container %s: %s is not from a Secret", dir, p.owner, c.Name, e.Name)
-					}
-					if ref == nil || base {
-						continue
-					}
-					if s := b.secrets[ref.Name]; s == nil {
-						t.Errorf("%s: %s container %s: %s from Secret %s, not in the build", dir, p.owner, c.Name, e.Name, ref.Name)
-					} else if _, ok := s.Data[ref.Key]; !ok {
-						t.Errorf("%s: %s container %s: %s from key %s, which Secret %s lacks", dir, p.owner, c.Name, e.Name, ref.Key, ref.Name)
-					}
-				}
+	}
+	for _, x := range b.containers() {
+		for _, e := range x.c.Env {
+			var ref *corev1.SecretKeySelector
+			if e.ValueFrom != nil {
+				ref = e.ValueFrom.SecretKeyRef
+			}
+			if slices.Contains(secretVars, e.Name) && ref == nil {
+				p.add("%s: %s is not from a Secret", x.where, e.Name)
+			}
+			if ref == nil || base {
+				continue
+			}
+			if s := b.secrets[ref.Name]; s == nil {
+				p.add("%s: %s from Secret %s, which is not in the build", x.where, e.Name, ref.Name)
+			} else if _, ok := s.Data[ref.Key]; !ok {
+				p.add("%s: %s from key %s, which Secret %s lacks", x.where, e.Name, ref.Key, ref.Name)
 			}
 		}
-		if !base {
-			for _, s := range b.secrets {
-				for k, v := range s.Data {
-					if !bytes.Contains(v, []byte("REPLACE-ME")) {
-						t.Errorf("%s: Secret %s key %s is not a REPLACE-ME placeholder", dir, s.Name, k)
-					}
-				}
+	}
+	for _, s := range b.secrets {
+		for k, v := range s.Data {
+			if !bytes.Contains(v, []byte("REPLACE-ME")) {
+				p.add("Secret %s key %s is not a REPLACE-ME placeholder", s.Name, k)
 			}
 		}
 	}
 }
 
-// alertsGroups reads alerts.yml strictly as the Prometheus Operator's
-// rule groups.
+// alertsGroups reads alerts.yml strictly as the Prometheus Operator's rule
+// groups.
 func alertsGroups(t *testing.T) ([]byte, []monitoringv1.RuleGroup) {
 	t.Helper()
 	data, err := os.ReadFile("alerts.yml")
@@ -681,7 +743,7 @@ func alertsGroups(t *testing.T) ([]byte, []monitoringv1.RuleGroup) {
 // ruleHeader opens the generated PrometheusRule; alerts.yml's groups follow,
 // indented under spec.
 const ruleHeader = `# Generated from deploy/alerts.yml, the rules' one source (promtool tests it):
-# edit that file, then run  go test ./deploy -run TestKubernetesPrometheusRule -update
+# edit that file, then run  go test ./deploy -run 'TestKubernetes$' -update
 apiVersion: monitoring.coreos.com/v1
 kind: PrometheusRule
 metadata:
@@ -692,38 +754,44 @@ metadata:
 spec:
 `
 
-// The PrometheusRule is alerts.yml: the same groups, rule for rule.
-func TestKubernetesPrometheusRule(t *testing.T) {
-	data, groups := alertsGroups(t)
-	if *update {
-		i := bytes.Index(data, []byte("\ngroups:"))
-		if i < 0 {
-			t.Fatal("alerts.yml: no top-level groups:")
-		}
-		var out bytes.Buffer
-		out.WriteString(ruleHeader)
-		for line := range strings.SplitSeq(strings.TrimRight(string(data[i+1:]), "\n"), "\n") {
-			if line != "" {
-				line = "  " + line
-			}
-			out.WriteString(line + "\n")
-		}
-		if err := os.WriteFile(ruleFile, out.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
+// writeRuleFile writes alerts.yml's groups, comments and all, into the
+// PrometheusRule.
+func writeRuleFile(t *testing.T) {
+	data, _ := alertsGroups(t)
+	i := bytes.Index(data, []byte("\ngroups:"))
+	if i < 0 {
+		t.Fatal("alerts.yml: no top-level groups:")
 	}
-	for _, dir := range []string{"overlays/example", allOverlay} {
-		b := kustomize(t, dir)
-		if len(b.rules) != 1 {
-			t.Fatalf("%s: %d PrometheusRules, want 1", dir, len(b.rules))
+	var out bytes.Buffer
+	out.WriteString(ruleHeader)
+	for line := range strings.SplitSeq(strings.TrimRight(string(data[i+1:]), "\n"), "\n") {
+		if line != "" {
+			line = "  " + line
 		}
-		if got := b.rules[0].Spec.Groups; !reflect.DeepEqual(got, groups) {
-			t.Errorf("%s: the PrometheusRule's groups differ from alerts.yml's: run go test ./deploy -run TestKubernetesPrometheusRule -update\n got: %+v\nwant: %+v", dir, got, groups)
-		}
+		out.WriteString(line + "\n")
+	}
+	if err := os.WriteFile(ruleFile, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clear(built)
+}
+
+// With the monitoring component, the PrometheusRule is alerts.yml: the same
+// groups, rule for rule.
+func checkRules(f *facts, b *bundle, p *problems) {
+	if b.name == "base" {
+		return
+	}
+	if len(b.rules) != 1 {
+		p.add("%d PrometheusRules, want 1", len(b.rules))
+		return
+	}
+	if got := b.rules[0].Spec.Groups; !reflect.DeepEqual(got, f.groups) {
+		p.add("the PrometheusRule's groups differ from alerts.yml's: run go test ./deploy -run 'TestKubernetes$' -update")
 	}
 }
 
-// selects reports whether a label selector matches labels.
+// selects reports whether a non-empty label selector matches labels.
 func selects(sel map[string]string, labels map[string]string) bool {
 	if len(sel) == 0 {
 		return false
@@ -737,164 +805,275 @@ func selects(sel map[string]string, labels map[string]string) bool {
 }
 
 // The Service and the PodDisruptionBudget select the relay's pods and not
-// the backfill's; the Service's port is the relay's metrics port and
-// publishes pods that are not ready (they are scraped through an outage).
-// The ServiceMonitor scrapes a path relayd serves, through that Service,
-// under the job name the RelaydDown alert reads.
-func TestKubernetesServiceAndMonitor(t *testing.T) {
-	served := servedPaths(t)
-	alerts, _ := alertsGroups(t)
-	m := regexp.MustCompile(`up\{job="([^"]+)"\}`).FindSubmatch(alerts)
-	if m == nil {
-		t.Fatal(`alerts.yml: no up{job="..."}`)
+// the backfill's; the Service targets the metrics port and publishes pods
+// that are not ready (they are scraped through an outage). The
+// ServiceMonitor scrapes /metrics through that Service, under the job name
+// the RelaydDown alert reads.
+func checkServiceAndMonitor(f *facts, b *bundle, p *problems) {
+	d, c := b.relay(p)
+	if c == nil {
+		return
 	}
-	job := string(m[1])
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		d, c := b.relay(t)
-		podLabels := d.Spec.Template.Labels
-		if !selects(d.Spec.Selector.MatchLabels, podLabels) {
-			t.Errorf("%s: the Deployment's selector does not match its pods", dir)
+	podLabels := d.Spec.Template.Labels
+	if d.Spec.Selector == nil || !selects(d.Spec.Selector.MatchLabels, podLabels) {
+		p.add("the Deployment's selector does not match its pods")
+	}
+	if len(b.services) != 1 || len(b.pdbs) != 1 {
+		p.add("%d Services and %d PodDisruptionBudgets, want 1 and 1", len(b.services), len(b.pdbs))
+		return
+	}
+	svc, pdb := b.services[0], b.pdbs[0]
+	if pdb.Spec.Selector == nil {
+		pdb.Spec.Selector = &metav1.LabelSelector{}
+	}
+	for what, sel := range map[string]map[string]string{"Service": svc.Spec.Selector, "PodDisruptionBudget": pdb.Spec.Selector.MatchLabels} {
+		if !selects(sel, podLabels) {
+			p.add("the %s's selector %v does not match the relay's pods %v", what, sel, podLabels)
 		}
-		if len(b.services) != 1 || len(b.pdbs) != 1 {
-			t.Fatalf("%s: %d Services and %d PodDisruptionBudgets, want 1 and 1", dir, len(b.services), len(b.pdbs))
-		}
-		svc, pdb := b.services[0], b.pdbs[0]
-		for what, sel := range map[string]map[string]string{"Service": svc.Spec.Selector, "PodDisruptionBudget": pdb.Spec.Selector.MatchLabels} {
-			if !selects(sel, podLabels) {
-				t.Errorf("%s: the %s's selector %v does not match the relay's pods %v", dir, what, sel, podLabels)
-			}
-			for _, j := range b.jobs {
-				if selects(sel, j.Spec.Template.Labels) {
-					t.Errorf("%s: the %s's selector %v matches Job %s's pods", dir, what, sel, j.Name)
-				}
-			}
-		}
-		if pdb.Spec.MaxUnavailable == nil && pdb.Spec.MinAvailable == nil {
-			t.Errorf("%s: the PodDisruptionBudget sets neither maxUnavailable nor minAvailable", dir)
-		}
-		if !svc.Spec.PublishNotReadyAddresses {
-			t.Errorf("%s: Service %s leaves unready pods out: their metrics go unscraped during an outage", dir, svc.Name)
-		}
-		ports := map[string]bool{}
-		for _, p := range svc.Spec.Ports {
-			ports[p.Name] = true
-			metricsPort := containerPort(c, intstr.FromString("metrics"))
-			if got := containerPort(c, p.TargetPort); got == 0 || got != metricsPort {
-				t.Errorf("%s: Service port %s targets %s (%d), not the metrics port %d", dir, p.Name, p.TargetPort.String(), got, metricsPort)
+		for _, j := range b.jobs {
+			if selects(sel, j.Spec.Template.Labels) {
+				p.add("the %s's selector %v matches Job %s's pods", what, sel, j.Name)
 			}
 		}
-		for _, sm := range b.svcMonitors {
-			if !selects(sm.Spec.Selector.MatchLabels, svc.Labels) {
-				t.Errorf("%s: ServiceMonitor %s does not select Service %s", dir, sm.Name, svc.Name)
-			}
-			if got := svc.Labels[sm.Spec.JobLabel]; got != job {
-				t.Errorf("%s: ServiceMonitor %s: job label from %q is %q, want %q (alerts.yml's up{job=%q})", dir, sm.Name, sm.Spec.JobLabel, got, job, job)
-			}
-			if len(sm.Spec.Endpoints) == 0 {
-				t.Errorf("%s: ServiceMonitor %s has no endpoints", dir, sm.Name)
-			}
-			for _, ep := range sm.Spec.Endpoints {
-				if !ports[ep.Port] {
-					t.Errorf("%s: ServiceMonitor %s scrapes port %q, not one of Service %s's", dir, sm.Name, ep.Port, svc.Name)
-				}
-				if path := cmpOrString(ep.Path, "/metrics"); !served[path] || path != "/metrics" {
-					t.Errorf("%s: ServiceMonitor %s scrapes %s, want /metrics", dir, sm.Name, path)
-				}
-			}
+	}
+	if pdb.Spec.MaxUnavailable == nil && pdb.Spec.MinAvailable == nil {
+		p.add("the PodDisruptionBudget sets neither maxUnavailable nor minAvailable")
+	}
+	if !svc.Spec.PublishNotReadyAddresses {
+		p.add("Service %s leaves unready pods out: their metrics go unscraped during an outage", svc.Name)
+	}
+	metricsPort := containerPort(c, intstr.FromString("metrics"))
+	ports := map[string]bool{}
+	for _, sp := range svc.Spec.Ports {
+		ports[sp.Name] = true
+		if got := containerPort(c, sp.TargetPort); got == 0 || got != metricsPort {
+			p.add("Service port %s targets %s (%d), not the metrics port %d", sp.Name, sp.TargetPort.String(), got, metricsPort)
 		}
-		if dir != "base" && len(b.svcMonitors) != 1 {
-			t.Errorf("%s: %d ServiceMonitors, want 1", dir, len(b.svcMonitors))
+	}
+	if b.name != "base" && len(b.svcMonitors) != 1 {
+		p.add("%d ServiceMonitors, want 1", len(b.svcMonitors))
+	}
+	for _, sm := range b.svcMonitors {
+		if !selects(sm.Spec.Selector.MatchLabels, svc.Labels) {
+			p.add("ServiceMonitor %s does not select Service %s", sm.Name, svc.Name)
+		}
+		if got := svc.Labels[sm.Spec.JobLabel]; got != f.job {
+			p.add("ServiceMonitor %s: the job label, from the Service's label %q, is %q; alerts.yml reads up{job=%q}", sm.Name, sm.Spec.JobLabel, got, f.job)
+		}
+		if len(sm.Spec.Endpoints) == 0 {
+			p.add("ServiceMonitor %s has no endpoints", sm.Name)
+		}
+		for _, ep := range sm.Spec.Endpoints {
+			if !ports[ep.Port] {
+				p.add("ServiceMonitor %s scrapes port %q, not one of Service %s's", sm.Name, ep.Port, svc.Name)
+			}
+			if path := cmp.Or(ep.Path, "/metrics"); path != "/metrics" || !f.served[path] {
+				p.add("ServiceMonitor %s scrapes %s, want /metrics", sm.Name, path)
+			}
 		}
 	}
 }
 
-func cmpOrString(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
-// The base runs two replicas. With KEDA, the ScaledObject owns the count
-// (at least two) and the Deployment sets none, scaling the relay on a
+// The base runs two replicas. With KEDA the ScaledObject owns the count (at
+// least two) and the Deployment sets none, scaling the relay on the lag, a
 // metric relayd exports.
-func TestKubernetesReplicasAndKEDA(t *testing.T) {
-	exported := exportedMetrics(t)
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		d, _ := b.relay(t)
-		if len(b.scaled) == 0 {
-			if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
-				t.Errorf("%s: replicas %s, want 2", dir, ptrString(d.Spec.Replicas))
-			}
-			if dir != "base" {
-				t.Errorf("%s: no ScaledObject", dir)
-			}
+func checkReplicasAndKEDA(f *facts, b *bundle, p *problems) {
+	d, _ := b.relay(p)
+	if d == nil {
+		return
+	}
+	if len(b.scaled) == 0 {
+		if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
+			p.add("replicas %s, want 2", ptrString(d.Spec.Replicas))
+		}
+		if b.name != "base" {
+			p.add("no ScaledObject")
+		}
+		return
+	}
+	if d.Spec.Replicas != nil {
+		p.add("the Deployment sets replicas %d beside a ScaledObject: every apply would reset KEDA's count", *d.Spec.Replicas)
+	}
+	for _, so := range b.scaled {
+		ref := so.Spec.ScaleTargetRef
+		if ref.Name != d.Name || cmp.Or(ref.Kind, "Deployment") != "Deployment" {
+			p.add("ScaledObject %s scales %s %s, not Deployment %s", so.Name, ref.Kind, ref.Name, d.Name)
+		}
+		lo, hi := so.Spec.MinReplicaCount, so.Spec.MaxReplicaCount
+		if lo == nil || *lo < 2 || hi == nil || *hi < *lo {
+			p.add("ScaledObject %s: replicas from %s to %s, want at least 2 and a maximum above", so.Name, ptrString(lo), ptrString(hi))
+		}
+		if len(so.Spec.Triggers) != 1 || so.Spec.Triggers[0].Type != "prometheus" {
+			p.add("ScaledObject %s: want one prometheus trigger", so.Name)
 			continue
 		}
-		if d.Spec.Replicas != nil {
-			t.Errorf("%s: the Deployment sets replicas %d beside a ScaledObject: every apply would reset KEDA's count", dir, *d.Spec.Replicas)
+		md := so.Spec.Triggers[0].Metadata
+		if md["serverAddress"] == "" {
+			p.add("ScaledObject %s: no serverAddress", so.Name)
 		}
-		for _, so := range b.scaled {
-			if so.Spec.ScaleTargetRef.Name != d.Name || cmpOrString(so.Spec.ScaleTargetRef.Kind, "Deployment") != "Deployment" {
-				t.Errorf("%s: ScaledObject %s scales %s %s, not Deployment %s", dir, so.Name, so.Spec.ScaleTargetRef.Kind, so.Spec.ScaleTargetRef.Name, d.Name)
-			}
-			if so.Spec.MinReplicaCount == nil || *so.Spec.MinReplicaCount < 2 {
-				t.Errorf("%s: ScaledObject %s minReplicaCount %s, want at least 2", dir, so.Name, ptrString(so.Spec.MinReplicaCount))
-			}
-			if so.Spec.MaxReplicaCount == nil || *so.Spec.MaxReplicaCount < *cmpOr(so.Spec.MinReplicaCount, new(int32)) {
-				t.Errorf("%s: ScaledObject %s maxReplicaCount %s", dir, so.Name, ptrString(so.Spec.MaxReplicaCount))
-			}
-			if len(so.Spec.Triggers) != 1 || so.Spec.Triggers[0].Type != "prometheus" {
-				t.Fatalf("%s: ScaledObject %s: want one prometheus trigger", dir, so.Name)
-			}
-			md := so.Spec.Triggers[0].Metadata
-			for _, k := range []string{"serverAddress", "query", "threshold"} {
-				if md[k] == "" {
-					t.Errorf("%s: ScaledObject %s: prometheus trigger without %s", dir, so.Name, k)
-				}
-			}
-			if _, err := strconv.ParseFloat(md["threshold"], 64); err != nil {
-				t.Errorf("%s: ScaledObject %s: threshold %q is not a number", dir, so.Name, md["threshold"])
-			}
-			if !strings.Contains(md["query"], "relayd_outbox_lag_seconds") {
-				t.Errorf("%s: ScaledObject %s does not scale on relayd_outbox_lag_seconds: %s", dir, so.Name, md["query"])
-			}
-			for _, ref := range metricRef.FindAllStringSubmatch(md["query"], -1) {
-				if exported[ref[1]] == "" {
-					t.Errorf("%s: ScaledObject %s queries %s, which relayd does not export", dir, so.Name, ref[1])
-				}
+		if _, err := strconv.ParseFloat(md["threshold"], 64); err != nil {
+			p.add("ScaledObject %s: threshold %q is not a number", so.Name, md["threshold"])
+		}
+		if !metricRef.MatchString(md["query"]) || !strings.Contains(md["query"], "relayd_outbox_lag_seconds") {
+			p.add("ScaledObject %s does not scale on relayd_outbox_lag_seconds: %s", so.Name, md["query"])
+		}
+		for _, m := range metricRef.FindAllStringSubmatch(md["query"], -1) {
+			if f.exported[m[1]] == "" {
+				p.add("ScaledObject %s queries %s, which relayd does not export", so.Name, m[1])
 			}
 		}
 	}
 }
 
 // The relay's pods migrate before relaying: an init container runs
-// `relayd migrate up` against the relay's database.
-func TestKubernetesMigratesFirst(t *testing.T) {
-	for _, dir := range builds {
-		b := kustomize(t, dir)
-		d, c := b.relay(t)
-		inits := d.Spec.Template.Spec.InitContainers
-		i := slices.IndexFunc(inits, func(c corev1.Container) bool { return slices.Equal(c.Args, []string{"migrate", "up"}) })
-		if i < 0 {
-			t.Errorf("%s: no init container runs `relayd migrate up`", dir)
-			continue
-		}
-		if inits[i].Image != c.Image {
-			t.Errorf("%s: migrate runs image %s, the relay %s: the migrations must be the relay's", dir, inits[i].Image, c.Image)
-		}
-		dbURL := func(c *corev1.Container) string {
-			for _, e := range c.Env {
-				if e.Name == "RELAY_DATABASE_URL" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
-					return e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
-				}
+// `relayd migrate up` from the relay's image, against its database.
+func checkMigratesFirst(_ *facts, b *bundle, p *problems) {
+	d, c := b.relay(p)
+	if c == nil {
+		return
+	}
+	inits := d.Spec.Template.Spec.InitContainers
+	i := slices.IndexFunc(inits, func(c corev1.Container) bool { return slices.Equal(c.Args, []string{"migrate", "up"}) })
+	if i < 0 {
+		p.add("no init container runs `relayd migrate up`")
+		return
+	}
+	if inits[i].Image != c.Image {
+		p.add("migrate runs image %s, the relay %s: the migrations must be the relay's", inits[i].Image, c.Image)
+	}
+	dbURL := func(c *corev1.Container) string {
+		for _, e := range c.Env {
+			if e.Name == "RELAY_DATABASE_URL" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				return e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
 			}
-			return ""
 		}
-		if got, want := dbURL(&inits[i]), dbURL(c); got == "" || got != want {
-			t.Errorf("%s: migrate's RELAY_DATABASE_URL from %q, the relay's from %q", dir, got, want)
+		return ""
+	}
+	if got, want := dbURL(&inits[i]), dbURL(c); got == "" || got != want {
+		p.add("migrate's RELAY_DATABASE_URL from %q, the relay's from %q", got, want)
+	}
+}
+
+// Each check fails when what it checks is broken: every case breaks one
+// thing in a fresh decode of a build and expects that check to say so.
+func TestKubernetesChecksCatchBreakage(t *testing.T) {
+	f := readFacts(t)
+	relayOf := func(b *bundle) (*appsv1.Deployment, *corev1.Container) {
+		var p problems
+		d, c := b.relay(&p)
+		if c == nil {
+			t.Fatal(p)
 		}
+		return d, c
+	}
+	setConfig := func(b *bundle, k, v string) {
+		for _, cm := range b.configMaps {
+			cm.Data[k] = v
+		}
+	}
+	initC := func(b *bundle) *corev1.Container { d, _ := relayOf(b); return &d.Spec.Template.Spec.InitContainers[0] }
+	job := func(b *bundle) *batchv1.Job { return b.jobs[0] }
+	cases := []struct {
+		check, what, dir string
+		breakIt          func(b *bundle)
+	}{
+		{"probes", "liveness on /readyz", allOverlay, func(b *bundle) { _, c := relayOf(b); c.LivenessProbe.HTTPGet.Path = "/readyz" }},
+		{"probes", "readiness on a path relayd does not serve", allOverlay, func(b *bundle) { _, c := relayOf(b); c.ReadinessProbe.HTTPGet.Path = "/ready" }},
+		{"probes", "a probe on another port", allOverlay, func(b *bundle) { _, c := relayOf(b); c.StartupProbe.HTTPGet.Port = intstr.FromInt32(8080) }},
+		{"probes", "metrics on loopback", "base", func(b *bundle) { setConfig(b, "RELAY_METRICS_ADDR", "127.0.0.1:9090") }},
+		{"env", "a misspelt variable", allOverlay, func(b *bundle) {
+			_, c := relayOf(b)
+			c.Env = append(c.Env, corev1.EnvVar{Name: "RELAY_WORKER", Value: "4"})
+		}},
+		{"env", "a misspelt ConfigMap key", "base", func(b *bundle) { setConfig(b, "RELAY_STATS_INTERVALS", "5s") }},
+		{"env", "a missing ConfigMap", "base", func(b *bundle) { clear(b.configMaps) }},
+		{"times", "the grace period equal to the shutdown timeout", allOverlay, func(b *bundle) {
+			d, _ := relayOf(b)
+			d.Spec.Template.Spec.TerminationGracePeriodSeconds = new(int64(30))
+		}},
+		{"times", "a shutdown timeout past the grace period", "base", func(b *bundle) { setConfig(b, "RELAY_SHUTDOWN_TIMEOUT", "60s") }},
+		{"times", "no startup probe", allOverlay, func(b *bundle) { _, c := relayOf(b); c.StartupProbe = nil }},
+		{"security", "a writable root filesystem", allOverlay, func(b *bundle) { initC(b).SecurityContext.ReadOnlyRootFilesystem = new(false) }},
+		{"security", "no numeric uid", allOverlay, func(b *bundle) { d, _ := relayOf(b); d.Spec.Template.Spec.SecurityContext.RunAsUser = nil }},
+		{"security", "runAsNonRoot off in the backfill", allOverlay, func(b *bundle) { job(b).Spec.Template.Spec.SecurityContext.RunAsNonRoot = nil }},
+		{"security", "a capability added", allOverlay, func(b *bundle) {
+			job(b).Spec.Template.Spec.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"NET_ADMIN"}
+		}},
+		{"security", "privilege escalation", allOverlay, func(b *bundle) {
+			_, c := relayOf(b)
+			c.SecurityContext.AllowPrivilegeEscalation = nil
+		}},
+		{"resources", "a memory request below the peak RSS", allOverlay, func(b *bundle) {
+			_, c := relayOf(b)
+			c.Resources.Requests[corev1.ResourceMemory] = resource.MustParse("32Mi")
+		}},
+		{"resources", "no memory limit", allOverlay, func(b *bundle) { delete(initC(b).Resources.Limits, corev1.ResourceMemory) }},
+		{"resources", "no CPU request", allOverlay, func(b *bundle) {
+			delete(job(b).Spec.Template.Spec.Containers[0].Resources.Requests, corev1.ResourceCPU)
+		}},
+		{"secrets", "a Secret in the base", "base", func(b *bundle) { b.secrets["relayd"] = &corev1.Secret{} }},
+		{"secrets", "a password in the base", "base", func(b *bundle) { b.raw = append(b.raw, "x: amqp://u:pw@h/\n"...) }},
+		{"secrets", "a database URL inlined", allOverlay, func(b *bundle) {
+			c := initC(b)
+			c.Env[slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "RELAY_DATABASE_URL" })] = corev1.EnvVar{Name: "RELAY_DATABASE_URL", Value: "postgres://h/db"}
+		}},
+		{"secrets", "a database URL in the ConfigMap", "base", func(b *bundle) { setConfig(b, "RELAY_DATABASE_URL", "postgres://h/db") }},
+		{"secrets", "a key the Secret lacks", allOverlay, func(b *bundle) { _, c := relayOf(b); c.Env[0].ValueFrom.SecretKeyRef.Key = "db-url" }},
+		{"secrets", "a real value in the example", allOverlay, func(b *bundle) {
+			for _, s := range b.secrets {
+				s.Data["database-url"] = []byte("postgres://relayd:hunter2@db/app")
+			}
+		}},
+		{"rules", "a rule left out", allOverlay, func(b *bundle) {
+			g := &b.rules[0].Spec.Groups[0]
+			g.Rules = g.Rules[1:]
+		}},
+		{"rules", "a threshold changed", allOverlay, func(b *bundle) {
+			r := &b.rules[0].Spec.Groups[0].Rules[0]
+			r.Expr = intstr.FromString(strings.Replace(r.Expr.String(), "> 60", "> 600", 1))
+		}},
+		{"service", "unready pods left out", allOverlay, func(b *bundle) { b.services[0].Spec.PublishNotReadyAddresses = false }},
+		{"service", "the job named from the Service's name", allOverlay, func(b *bundle) { b.svcMonitors[0].Spec.JobLabel = "" }},
+		{"service", "a PDB that takes in the backfill", allOverlay, func(b *bundle) {
+			b.pdbs[0].Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "relayd"}
+		}},
+		{"service", "a Service on another port", allOverlay, func(b *bundle) { b.services[0].Spec.Ports[0].TargetPort = intstr.FromInt32(9091) }},
+		{"service", "a ServiceMonitor on another path", allOverlay, func(b *bundle) { b.svcMonitors[0].Spec.Endpoints[0].Path = "/stats" }},
+		{"replicas", "one replica", "base", func(b *bundle) { d, _ := relayOf(b); d.Spec.Replicas = new(int32(1)) }},
+		{"replicas", "replicas beside the ScaledObject", allOverlay, func(b *bundle) { d, _ := relayOf(b); d.Spec.Replicas = new(int32(2)) }},
+		{"replicas", "scaling to one", allOverlay, func(b *bundle) { b.scaled[0].Spec.MinReplicaCount = new(int32(1)) }},
+		{"replicas", "a metric relayd does not export", allOverlay, func(b *bundle) {
+			md := b.scaled[0].Spec.Triggers[0].Metadata
+			md["query"] = strings.ReplaceAll(md["query"], "relayd_outbox_stats_timestamp_seconds", "relayd_stats_timestamp_seconds")
+		}},
+		{"replicas", "another Deployment scaled", allOverlay, func(b *bundle) { b.scaled[0].Spec.ScaleTargetRef.Name = "relay" }},
+		{"migrate", "no migration", allOverlay, func(b *bundle) { d, _ := relayOf(b); d.Spec.Template.Spec.InitContainers = nil }},
+		{"migrate", "another image", allOverlay, func(b *bundle) { initC(b).Image = "relayd:old" }},
+	}
+	for name := range checks {
+		if !slices.ContainsFunc(cases, func(c struct {
+			check, what, dir string
+			breakIt          func(b *bundle)
+		}) bool {
+			return c.check == name
+		}) {
+			t.Errorf("check %s has no case that breaks it", name)
+		}
+	}
+	for _, tc := range cases {
+		t.Run(tc.check+"/"+tc.what, func(t *testing.T) {
+			var p problems
+			checks[tc.check](f, kustomize(t, tc.dir), &p)
+			if len(p) > 0 {
+				t.Fatalf("%s fails on the unbroken %s: %v", tc.check, tc.dir, p)
+			}
+			b := kustomize(t, tc.dir)
+			tc.breakIt(b)
+			checks[tc.check](f, b, &p)
+			if len(p) == 0 {
+				t.Errorf("check %s passes %s with %s", tc.check, tc.dir, tc.what)
+			}
+			t.Log(p)
+		})
 	}
 }
