@@ -219,16 +219,15 @@ func decode(name string, raw []byte) (*bundle, error) {
 type pod struct {
 	owner string
 	spec  *corev1.PodSpec
-	meta  *metav1.ObjectMeta
 }
 
 func (b *bundle) pods() []pod {
 	var out []pod
 	for _, d := range b.deployments {
-		out = append(out, pod{"Deployment " + d.Name, &d.Spec.Template.Spec, &d.Spec.Template.ObjectMeta})
+		out = append(out, pod{"Deployment " + d.Name, &d.Spec.Template.Spec})
 	}
 	for _, j := range b.jobs {
-		out = append(out, pod{"Job " + j.Name, &j.Spec.Template.Spec, &j.Spec.Template.ObjectMeta})
+		out = append(out, pod{"Job " + j.Name, &j.Spec.Template.Spec})
 	}
 	return out
 }
@@ -258,7 +257,9 @@ func (b *bundle) env(c *corev1.Container, defaults map[string]string) map[string
 	for _, from := range c.EnvFrom {
 		if from.ConfigMapRef != nil {
 			if cm := b.configMaps[from.ConfigMapRef.Name]; cm != nil {
-				maps.Copy(out, cm.Data)
+				for k, v := range cm.Data {
+					out[from.Prefix+k] = v
+				}
 			}
 		}
 	}
@@ -292,7 +293,7 @@ func relaydEnv(t *testing.T) map[string]string {
 			return true
 		})
 	}
-	if vars["RELAY_DATABASE_URL"] != "" || len(vars) < 20 {
+	if _, ok := vars["RELAY_DATABASE_URL"]; !ok || len(vars) < 20 {
 		t.Fatalf("read %d env tags from cmd/relayd: the source scan is broken", len(vars))
 	}
 	return vars
