@@ -634,33 +634,6 @@ func (r *Relay) advanceFloor(rows []*claimed, floor int64, snap snapshot) {
 	r.highWater = r.safe
 }
 
-// batchBegin opens a batch's transaction with generic plans for the claim
-// and the record, kept on the outbox's indexes. The statements go out in
-// the claim's round trip (store.claim).
-//
-// Generic plans: the plans do not depend on the parameters (the same indexes
-// whatever the values), and Postgres would otherwise plan each execution
-// anew — at full speed, planning cost as much as a quarter of Postgres's
-// work for the relay.
-//
-// No sequential scans: every read of the outbox is meant to go through an
-// index and touch only the batch's rows. A plan is made once per connection
-// (Postgres's default switches to a generic plan after five executions too)
-// from statistics that an outbox outgrows within seconds: planned while the
-// table was small, the record joined the batch's ids to a sequential scan
-// of the whole table, and kept doing so as it grew to hundreds of
-// megabytes (the latency benchmark: 45 ms a batch, most of Postgres's CPU).
-//
-// No sorts where an index or a hash does without: the claim's walks come in
-// id order from their indexes, and its keyed heads (each key's first row in
-// a window of 4 × the batch size) are hashed on the key. A plan made while
-// the outbox was small sorted the window by key instead, and a connection
-// keeps that plan through a backlog (see TestKeyedHeadsAreNotSortedByKey).
-//
-// The settings are one statement, transaction-local (set_config's true).
-var batchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), " +
-	"set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)"}
-
 // runBatch claims, publishes and records one batch, returning the number of
 // rows claimed and how many of them were keyed. The batch runs to completion
 // even when ctx is cancelled (soft stop); only its own timeout bounds it.
