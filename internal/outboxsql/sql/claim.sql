@@ -73,8 +73,7 @@ FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u 
 
 -- below: a JetStream walk stays below the RabbitMQ walk .Walk when that came
 -- back full (.Limit rows), so JetStream does not run ahead of RabbitMQ.
-{{define "below"}}id < CASE WHEN $1::boolean AND (SELECT count(*) FROM {{.Walk}}) >= {{.Limit}} THEN (SELECT max(id) FROM {{.Walk}})
-	                ELSE 9223372036854775807 END{{end}}
+{{define "below"}}id < CASE WHEN $1::boolean AND (SELECT count(*) FROM {{.Walk}}) >= {{.Limit}} THEN (SELECT max(id) FROM {{.Walk}}) ELSE 9223372036854775807 END{{end}}
 
 -- natsFree: no earlier row of the key is owed to JetStream, so a row the
 -- amqp walk took goes to JetStream in the same batch.

@@ -1,8 +1,8 @@
 -- The cleanups delete, oldest first and at most $2 rows a statement, rows
 -- older than $1 milliseconds, so each statement stays short.
 
--- Cleanup deletes rows left marked done in the outbox itself (by relays
--- from before the delivered table); others' locks are skipped.
+-- Cleanup deletes rows marked done in the outbox itself (done_at, written
+-- by relayd before migration 00005); rows others lock are skipped.
 {{define "Cleanup"}}
 DELETE FROM {{.Table}} WHERE id IN (
 	SELECT id FROM {{.Table}} WHERE done_at < now() - $1 * interval '1 millisecond'

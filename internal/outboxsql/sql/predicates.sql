@@ -9,8 +9,7 @@
 
 -- holdsKey: a keyed row whose later rows must wait for it: not delivered,
 -- and not parked unless $4 (skip parked keys) is false. The key_pending index.
-{{define "holdsKey"}}{{.P}}_delivered_at IS NULL AND done_at IS NULL
-	AND (NOT $4::boolean OR {{.P}}_parked_at IS NULL){{end}}
+{{define "holdsKey"}}{{.P}}_delivered_at IS NULL AND done_at IS NULL AND (NOT $4::boolean OR {{.P}}_parked_at IS NULL){{end}}
 
 -- waitingKeys: keys held by a row whose retry is not due yet or (unless $4)
 -- that is parked; the key_waiting index holds just those rows.
