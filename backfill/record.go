@@ -2,12 +2,12 @@ package backfill
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayd/relayd/internal/backoff"
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/uuidtext"
 )
 
@@ -27,34 +27,14 @@ func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, err
 		}
 	}
 	known := map[string]bool{}
-	tbl := b.cfg.Table.Ident()
-	// Read through the indexes, however the tables grew since the
-	// statement was prepared. A generic plan made while the backfilled
-	// table was small scans it whole and compares every row with every id
-	// of the batch, and keeps doing so as the run grows the table:
-	// quadratic over a run. A custom plan hashes the ids but still scans
-	// the table until it is far larger than a batch.
-	//
-	// One round trip: the transaction's statements go out together (a pgx
-	// batch; an error skips the rest, and the pool drops a connection left
-	// in a transaction).
-	//
-	// The uuids travel as text and Postgres casts them: pgx has no binary
-	// encoding of a Go string as a uuid, and its way there (an encode
-	// error formatted with fmt, then the text format) cost about 7 % of
-	// the backfill's CPU.
+	// One round trip, in a transaction that keeps the lookup on the tables'
+	// indexes however they grew during the run (outboxsql.ReadBegin); an
+	// error skips the rest, and the pool drops a connection left in it.
 	q := &pgx.Batch{}
-	for _, stmt := range knownBegin {
+	for _, stmt := range outboxsql.ReadBegin {
 		q.Queue(stmt)
 	}
-	q.Queue(fmt.Sprintf(`
-SELECT message_id::text FROM %s
-WHERE message_id = ANY($1::text[]::uuid[])
-  AND (nats_delivered_at IS NOT NULL OR (done_at IS NULL AND nats_parked_at IS NULL))
-UNION ALL
-SELECT message_id::text FROM %s WHERE message_id = ANY($1::text[]::uuid[]) AND nats_delivered_at IS NOT NULL AND amqp_sent
-UNION ALL
-SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.Delivered(), b.cfg.Table.Backfilled()), uuids, all).
+	q.Queue(outboxsql.For(b.cfg.Table).Known, uuids, all).
 		Query(func(rows pgx.Rows) error {
 			var id string
 			_, err := pgx.ForEachRow(rows, []any{&id}, func() error {
@@ -76,9 +56,6 @@ SELECT message_id FROM %s WHERE message_id = ANY($2::text[])`, tbl, b.cfg.Table.
 	return known, nil
 }
 
-// knownBegin keeps the lookup on the tables' indexes.
-var knownBegin = []string{"BEGIN READ ONLY", "SET LOCAL enable_seqscan = off"}
-
 // record notes the moved ids, so a rerun skips them.
 func (b *runner) record(ctx context.Context, moved []*item) error {
 	ids := make([]string, len(moved))
@@ -86,9 +63,7 @@ func (b *runner) record(ctx context.Context, moved []*item) error {
 	for i, it := range moved {
 		ids[i], derived[i] = it.id, it.derived
 	}
-	_, err := b.cfg.DB.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (message_id, queue, derived)
-SELECT id, $3, d FROM unnest($1::text[], $2::boolean[]) AS u(id, d)
-ON CONFLICT (message_id) DO NOTHING`, b.cfg.Table.Backfilled()), ids, derived, b.cfg.Queue)
+	_, err := b.cfg.DB.Exec(ctx, outboxsql.For(b.cfg.Table).RecordMoved, ids, derived, b.cfg.Queue)
 	return err
 }
 

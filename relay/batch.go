@@ -8,12 +8,6 @@ import (
 	"time"
 )
 
-// batchBegin opens a batch's transaction with generic plans kept on the
-// outbox's indexes (docs/design.md, "Batch plans"); store.claim sends it in
-// the claim's round trip. The settings are transaction-local.
-var batchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), " +
-	"set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)"}
-
 // runBatch claims, publishes and records one batch in two round trips, and
 // returns how many rows it claimed and how many were keyed. Once it holds
 // rows it runs to the end whatever ctx does, under its own timeout.

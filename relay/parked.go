@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -35,14 +36,7 @@ func ListParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targe
 	for _, t := range targets {
 		want[t] = true
 	}
-	rows, err := db.Query(ctx, fmt.Sprintf(`
-SELECT id, message_id::text, topic, created_at,
-	amqp_parked_at, amqp_attempts, coalesce(amqp_last_error, ''),
-	nats_parked_at, nats_attempts, coalesce(nats_last_error, '')
-FROM %s
-WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL)
-  AND (($1 AND amqp_parked_at IS NOT NULL) OR ($2 AND nats_parked_at IS NOT NULL))
-ORDER BY id LIMIT $3`, table.Ident()), want[TargetAMQP], want[TargetNATS], limit)
+	rows, err := db.Query(ctx, outboxsql.For(table).ListParked, want[TargetAMQP], want[TargetNATS], limit)
 	if err != nil {
 		return nil, fmt.Errorf("list parked: %w", err)
 	}
@@ -76,10 +70,7 @@ func RetryParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targ
 	var n int64
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		for _, t := range targets {
-			p := string(t)
-			tag, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %[1]s
-SET %[2]s_parked_at = NULL, %[2]s_attempts = 0, %[2]s_retry_at = NULL
-WHERE %[2]s_parked_at IS NOT NULL AND ($1 OR id = ANY($2))`, table.Ident(), p), all, ids)
+			tag, err := tx.Exec(ctx, outboxsql.For(table).RetryParked.Get(string(t)), all, ids)
 			if err != nil {
 				return err
 			}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -45,7 +47,7 @@ type TargetStats struct {
 // ExactLimit is how many pending rows are counted one by one; beyond it
 // the count is estimated, so that reading stats stays cheap with millions of
 // rows pending.
-const ExactLimit = 10000
+const ExactLimit = outboxsql.ExactLimit
 
 // ReadStats reads each target's backlog. Every query is backed by the
 // target's partial indexes of pending rows, unkeyed and keyed (or the parked
@@ -68,63 +70,16 @@ func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, target
 	return out, nil
 }
 
-// statsTx keeps every stats query on its index: with seqscan off, the
-// planner takes a sequential scan only where no index can answer. An outbox
-// churns fast and is often far from its last ANALYZE — a table never
-// analyzed is estimated from its size, every row assumed parked — and a
-// sequential scan of a bloated outbox every RELAY_STATS_INTERVAL cost more
-// than the relay's own claims (seen in the latency benchmark: half a
-// second per read, a third of Postgres's CPU).
-var statsTx = pgx.TxOptions{BeginQuery: "BEGIN READ ONLY; SET LOCAL enable_seqscan = off"}
-
-// pendingFirst is SQL for the first n rows owed to target p, in id order,
-// with the given columns: a merge of the target's two pending indexes
-// (unkeyed rows and keyed rows are indexed apart, for the claims).
-func pendingFirst(tbl, p, cols string, n int) string {
-	pending := owed(p)
-	return fmt.Sprintf(`(SELECT * FROM (
-		(SELECT %[2]s FROM %[1]s WHERE key IS NULL AND %[3]s ORDER BY id LIMIT %[4]d)
-		UNION ALL
-		(SELECT %[2]s FROM %[1]s WHERE key IS NOT NULL AND %[3]s ORDER BY id LIMIT %[4]d)
-	) u ORDER BY id LIMIT %[4]d)`, tbl, cols, pending, n)
-}
-
-// pendingLast is SQL for the highest id owed to target p (NULL if none).
-func pendingLast(tbl, p string) string {
-	pending := owed(p)
-	return fmt.Sprintf(`greatest(
-		(SELECT id FROM %[1]s WHERE key IS NULL AND %[2]s ORDER BY id DESC LIMIT 1),
-		(SELECT id FROM %[1]s WHERE key IS NOT NULL AND %[2]s ORDER BY id DESC LIMIT 1))`, tbl, pending)
-}
+// statsTx keeps every stats query on its index: an outbox churns fast and
+// is often far from its last ANALYZE, and the planner would otherwise scan
+// the whole table where an index answers.
+var statsTx = pgx.TxOptions{BeginQuery: strings.Join(outboxsql.ReadBegin, "; ")}
 
 // statsQueries is the SQL readTargetStats runs for target t, in order:
 // the pending window and lag, the parked rows and held keys, the last error.
 func statsQueries(table schema.Table, t Target) [3]string {
-	tbl, p := table.Ident(), string(t)
-	return [3]string{
-		fmt.Sprintf(`
-WITH head AS %[1]s, first AS (
-	SELECT id, topic, created_at FROM head ORDER BY created_at, id LIMIT 1
-), win AS %[2]s
-SELECT clock_timestamp(),
-	(SELECT count(*) FROM win),
-	(SELECT count(*) FROM win WHERE retry_at > now()),
-	(SELECT min(id) FROM win),
-	%[3]s,
-	first.id, first.topic, first.created_at,
-	extract(epoch FROM clock_timestamp() - first.created_at)::float8
-FROM (SELECT 1) one LEFT JOIN first ON true`,
-			pendingFirst(tbl, p, "id, topic, created_at", 100),
-			pendingFirst(tbl, p, "id, "+p+"_retry_at AS retry_at", ExactLimit),
-			pendingLast(tbl, p)),
-		fmt.Sprintf(`SELECT count(*), count(DISTINCT key) FROM %[1]s
-		WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL`, tbl, p),
-		fmt.Sprintf(`SELECT last_error FROM (
-		(SELECT id, last_error FROM %[3]s f)
-		UNION ALL
-		(SELECT id, %[2]s_last_error FROM %[1]s WHERE (amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) AND %[2]s_parked_at IS NOT NULL)
-	) r WHERE last_error IS NOT NULL ORDER BY id DESC LIMIT 1`, tbl, p, pendingFirst(tbl, p, "id, "+p+"_last_error AS last_error", ExactLimit)),
-	}
+	q := outboxsql.For(table).Stats.Get(string(t))
+	return [3]string{q.Pending, q.Parked, q.LastError}
 }
 
 func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Target) (TargetStats, error) {
@@ -183,17 +138,12 @@ const DualWriteLookback = 15 * time.Minute
 // The count walks the record's rows in the window (its primary key is
 // done_at first): its cost grows with the rows finished in it.
 func FinishedWithoutNATS(ctx context.Context, db *pgxpool.Pool, table schema.Table, lookback time.Duration, since time.Time) (n int64, first, at time.Time, err error) {
+	sql := outboxsql.For(table)
 	var f *time.Time
 	if since.IsZero() {
-		err = db.QueryRow(ctx, fmt.Sprintf(`WITH f AS (
-	SELECT min(done_at) AS first FROM %[1]s WHERE done_at > now() - $1::interval AND nats_delivered_at IS NOT NULL)
-SELECT count(*), now(), (SELECT first FROM f) FROM %[1]s
-WHERE done_at > now() - $1::interval AND nats_delivered_at IS NULL
-  AND done_at > coalesce((SELECT first FROM f), '-infinity')`, table.Delivered()),
-			fmt.Sprintf("%d milliseconds", lookback.Milliseconds())).Scan(&n, &at, &f)
+		err = db.QueryRow(ctx, sql.FinishedWithoutNATS, fmt.Sprintf("%d milliseconds", lookback.Milliseconds())).Scan(&n, &at, &f)
 	} else {
-		err = db.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), now() FROM %s
-WHERE done_at > $1 AND nats_delivered_at IS NULL`, table.Delivered()), since).Scan(&n, &at)
+		err = db.QueryRow(ctx, sql.FinishedWithoutNATSSince, since).Scan(&n, &at)
 	}
 	if f != nil {
 		first = *f

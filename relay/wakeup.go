@@ -15,6 +15,7 @@ import (
 
 	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/errlog"
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -132,7 +133,7 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 	}
 	errs.OK()
 	r.wake.signal() // rows may have arrived while not listening
-	lock := wakeLock{conn: conn, key: trig.lock, maxID: "SELECT coalesce(max(id), 0) FROM " + r.cfg.Table.Ident()}
+	lock := wakeLock{conn: conn, key: trig.lock, maxID: outboxsql.For(r.cfg.Table).MaxID}
 	recheck := time.Now().Add(r.triggerRecheck)
 	for {
 		retry, err := r.syncWakeLock(ctx, &lock)
@@ -219,7 +220,7 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 // held it shared are visible then.
 func (l *wakeLock) take(ctx context.Context) (top int64, err error) {
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.Itoa(int(wakeLockWait.Milliseconds()))+"ms")
+	b.Queue(outboxsql.SetLockTimeout, strconv.Itoa(int(wakeLockWait.Milliseconds()))+"ms")
 	b.Queue(`SELECT pg_advisory_lock($1)`, l.key)
 	b.Queue(l.maxID)
 	br := l.conn.SendBatch(ctx, b)
@@ -286,8 +287,7 @@ type rowQuerier interface {
 func readWakeTrigger(ctx context.Context, db rowQuerier, t schema.Table) (wakeTrigger, error) {
 	def := wakeTrigger{channel: t.Channel()}
 	var args []byte
-	err := db.QueryRow(ctx, `SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2`,
-		t.Ident(), t.Name+"_notify").Scan(&args)
+	err := db.QueryRow(ctx, outboxsql.NotifyTrigger, t.Ident(), t.Name+"_notify").Scan(&args)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return def, nil

@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -323,19 +324,10 @@ CREATE TEMP TABLE `+tmpBackfill+` (msg_id text NOT NULL, at timestamptz NOT NULL
 // table and the backfill record into temporary tables, server side.
 func (r *run) snapshotLedgers(ctx context.Context) error {
 	t := r.cfg.Table
-	// Rows delivered to every target are in the delivered table; rows still
-	// owed to RabbitMQ (and rows done before migration 00005) in the
-	// outbox. done_at >= nats_delivered_at, so the first bound of the
-	// delivered table's walk can use its done_at index. An id a producer
-	// inserted again after its first row was delivered counts once.
-	tag, err := r.conn.Exec(ctx, `INSERT INTO `+tmpOutbox+` (msg_id, at)
-SELECT DISTINCT ON (msg_id) msg_id, at FROM (
-	SELECT message_id::text AS msg_id, nats_delivered_at AS at FROM `+t.Ident()+`
-	WHERE nats_delivered_at >= $1 AND nats_delivered_at <= $2
-	UNION ALL
-	SELECT message_id::text, nats_delivered_at FROM `+t.Delivered()+`
-	WHERE done_at >= $1 AND nats_delivered_at >= $1 AND nats_delivered_at <= $2
-) w ORDER BY msg_id, at`, r.cfg.Since, r.cfg.Until)
+	sql := outboxsql.For(t)
+	// An id a producer inserted again after its first row was delivered
+	// counts once (outboxsql's VerifyOutbox).
+	tag, err := r.conn.Exec(ctx, `INSERT INTO `+tmpOutbox+` (msg_id, at) `+sql.VerifyOutbox, r.cfg.Since, r.cfg.Until)
 	if isUndefinedTable(err) {
 		return fmt.Errorf("%w: %s (run `relayd migrate`)", ErrNoTable, t)
 	}
@@ -352,9 +344,7 @@ SELECT DISTINCT ON (msg_id) msg_id, at FROM (
 		r.rep.Backfill.Skipped = fmt.Sprintf("no table %s_backfilled: run `relayd migrate`", t)
 		return nil
 	}
-	tag, err = r.conn.Exec(ctx, `INSERT INTO `+tmpBackfill+` (msg_id, at)
-SELECT message_id, moved_at FROM `+t.Backfilled()+`
-WHERE moved_at >= $1 AND moved_at <= $2`, r.cfg.Since, r.cfg.Until)
+	tag, err = r.conn.Exec(ctx, `INSERT INTO `+tmpBackfill+` (msg_id, at) `+sql.VerifyBackfill, r.cfg.Since, r.cfg.Until)
 	if err != nil {
 		return fmt.Errorf("read %s_backfilled: %w", t, err)
 	}

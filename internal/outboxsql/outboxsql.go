@@ -1,0 +1,210 @@
+// Package outboxsql owns the SQL that relayd runs against the outbox table
+// and its side tables (delivered, backfilled), so a statement is read whole,
+// in one place, and the predicates the indexes are built on are written
+// once.
+//
+// The statements are text/template files in sql/, rendered once per table:
+// only the table identifiers (validated and quoted by package schema) are
+// template fields; every value is a bind parameter.
+package outboxsql
+
+import (
+	"embed"
+	"strings"
+	"sync"
+	"text/template"
+
+	"github.com/relayd/relayd/schema"
+)
+
+// ExactLimit is how many pending rows the stats count one by one; beyond it
+// the count is estimated, so reading stats stays cheap with millions of rows
+// pending.
+const ExactLimit = 10000
+
+// ActiveWindow is how many rows of the outbox's head, and of the newest of
+// its delivered record, ActiveTargets looks at: enough to see what the relays
+// serve, few enough to stay cheap on a large table.
+const ActiveWindow = 1000
+
+// BatchBegin opens a batch's transaction with generic plans kept on the
+// outbox's indexes (docs/design.md, "Plans"), transaction-local. It goes out
+// in the claim's round trip. Do not modify.
+var BatchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), " +
+	"set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)"}
+
+// ReadBegin opens a read-only transaction whose statements stay on the
+// tables' indexes however stale the planner's statistics are. Do not modify.
+var ReadBegin = []string{"BEGIN READ ONLY", "SET LOCAL enable_seqscan = off"}
+
+// SetLockTimeout sets the transaction's lock_timeout to $1 (text, e.g.
+// "20ms").
+const SetLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+
+// NotifyTrigger reads the arguments of the insert trigger named $2 on the
+// table $1 (its quoted identifier).
+const NotifyTrigger = `SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2`
+
+// Statements is the SQL for one outbox table. The parameters of each are
+// documented beside it in sql/.
+type Statements struct {
+	// The relay's batch (store.go).
+	Claim  string
+	Record string
+	Late   ByTarget[string] // confirms that came after their batch gave up
+	// Finish moves out rows JetStream has that no batch will (nats-only).
+	Finish string
+
+	// Retention.
+	Cleanup           string
+	CleanupDelivered  string
+	CleanupBackfilled string
+
+	// Backlog figures and the operator's commands.
+	Stats                    ByTarget[Stats]
+	FinishedWithoutNATS      string
+	FinishedWithoutNATSSince string
+	ActiveTargets            string
+	ListParked               string
+	RetryParked              ByTarget[string]
+	MaxID                    string
+
+	// The backfill's lookups and record.
+	Known       string
+	RecordMoved string
+
+	// Verify's reads of the ledgers (SELECTs of msg_id, at).
+	VerifyOutbox   string
+	VerifyBackfill string
+}
+
+// Stats is the SQL for one target's backlog figures, in the order
+// relay.ReadStats runs them.
+type Stats struct {
+	Pending   string
+	Parked    string
+	LastError string
+}
+
+// ByTarget holds one value per target.
+type ByTarget[T any] struct{ AMQP, NATS T }
+
+// Get returns the value for the target whose column prefix is p ("amqp" or
+// "nats"); it panics on any other.
+func (b ByTarget[T]) Get(p string) T {
+	switch p {
+	case "amqp":
+		return b.AMQP
+	case "nats":
+		return b.NATS
+	}
+	panic("outboxsql: unknown target " + p)
+}
+
+//go:embed sql/*.sql
+var files embed.FS
+
+var templates = template.Must(template.New("").Funcs(template.FuncMap{
+	"below": func(walk, limit string) *bound { return &bound{Walk: walk, Limit: limit} },
+}).ParseFS(files, "sql/*.sql"))
+
+var cache sync.Map // schema.Table → *Statements
+
+// For returns the statements for table t, rendered on first use.
+func For(t schema.Table) *Statements {
+	if s, ok := cache.Load(t); ok {
+		return s.(*Statements)
+	}
+	s, _ := cache.LoadOrStore(t, render(t))
+	return s.(*Statements)
+}
+
+func render(t schema.Table) *Statements {
+	d := tableData{
+		Table: t.Ident(), Delivered: t.Delivered(), Backfilled: t.Backfilled(),
+		ExactLimit: ExactLimit, ActiveWindow: ActiveWindow,
+	}
+	perTarget := func(name string) ByTarget[string] {
+		return ByTarget[string]{AMQP: exec(name, d.AMQP()), NATS: exec(name, d.NATS())}
+	}
+	stats := func(p string) Stats {
+		td := d.Target(p)
+		return Stats{Pending: exec("StatsPending", td), Parked: exec("StatsParked", td), LastError: exec("StatsLastError", td)}
+	}
+	return &Statements{
+		Claim:                    exec("Claim", d),
+		Record:                   exec("Record", d),
+		Late:                     perTarget("Late"),
+		Finish:                   exec("Finish", d),
+		Cleanup:                  exec("Cleanup", d),
+		CleanupDelivered:         exec("CleanupDelivered", d),
+		CleanupBackfilled:        exec("CleanupBackfilled", d),
+		Stats:                    ByTarget[Stats]{AMQP: stats("amqp"), NATS: stats("nats")},
+		FinishedWithoutNATS:      exec("FinishedWithoutNATS", d),
+		FinishedWithoutNATSSince: exec("FinishedWithoutNATSSince", d),
+		ActiveTargets:            exec("ActiveTargets", d),
+		ListParked:               exec("ListParked", d),
+		RetryParked:              perTarget("RetryParked"),
+		MaxID:                    exec("MaxID", d),
+		Known:                    exec("Known", d),
+		RecordMoved:              exec("RecordMoved", d),
+		VerifyOutbox:             exec("VerifyOutbox", d),
+		VerifyBackfill:           exec("VerifyBackfill", d),
+	}
+}
+
+// exec renders one named statement. The templates and their data are fixed,
+// so an error is a bug the package's tests catch.
+func exec(name string, data any) string {
+	var b strings.Builder
+	if err := templates.ExecuteTemplate(&b, name, data); err != nil {
+		panic("outboxsql: " + err.Error())
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// tableData is what every statement sees: the quoted identifiers.
+type tableData struct {
+	Table, Delivered, Backfilled string
+	ExactLimit, ActiveWindow     int
+}
+
+// Target is d for one target, p its column prefix.
+func (d tableData) Target(p string) targetData {
+	enabled := "$1::boolean"
+	if p == "nats" {
+		enabled = "$2::boolean"
+	}
+	return targetData{tableData: d, P: p, Enabled: enabled}
+}
+
+// AMQP and NATS are d for the RabbitMQ and the JetStream target.
+func (d tableData) AMQP() targetData { return d.Target("amqp") }
+func (d tableData) NATS() targetData { return d.Target("nats") }
+
+// targetData is what a per-target statement or predicate sees.
+type targetData struct {
+	tableData
+	P       string // the target's column prefix
+	Enabled string // the claim's parameter saying whether it is active
+	Bound   *bound // for a claim walk bounded by another (see "below")
+}
+
+// Below is d for a claim walk that stays below walk when it took limit rows.
+func (d targetData) Below(walk, limit string) targetData {
+	d.Bound = &bound{Walk: walk, Limit: limit}
+	return d
+}
+
+// First is d for the first n rows owed to the target, with columns cols.
+func (d targetData) First(cols string, n int) pending {
+	return pending{targetData: d, Cols: cols, N: n}
+}
+
+type bound struct{ Walk, Limit string }
+
+type pending struct {
+	targetData
+	Cols string
+	N    int
+}

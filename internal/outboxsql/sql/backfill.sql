@@ -1,0 +1,22 @@
+-- Known: of message ids $1 (uuids, as text: pgx has no binary encoding of a
+-- Go string as a uuid) and $2 (every id, as text), those JetStream has or
+-- will get without the backfill: in the outbox delivered to JetStream or
+-- owed to it, in the delivered table (only rows RabbitMQ had: the
+-- amqp_sent index), or moved by an earlier run.
+{{define "Known"}}
+SELECT message_id::text FROM {{.Table}}
+WHERE message_id = ANY($1::text[]::uuid[])
+  AND (nats_delivered_at IS NOT NULL OR (done_at IS NULL AND nats_parked_at IS NULL))
+UNION ALL
+SELECT message_id::text FROM {{.Delivered}} WHERE message_id = ANY($1::text[]::uuid[]) AND nats_delivered_at IS NOT NULL AND amqp_sent
+UNION ALL
+SELECT message_id FROM {{.Backfilled}} WHERE message_id = ANY($2::text[])
+{{end}}
+
+-- RecordMoved records the ids $1 the backfill moved from queue $3 ($2:
+-- whether each id was derived), so a rerun skips them.
+{{define "RecordMoved"}}
+INSERT INTO {{.Backfilled}} (message_id, queue, derived)
+SELECT id, $3, d FROM unnest($1::text[], $2::boolean[]) AS u(id, d)
+ON CONFLICT (message_id) DO NOTHING
+{{end}}

@@ -1,0 +1,83 @@
+-- Claim takes a batch: per target the heads of keys and the unkeyed rows,
+-- each walk over its own partial index in id order, locked SKIP LOCKED
+-- (docs/design.md, "The claim statement"). $1, $2 amqp, nats active; $3
+-- batch size; $4 skip parked keys; $5 keyed window; $6 keyed rows per
+-- target; $7 floor of the unkeyed walks; $8 rows this relay's batches hold.
+{{define "Claim"}}
+WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
+), a_k AS (
+	SELECT {{template "claimColumns"}}, true AS want_amqp,
+		($2::boolean AND {{template "claimable" .NATS}} AND {{template "natsFree" .}}) AS want_nats
+	FROM {{.Table}}
+	WHERE id = ANY (ARRAY(SELECT id FROM h_a EXCEPT SELECT unnest($8::bigint[])))
+	  AND key IS NOT NULL AND {{template "claimable" .AMQP}}
+	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
+), a_u AS (
+	SELECT {{template "claimColumns"}}, true AS want_amqp,
+		($2::boolean AND {{template "claimable" .NATS}}) AS want_nats
+	FROM {{.Table}}
+	WHERE $1::boolean AND key IS NULL AND {{template "claimable" .AMQP}} AND id > $7::bigint
+	ORDER BY id LIMIT $3 - (SELECT count(*) FROM a_k) FOR UPDATE SKIP LOCKED
+), h_n AS MATERIALIZED ({{template "heads" (.NATS.Below "a_k" "$6")}}
+), n_u AS (
+	SELECT {{template "claimColumns"}}, false AS want_amqp, true AS want_nats
+	FROM {{.Table}}
+	WHERE $2::boolean AND key IS NULL AND {{template "claimable" .NATS}} AND id > $7::bigint
+	  AND id NOT IN (SELECT id FROM a_u) AND {{template "below" (below "a_u" "$3 - (SELECT count(*) FROM a_k)")}}
+	  AND NOT ($1::boolean AND {{template "claimable" .AMQP}})
+	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
+), n_k AS (
+	SELECT {{template "claimColumns"}}, false AS want_amqp, true AS want_nats
+	FROM {{.Table}}
+	WHERE id = ANY (ARRAY(SELECT id FROM h_n EXCEPT SELECT id FROM h_a EXCEPT SELECT unnest($8::bigint[])))
+	  AND key IS NOT NULL AND {{template "claimable" .NATS}}
+	  AND id NOT IN (SELECT id FROM a_k)
+	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
+)
+SELECT *, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k) c
+{{end}}
+
+-- claimColumns: what the relay reads of a claimed row (store.claim scans them
+-- in this order, then want_amqp, want_nats and the snapshot).
+{{define "claimColumns"}}id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts,
+		amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL{{end}}
+
+-- heads: the first row of each key among the oldest $5 keyed rows owed to
+-- the target (w, min(id) hashed by key), less the waiting keys; a window
+-- that few keys fill is topped up by a skip scan of key_pending (ks), at
+-- most 2 × $6 keys.
+{{define "heads"}}WITH RECURSIVE w AS MATERIALIZED (
+		SELECT key, min(id) AS id, count(*) AS n FROM (
+			SELECT id, key FROM {{.Table}} WHERE {{template "active" .}} AND key IS NOT NULL AND {{template "owed" .}}
+			  AND key NOT IN ({{template "waitingKeys" .}})
+			ORDER BY id LIMIT $5) r
+		GROUP BY key
+	), ks(key, id, n) AS (
+		SELECT k.key, k.id, 1 FROM (
+			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND {{template "holdsKey" .}}
+			ORDER BY key, id LIMIT 1) k
+		WHERE {{.Enabled}} AND (SELECT sum(n) >= $5 AND count(*) * 4 < $5 FROM w)
+		UNION ALL
+		SELECT k.key, k.id, ks.n + 1 FROM ks CROSS JOIN LATERAL (
+			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND key > ks.key AND {{template "holdsKey" .}}
+			ORDER BY key, id LIMIT 1) k
+		WHERE ks.n < $6 * 2
+	)
+	SELECT id FROM w
+	UNION ALL
+	SELECT id FROM ks WHERE {{template "active" .}} AND key NOT IN (SELECT key FROM w) AND key NOT IN ({{template "waitingKeys" .}}){{end}}
+
+-- active: the target is active, and for a bounded walk, below the bound.
+{{define "active"}}{{.Enabled}}{{with .Bound}} AND {{template "below" .}}{{end}}{{end}}
+
+-- below: a JetStream walk stays below the RabbitMQ walk .Walk when that came
+-- back full (.Limit rows), so JetStream does not run ahead of RabbitMQ.
+{{define "below"}}id < CASE WHEN $1::boolean AND (SELECT count(*) FROM {{.Walk}}) >= {{.Limit}} THEN (SELECT max(id) FROM {{.Walk}}) ELSE 9223372036854775807 END{{end}}
+
+-- natsFree: no earlier row of the key is owed to JetStream, so a row the
+-- amqp walk took goes to JetStream in the same batch.
+{{define "natsFree"}}NOT EXISTS (
+		SELECT 1 FROM {{.Table}} e WHERE e.key = {{.Table}}.key AND e.id < {{.Table}}.id
+		  AND e.nats_delivered_at IS NULL AND e.done_at IS NULL
+		  AND (NOT $4::boolean OR e.nats_parked_at IS NULL)){{end}}
