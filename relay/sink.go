@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -47,23 +48,14 @@ func ParseTargets(s string) ([]Target, error) {
 	return out, nil
 }
 
+// splitComma splits a comma-separated list, trimming the spaces (only
+// spaces) around each part.
 func splitComma(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			p := s[start:i]
-			for len(p) > 0 && p[0] == ' ' {
-				p = p[1:]
-			}
-			for len(p) > 0 && p[len(p)-1] == ' ' {
-				p = p[:len(p)-1]
-			}
-			out = append(out, p)
-			start = i + 1
-		}
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		parts[i] = strings.Trim(p, " ")
 	}
-	return out
+	return parts
 }
 
 // Message is one outbox row on its way to a broker.
