@@ -9,12 +9,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
@@ -202,17 +204,17 @@ func (b *bench) withCorner(ctx context.Context, spec cornerSpec, fn func(*corner
 // previous measurement (queue and stream deletion, flushes) before the next.
 func (b *bench) settle(ctx context.Context) {
 	if b.o.Smoke {
-		sleepCtx(ctx, 100*time.Millisecond) //nolint:errcheck // cancellation is seen by the next step
+		backoff.Sleep(ctx, 100*time.Millisecond) // cancellation is seen by the next step
 		return
 	}
 	// At least a second, then until the machine is mostly idle (the
 	// services finishing the last step's work: RabbitMQ's message store,
 	// Postgres's checkpoint and autovacuum), at most settleMax.
 	deadline := time.Now().Add(settleMax)
-	sleepCtx(ctx, time.Second) //nolint:errcheck // cancellation is seen by the next step
+	backoff.Sleep(ctx, time.Second) // cancellation is seen by the next step
 	for ctx.Err() == nil && time.Now().Before(deadline) {
 		a := takeCPUSnap()
-		sleepCtx(ctx, 500*time.Millisecond) //nolint:errcheck // as above
+		backoff.Sleep(ctx, 500*time.Millisecond) // cancellation is seen by the next step
 		if busy, ok := machineBusy(a, takeCPUSnap()); !ok || busy < settleBusy {
 			return
 		}
@@ -242,7 +244,7 @@ func (b *bench) jetstreamCeiling(ctx context.Context, n int) (Ceiling, error) {
 	pub := jspub.New(nc, cr.stream, jsInFlight, 30*time.Second)
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = newUUID()
+		ids[i] = uuid.NewString()
 	}
 	subject := cr.prefix + topic
 	stream := []string{cr.stream}
@@ -298,7 +300,7 @@ func (b *bench) jetstreamCeiling(ctx context.Context, n int) (Ceiling, error) {
 // or, plain, persistent with a short message-id only.
 func (b *bench) amqpPublishing(i int, relaydProps bool, ts time.Time) amqp.Publishing {
 	if relaydProps {
-		return amqpsink.Publishing(&relay.Message{MessageID: newUUID(), CreatedAt: ts, Payload: b.payload})
+		return amqpsink.Publishing(&relay.Message{MessageID: uuid.NewString(), CreatedAt: ts, Payload: b.payload})
 	}
 	return amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint(i), Body: b.payload}
 }
@@ -314,6 +316,8 @@ func (b *bench) amqpPublish(ctx context.Context, cr *corner, n int, relaydProps 
 		c.Key = ceilAMQPRelayd
 		c.Name = "RabbitMQ publish, the same with relayd's properties (36-char message-id, timestamp)"
 	}
+	// amqp091-go's own transport, not amqpio.DialURL's: the ceiling is the
+	// stock client's.
 	conn, err := amqp.Dial(b.o.AMQPURL)
 	if err != nil {
 		return c, err
@@ -392,7 +396,7 @@ func (b *bench) amqpConsume(ctx context.Context, cr *corner, n int) (Ceiling, er
 		Name: fmt.Sprintf("RabbitMQ consume, prefetch %s, manual multiple-ack per %d messages, 64 KiB reads (as the backfill acks and reads), the messages above", thousands(consumePrefetch), consumeAckEvery)}
 	// The backfill's connection (amqpio: 64 KiB reads), so that the
 	// ceiling gets what the backfill gets from it.
-	conn, err := amqp.DialConfig(b.o.AMQPURL, amqp.Config{Dial: amqpio.Dial(30*time.Second, nil, nil)})
+	conn, err := amqpio.DialURL(b.o.AMQPURL, amqpio.DialOptions{Timeout: 30 * time.Second})
 	if err != nil {
 		return c, err
 	}

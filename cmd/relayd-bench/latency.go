@@ -9,11 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/internal/backoff"
 )
 
 func (b *bench) latencies(ctx context.Context, res *Results) error {
@@ -124,12 +125,10 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 	}
 	defer cc.Stop()
 
-	// The AMQP probe only notes arrivals: it takes deliveries with
-	// automatic acks, in 64 KiB reads (amqpio, as the backfill reads). It
-	// used to ack each delivery on its own, and read every 4 KiB: at 5,000
-	// rows/s that was RabbitMQ's and the bench's work on the cores the relay
-	// shares, not the relay's (commit e111f6d has the runs).
-	aconn, err := amqp.DialConfig(b.o.AMQPURL, amqp.Config{Dial: amqpio.Dial(30*time.Second, nil, nil)})
+	// The AMQP probe only notes arrivals: automatic acks, 64 KiB reads
+	// (amqpio, as the backfill reads), so that the probe's own work does not
+	// take the cores the relay shares.
+	aconn, err := amqpio.DialURL(b.o.AMQPURL, amqpio.DialOptions{Timeout: 30 * time.Second})
 	if err != nil {
 		return l, err
 	}
@@ -206,7 +205,7 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 				}
 				late := time.Since(rec.t0) - at
 				for j := range ids {
-					ids[j] = newUUID()
+					ids[j] = uuid.NewString()
 				}
 				if _, err := b.pool.Exec(ctx, insert, ids, topic, b.payload); err != nil {
 					prodErr.CompareAndSwap(nil, &err)
@@ -260,8 +259,8 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 				break
 			}
 		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return l, err
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
+			return l, ctx.Err()
 		}
 	}
 	// A message not at both brokers yet has waited at least this long.
