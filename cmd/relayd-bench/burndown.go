@@ -58,9 +58,8 @@ func (b *bench) burndowns(ctx context.Context, res *Results) error {
 //
 // Both ends of the time come from Postgres's clock: the start just before
 // the processes start, the end the last row's done_at in the delivered
-// table (which relayd stamps with clock_timestamp() as it records it). The
-// loop below only notices the end, up to a tick late: timed by the tick, a
-// 3-second run read 0–100 ms long, an error of up to 3 %.
+// table (which relayd stamps with clock_timestamp() as it records it): the
+// loop below only notices the end, up to a tick late.
 func (b *bench) burndown(ctx context.Context, targets string, instances, keys int) (bd Burndown, note string, err error) {
 	n := b.o.BurnRows
 	if keys > 0 {

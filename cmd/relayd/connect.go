@@ -38,7 +38,7 @@ func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog
 	idle := 2*cfg.PublishTimeout + 30*time.Second
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(idle.Milliseconds(), 10)
 	// relayd's statements are short and repeated: were the claim ever run
-	// on a generic plan, JIT would compile it on every execution (~300 ms).
+	// on a generic plan, JIT would compile it on every execution.
 	if rp["jit"] == "" {
 		rp["jit"] = "off"
 	}

@@ -4,12 +4,9 @@
 //
 // Each batch has a reply subscription of its own (an inbox, wildcard), and
 // message i of the batch asks for its PubAck on inbox.i: the connection's
-// reader hands each PubAck straight to the publishing goroutine, which reads
-// it. That is what jetstream.PublishMsgAsync does, less its per-message
-// costs, which were a third of relayd's CPU in a nats-only burn-down
-// (pprof): a future with two channels and a timer, a shared map under a
-// lock, a second goroutine between the reader and the caller, and the PubAck
-// decoded with encoding/json (see Publisher.parseAck).
+// reader hands each PubAck straight to the publishing goroutine. That is
+// jetstream.PublishMsgAsync less its per-message costs (a future, a shared
+// map under a lock, a second goroutine, encoding/json; see docs/design.md).
 //
 // What a failure means is as with PublishMsgAsync: a disconnect fails every
 // publish still waiting for its PubAck with nats.ErrDisconnected (the
