@@ -3,8 +3,8 @@
 // counts a message delivered only when RabbitMQ acked it without returning it.
 //
 // Messages go persistent and mandatory; an unroutable one comes back as
-// basic.return before its ack, and is retried (see events.go for how the
-// order is kept). A lost connection resolves pending publishes as unknown and
+// basic.return before its ack (the sink applies returns and confirms in the
+// order RabbitMQ sent them), and is retried. A lost connection resolves pending publishes as unknown and
 // the sink reconnects by itself. A publish unanswered at its deadline stays
 // registered: its late confirm goes to OnLateConfirm and answers a retry of
 // the same message. A connection RabbitMQ blocks (a resource alarm) is kept,
