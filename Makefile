@@ -30,7 +30,8 @@ test-short: ## unit tests only (no services needed)
 bench: ## measure relayd against this machine's ceilings (local services, 5–10 min): markdown table, bench-results.json
 	$(GO) run ./cmd/relayd-bench -version "$(VERSION)" -out bench-results.json
 
-lint: ## go.mod tidy, go vet and staticcheck
+lint: ## gofmt, go.mod tidy, go vet and staticcheck
+	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then echo "gofmt -l: these files are not formatted (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...

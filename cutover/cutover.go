@@ -18,8 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
-	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
 )
@@ -254,7 +254,7 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 }
 
 func queueState(url string, tlsCfg *tls.Config, queue string) (messages, consumers int, err error) {
-	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), TLSClientConfig: tlsCfg})
+	conn, err := amqpio.DialURL(url, amqpio.DialOptions{TLS: tlsCfg, Timeout: 10 * time.Second})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/relayd/relayd/internal/backoff"
 )
 
 // AMQPMessage converts a RabbitMQ delivery. The id is the message-id
@@ -142,9 +143,6 @@ func (in *Inbox) HandleJetStream(ctx context.Context, msg jetstream.Msg, h Handl
 // retryDelay is the redelivery delay after the delivered-th delivery
 // failed: RetryMin·2^(delivered-1), at most RetryMax.
 func (in *Inbox) retryDelay(delivered uint64) time.Duration {
-	d := in.cfg.RetryMin
-	for n := uint64(1); n < delivered && d < in.cfg.RetryMax; n++ {
-		d *= 2
-	}
-	return min(d, in.cfg.RetryMax)
+	// Clamped to fit an int: 64 doublings of RetryMin reach any real RetryMax.
+	return backoff.Doubling{Floor: in.cfg.RetryMin, Cap: in.cfg.RetryMax}.Attempt(int(min(delivered, 64)))
 }

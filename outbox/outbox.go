@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -208,7 +209,7 @@ func (w *Writer) prepare(msgs []Message) (*batch, error) {
 			return nil, err
 		}
 		if m.ID == "" {
-			b.uuids[i] = newUUID()
+			b.uuids[i] = uuid.New()
 		} else {
 			b.uuids[i], _ = parseUUID(m.ID) // validated
 			if given == nil {
@@ -220,7 +221,7 @@ func (w *Writer) prepare(msgs []Message) (*batch, error) {
 			}
 			given[b.uuids[i]] = i
 		}
-		b.ids[i] = formatUUID(b.uuids[i])
+		b.ids[i] = uuid.UUID(b.uuids[i]).String()
 		b.topics[i] = m.Topic
 		if m.Key != "" {
 			b.keys[i] = &m.Key

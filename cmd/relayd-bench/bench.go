@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -71,6 +72,7 @@ func newBench(ctx context.Context, o options) (_ *bench, err error) {
 	if b.js, err = jetstream.New(b.nc); err != nil {
 		return nil, err
 	}
+	// amqp091-go's own transport (the setup and the idle-latency probe).
 	if b.amqpConn, err = amqp.Dial(o.AMQPURL); err != nil {
 		return nil, fmt.Errorf("rabbitmq: %w", err)
 	}
@@ -152,26 +154,6 @@ func newName() string {
 	var r [5]byte
 	rand.Read(r[:])
 	return "bench_" + hex.EncodeToString(r[:])
-}
-
-// newUUID returns a random (version 4) UUID in the canonical form Postgres
-// prints, so ids read back from the brokers match the ones written.
-func newUUID() string {
-	var u [16]byte
-	rand.Read(u[:])
-	u[6] = u[6]&0x0f | 0x40
-	u[8] = u[8]&0x3f | 0x80
-	var s [36]byte
-	hex.Encode(s[0:8], u[0:4])
-	s[8] = '-'
-	hex.Encode(s[9:13], u[4:6])
-	s[13] = '-'
-	hex.Encode(s[14:18], u[6:8])
-	s[18] = '-'
-	hex.Encode(s[19:23], u[8:10])
-	s[23] = '-'
-	hex.Encode(s[24:], u[10:])
-	return string(s[:])
 }
 
 // topic is the outbox topic (and AMQP routing key) every benchmark message
@@ -401,8 +383,8 @@ func (p *proc) waitStarted(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("relayd did not start within 30s:\n%s", p.out.String())
 		}
-		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
-			return err
+		if !backoff.Sleep(ctx, 5*time.Millisecond) {
+			return ctx.Err()
 		}
 	}
 	return nil
@@ -478,17 +460,6 @@ func tail(s string, n int) string {
 		return s
 	}
 	return "…" + s[len(s)-n:]
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // machine describes where the benchmark ran.

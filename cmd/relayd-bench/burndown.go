@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -58,9 +59,8 @@ func (b *bench) burndowns(ctx context.Context, res *Results) error {
 //
 // Both ends of the time come from Postgres's clock: the start just before
 // the processes start, the end the last row's done_at in the delivered
-// table (which relayd stamps with clock_timestamp() as it records it). The
-// loop below only notices the end, up to a tick late: timed by the tick, a
-// 3-second run read 0–100 ms long, an error of up to 3 %.
+// table (which relayd stamps with clock_timestamp() as it records it): the
+// polling loop only notices the end, up to a tick late.
 func (b *bench) burndown(ctx context.Context, targets string, instances, keys int) (bd Burndown, note string, err error) {
 	n := b.o.BurnRows
 	if keys > 0 {
@@ -68,15 +68,7 @@ func (b *bench) burndown(ctx context.Context, targets string, instances, keys in
 	}
 	bd = Burndown{Targets: targets, Instances: instances, Rows: n, Keys: keys}
 	ts := strings.Split(targets, ",")
-	has := func(t string) bool {
-		for _, x := range ts {
-			if x == t {
-				return true
-			}
-		}
-		return false
-	}
-	cr, err := b.newCorner(ctx, cornerSpec{table: true, stream: has("nats"), amqp: has("amqp")})
+	cr, err := b.newCorner(ctx, cornerSpec{table: true, stream: slices.Contains(ts, "nats"), amqp: slices.Contains(ts, "amqp")})
 	if err != nil {
 		return bd, "", err
 	}
@@ -85,22 +77,6 @@ func (b *bench) burndown(ctx context.Context, targets string, instances, keys in
 		return bd, "", err
 	}
 
-	// "Is anything left?" through the relay's own partial indexes of rows
-	// owed to each target: cheap enough to ask every 100 ms without
-	// slowing the relay down. A row is done (deleted, its id recorded as
-	// delivered) exactly when no enabled target owes it — none is parked
-	// here; the exact count is checked once at the end.
-	tbl := cr.table.Ident()
-	var owed []string
-	for _, t := range ts {
-		// Unkeyed and keyed rows have a pending index each.
-		for _, k := range []string{"key IS NULL", "key IS NOT NULL"} {
-			owed = append(owed, fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE %s AND %[3]s_delivered_at IS NULL AND %[3]s_parked_at IS NULL AND done_at IS NULL)`, tbl, k, t))
-		}
-	}
-	pendingSQL := `SELECT ` + strings.Join(owed, " OR ")
-
-	env := cr.relaydEnv(targets)
 	var procs []*proc
 	defer func() {
 		for _, p := range procs {
@@ -113,6 +89,7 @@ func (b *bench) burndown(ctx context.Context, targets string, instances, keys in
 	}
 	snap := takeCPUSnap()
 	start := time.Now()
+	env := cr.relaydEnv(targets)
 	for range instances {
 		p, err := b.start(env, "run")
 		if err != nil {
@@ -120,55 +97,20 @@ func (b *bench) burndown(ctx context.Context, targets string, instances, keys in
 		}
 		procs = append(procs, p)
 	}
-	deadline := start.Add(10 * time.Minute)
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	var end time.Time
-	for end.IsZero() {
-		select {
-		case <-ctx.Done():
-			return bd, "", ctx.Err()
-		case <-tick.C:
-		}
-		for _, p := range procs {
-			if p.exited() {
-				return bd, "", fmt.Errorf("relayd exited: %v\n%s", p.err, tail(p.out.String(), 2000))
-			}
-			p.sampleHWM()
-		}
-		var pending bool
-		if err := b.pool.QueryRow(ctx, pendingSQL).Scan(&pending); err != nil {
-			return bd, "", err
-		}
-		if !pending {
-			end = time.Now()
-			bd.CPU = cpuSplit(snap, takeCPUSnap(), n, procs...)
-		} else if time.Now().After(deadline) {
-			return bd, "", fmt.Errorf("rows still pending after %v", time.Since(start).Round(time.Second))
-		}
+	end, err := b.awaitDrained(ctx, procs, pendingSQL(cr, ts), start)
+	if err != nil {
+		return bd, "", err
 	}
-
-	var cpu time.Duration
-	var peak int64
-	for _, p := range procs {
-		u, err := p.stop()
-		if err != nil {
-			return bd, "", err
-		}
-		cpu += u.CPU
-		peak = max(peak, u.PeakRSS)
+	bd.CPU = cpuSplit(snap, takeCPUSnap(), n, procs...)
+	cpu, peak, err := stopAll(procs)
+	if err != nil {
+		return bd, "", err
 	}
 	procs = nil
 
-	// Every row delivered to every target leaves the outbox for the
-	// delivered table.
-	var done, left int
-	var pgEnd time.Time
-	if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+cr.table.Delivered()+`), (SELECT count(*) FROM `+tbl+`), (SELECT max(done_at) FROM `+cr.table.Delivered()+`)`).Scan(&done, &left, &pgEnd); err != nil {
+	pgEnd, err := b.checkDelivered(ctx, cr, n)
+	if err != nil {
 		return bd, "", err
-	}
-	if done != n || left != 0 {
-		return bd, "", fmt.Errorf("%d rows recorded delivered and %d left in the outbox, want %d and 0", done, left, n)
 	}
 	elapsed, err := drainTime(pgStart, pgEnd, end.Sub(start))
 	if err != nil {
@@ -178,25 +120,104 @@ func (b *bench) burndown(ctx context.Context, targets string, instances, keys in
 	bd.RowsPerSecond = round(float64(n)/elapsed.Seconds(), 0)
 	bd.CPUSecondsPer10k = per10k(cpu, n)
 	bd.PeakRSSMiB = mib(peak)
+	if problems := brokerProblems(ctx, cr, ts, n); len(problems) > 0 {
+		note = fmt.Sprintf("burn-down %s ×%d: %d rows, but %s", targets, instances, n, strings.Join(problems, "; "))
+	}
+	return bd, note, nil
+}
 
-	// The brokers hold what the outbox says they got. A relay may publish a
-	// row to RabbitMQ twice only after a failure (docs/design.md: "Never re-sent
-	// …"), which a benchmark run should not have: say so if it did.
+// pendingSQL asks "is anything left?" through the relay's own partial
+// indexes of rows owed to each target: cheap enough to ask every 100 ms
+// without slowing the relay down. A row is done exactly when no enabled
+// target owes it (none is parked here); the exact count is checked at the
+// end.
+func pendingSQL(cr *corner, targets []string) string {
+	tbl := cr.table.Ident()
+	var owed []string
+	for _, t := range targets {
+		// Unkeyed and keyed rows have a pending index each.
+		for _, k := range []string{"key IS NULL", "key IS NOT NULL"} {
+			owed = append(owed, fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE %s AND %[3]s_delivered_at IS NULL AND %[3]s_parked_at IS NULL AND done_at IS NULL)`, tbl, k, t))
+		}
+	}
+	return `SELECT ` + strings.Join(owed, " OR ")
+}
+
+// awaitDrained polls pending every 100 ms until nothing is left, and returns
+// when it noticed; it fails if a relayd exits or ten minutes pass.
+func (b *bench) awaitDrained(ctx context.Context, procs []*proc, pending string, start time.Time) (time.Time, error) {
+	deadline := start.Add(10 * time.Minute)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-tick.C:
+		}
+		for _, p := range procs {
+			if p.exited() {
+				return time.Time{}, fmt.Errorf("relayd exited: %v\n%s", p.err, tail(p.out.String(), 2000))
+			}
+			p.sampleHWM()
+		}
+		var left bool
+		if err := b.pool.QueryRow(ctx, pending).Scan(&left); err != nil {
+			return time.Time{}, err
+		}
+		if !left {
+			return time.Now(), nil
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("rows still pending after %v", time.Since(start).Round(time.Second))
+		}
+	}
+}
+
+// stopAll stops the processes: their CPU time in all, and the highest peak
+// RSS of any.
+func stopAll(procs []*proc) (cpu time.Duration, peak int64, err error) {
+	for _, p := range procs {
+		u, err := p.stop()
+		if err != nil {
+			return 0, 0, err
+		}
+		cpu += u.CPU
+		peak = max(peak, u.PeakRSS)
+	}
+	return cpu, peak, nil
+}
+
+// checkDelivered checks that all n rows left the outbox for the delivered
+// table, and returns the last one's done_at.
+func (b *bench) checkDelivered(ctx context.Context, cr *corner, n int) (time.Time, error) {
+	var done, left int
+	var pgEnd time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+cr.table.Delivered()+`), (SELECT count(*) FROM `+cr.table.Ident()+`), (SELECT max(done_at) FROM `+cr.table.Delivered()+`)`).Scan(&done, &left, &pgEnd); err != nil {
+		return time.Time{}, err
+	}
+	if done != n || left != 0 {
+		return time.Time{}, fmt.Errorf("%d rows recorded delivered and %d left in the outbox, want %d and 0", done, left, n)
+	}
+	return pgEnd, nil
+}
+
+// brokerProblems says where the brokers do not hold the n messages the
+// outbox says they got. A relay publishes a row twice only after a failure
+// (docs/design.md: "Never re-sent …"), which a benchmark run should not have.
+func brokerProblems(ctx context.Context, cr *corner, targets []string, n int) []string {
 	var problems []string
-	if has("nats") {
+	if slices.Contains(targets, "nats") {
 		if got, err := cr.streamMsgs(ctx); err != nil || got != uint64(n) {
 			problems = append(problems, fmt.Sprintf("stream holds %d messages (%v)", got, err))
 		}
 	}
-	if has("amqp") {
+	if slices.Contains(targets, "amqp") {
 		if got, err := cr.queueDepth(); err != nil || got != n {
 			problems = append(problems, fmt.Sprintf("queue holds %d messages (%v)", got, err))
 		}
 	}
-	if len(problems) > 0 {
-		note = fmt.Sprintf("burn-down %s ×%d: %d rows, but %s", targets, instances, n, strings.Join(problems, "; "))
-	}
-	return bd, note, nil
+	return problems
 }
 
 // drainTime is how long a burn-down took by Postgres's clock, from the start

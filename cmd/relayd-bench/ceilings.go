@@ -9,12 +9,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
@@ -40,86 +42,108 @@ const (
 	settleBusy = 0.25
 )
 
-// ceilings measures each service alone, one after the other.
+// ceilings measures each service alone, one after the other. The ceilings
+// the burn-downs and the backfill are set against are sampled twice, and
+// the better sample counts: a ceiling is what the service can do, and single
+// samples on one machine vary widely (see docs/performance.md).
 func (b *bench) ceilings(ctx context.Context, res *Results) error {
 	defer oneP()()
 	n := b.o.CeilingMsgs
-
-	jsSample := func(sample string) error {
-		b.logf("ceiling: JetStream async publish, %d messages%s", n, sample)
-		c, err := b.jetstreamCeiling(ctx, n)
-		if err != nil {
-			return fmt.Errorf("jetstream ceiling: %w", err)
-		}
-		res.addCeiling(c)
-		b.settle(ctx)
-		return nil
-	}
-	if err := jsSample(""); err != nil {
+	if err := b.jetstreamSample(ctx, res, n, ""); err != nil {
 		return err
 	}
+	if err := b.amqpPlainSample(ctx, res, max(1, n/2)); err != nil {
+		return err
+	}
+	if err := b.amqpSample(ctx, res, n, "", true); err != nil {
+		return err
+	}
+	if err := b.postgresSample(ctx, res, n, ""); err != nil {
+		return err
+	}
+	if err := b.commitSample(ctx, res); err != nil {
+		return err
+	}
+	if err := b.jetstreamSample(ctx, res, n, " (second sample)"); err != nil {
+		return err
+	}
+	if err := b.postgresSample(ctx, res, n, " (second sample)"); err != nil {
+		return err
+	}
+	// The queue is filled again first; that publish is not a sample of the
+	// publish ceiling (it has its two: the second is the backfill's fill).
+	return b.amqpSample(ctx, res, n, " (second sample of the consume)", false)
+}
 
-	// Plain properties: what relayd's properties cost RabbitMQ, beside
-	// the sample below. Half as many messages (see defaultOptions): no ratio
-	// is taken to it.
-	plain := max(1, n/2)
-	b.logf("ceiling: RabbitMQ publish, plain properties, %d messages", plain)
+func (b *bench) jetstreamSample(ctx context.Context, res *Results, n int, sample string) error {
+	b.logf("ceiling: JetStream async publish, %d messages%s", n, sample)
+	c, err := b.jetstreamCeiling(ctx, n)
+	if err != nil {
+		return fmt.Errorf("jetstream ceiling: %w", err)
+	}
+	res.addCeiling(c)
+	b.settle(ctx)
+	return nil
+}
+
+// amqpPlainSample is RabbitMQ's publish ceiling with plain properties: what
+// relayd's properties cost RabbitMQ, beside amqpSample's. Half as many
+// messages (see defaultOptions): no ratio is taken to it.
+func (b *bench) amqpPlainSample(ctx context.Context, res *Results, n int) error {
+	b.logf("ceiling: RabbitMQ publish, plain properties, %d messages", n)
 	if err := b.withCorner(ctx, cornerSpec{amqp: true}, func(cr *corner) error {
-		c, err := b.amqpPublish(ctx, cr, plain, false)
+		c, err := b.amqpPublish(ctx, cr, n, false)
 		res.addCeiling(c)
 		return err
 	}); err != nil {
 		return fmt.Errorf("rabbitmq publish ceiling (plain): %w", err)
 	}
 	b.settle(ctx)
+	return nil
+}
 
-	// The publish with relayd's properties fills the queue that the consume
-	// ceiling then drains: the same messages relayd (and a legacy producer)
-	// leave in a queue. publishSample: that publish is a sample of the
-	// publish ceiling too.
-	consumeSample := func(sample string, publishSample bool) error {
-		b.logf("ceiling: RabbitMQ publish, relayd's properties, %d messages; then consume them%s", n, sample)
-		if err := b.withCorner(ctx, cornerSpec{amqp: true}, func(cr *corner) error {
-			c, err := b.amqpPublish(ctx, cr, n, true)
-			if err != nil {
-				return fmt.Errorf("rabbitmq publish ceiling%s: %w", sample, err)
-			}
-			if publishSample {
-				res.addCeiling(c)
-			}
-			b.settle(ctx)
-			c, err = b.amqpConsume(ctx, cr, n)
-			if err != nil {
-				return fmt.Errorf("rabbitmq consume ceiling%s: %w", sample, err)
-			}
+// amqpSample publishes with relayd's properties and fills the queue that the
+// consume ceiling then drains: the same messages relayd (and a legacy
+// producer) leave in a queue. publishSample: that publish is a sample of the
+// publish ceiling too.
+func (b *bench) amqpSample(ctx context.Context, res *Results, n int, sample string, publishSample bool) error {
+	b.logf("ceiling: RabbitMQ publish, relayd's properties, %d messages; then consume them%s", n, sample)
+	if err := b.withCorner(ctx, cornerSpec{amqp: true}, func(cr *corner) error {
+		c, err := b.amqpPublish(ctx, cr, n, true)
+		if err != nil {
+			return fmt.Errorf("rabbitmq publish ceiling%s: %w", sample, err)
+		}
+		if publishSample {
 			res.addCeiling(c)
-			return nil
-		}); err != nil {
-			return err
 		}
 		b.settle(ctx)
-		return nil
-	}
-	if err := consumeSample("", true); err != nil {
-		return err
-	}
-
-	pgSample := func(sample string) error {
-		b.logf("ceiling: Postgres claim + delete, %d rows%s", n, sample)
-		if err := b.withCorner(ctx, cornerSpec{table: true}, func(cr *corner) error {
-			c, err := b.postgresCeiling(ctx, cr, n)
-			res.addCeiling(c)
-			return err
-		}); err != nil {
-			return fmt.Errorf("postgres ceiling: %w", err)
+		c, err = b.amqpConsume(ctx, cr, n)
+		if err != nil {
+			return fmt.Errorf("rabbitmq consume ceiling%s: %w", sample, err)
 		}
-		b.settle(ctx)
+		res.addCeiling(c)
 		return nil
-	}
-	if err := pgSample(""); err != nil {
+	}); err != nil {
 		return err
 	}
+	b.settle(ctx)
+	return nil
+}
 
+func (b *bench) postgresSample(ctx context.Context, res *Results, n int, sample string) error {
+	b.logf("ceiling: Postgres claim + delete, %d rows%s", n, sample)
+	if err := b.withCorner(ctx, cornerSpec{table: true}, func(cr *corner) error {
+		c, err := b.postgresCeiling(ctx, cr, n)
+		res.addCeiling(c)
+		return err
+	}); err != nil {
+		return fmt.Errorf("postgres ceiling: %w", err)
+	}
+	b.settle(ctx)
+	return nil
+}
+
+func (b *bench) commitSample(ctx context.Context, res *Results) error {
 	b.logf("ceiling: Postgres single-row commits into the outbox, insert trigger on and off")
 	if err := b.withCorner(ctx, cornerSpec{table: true}, func(cr *corner) error {
 		for _, notify := range []bool{true, false} {
@@ -134,27 +158,7 @@ func (b *bench) ceilings(ctx context.Context, res *Results) error {
 		return fmt.Errorf("postgres commit ceiling: %w", err)
 	}
 	b.settle(ctx)
-
-	// A second sample of the two ceilings the nats-only burn-down is set
-	// against, half a minute after the first: a ceiling is what the service
-	// can do, so the better sample counts, as with the RabbitMQ publish
-	// (whose second sample is the backfill's fill). Two single samples of
-	// the JetStream ceiling a few minutes apart on one machine came out at
-	// 115,499 and 79,546/s, and the ratio to it at 0.45 and 0.63.
-	if err := jsSample(" (second sample)"); err != nil {
-		return err
-	}
-	if err := pgSample(" (second sample)"); err != nil {
-		return err
-	}
-
-	// And of the consume ceiling the backfill is set against: RabbitMQ's
-	// cost per message consumed comes in two modes (the single samples of
-	// two runs 40 minutes apart on one machine came out at 53,417 and
-	// 28,067/s), and a low sample flatters the backfill. The queue is
-	// filled again first; that publish is not a sample of the publish
-	// ceiling (it has its two).
-	return consumeSample(" (second sample of the consume)", false)
+	return nil
 }
 
 // commitWorkers is how many producers commit at once in the commit ceiling.
@@ -202,17 +206,17 @@ func (b *bench) withCorner(ctx context.Context, spec cornerSpec, fn func(*corner
 // previous measurement (queue and stream deletion, flushes) before the next.
 func (b *bench) settle(ctx context.Context) {
 	if b.o.Smoke {
-		sleepCtx(ctx, 100*time.Millisecond) //nolint:errcheck // cancellation is seen by the next step
+		backoff.Sleep(ctx, 100*time.Millisecond) // cancellation is seen by the next step
 		return
 	}
 	// At least a second, then until the machine is mostly idle (the
 	// services finishing the last step's work: RabbitMQ's message store,
 	// Postgres's checkpoint and autovacuum), at most settleMax.
 	deadline := time.Now().Add(settleMax)
-	sleepCtx(ctx, time.Second) //nolint:errcheck // cancellation is seen by the next step
+	backoff.Sleep(ctx, time.Second) // cancellation is seen by the next step
 	for ctx.Err() == nil && time.Now().Before(deadline) {
 		a := takeCPUSnap()
-		sleepCtx(ctx, 500*time.Millisecond) //nolint:errcheck // as above
+		backoff.Sleep(ctx, 500*time.Millisecond) // cancellation is seen by the next step
 		if busy, ok := machineBusy(a, takeCPUSnap()); !ok || busy < settleBusy {
 			return
 		}
@@ -242,7 +246,7 @@ func (b *bench) jetstreamCeiling(ctx context.Context, n int) (Ceiling, error) {
 	pub := jspub.New(nc, cr.stream, jsInFlight, 30*time.Second)
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = newUUID()
+		ids[i] = uuid.NewString()
 	}
 	subject := cr.prefix + topic
 	stream := []string{cr.stream}
@@ -298,7 +302,7 @@ func (b *bench) jetstreamCeiling(ctx context.Context, n int) (Ceiling, error) {
 // or, plain, persistent with a short message-id only.
 func (b *bench) amqpPublishing(i int, relaydProps bool, ts time.Time) amqp.Publishing {
 	if relaydProps {
-		return amqpsink.Publishing(&relay.Message{MessageID: newUUID(), CreatedAt: ts, Payload: b.payload})
+		return amqpsink.Publishing(&relay.Message{MessageID: uuid.NewString(), CreatedAt: ts, Payload: b.payload})
 	}
 	return amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint(i), Body: b.payload}
 }
@@ -314,6 +318,8 @@ func (b *bench) amqpPublish(ctx context.Context, cr *corner, n int, relaydProps 
 		c.Key = ceilAMQPRelayd
 		c.Name = "RabbitMQ publish, the same with relayd's properties (36-char message-id, timestamp)"
 	}
+	// amqp091-go's own transport, not amqpio.DialURL's: the ceiling is the
+	// stock client's.
 	conn, err := amqp.Dial(b.o.AMQPURL)
 	if err != nil {
 		return c, err
@@ -392,7 +398,7 @@ func (b *bench) amqpConsume(ctx context.Context, cr *corner, n int) (Ceiling, er
 		Name: fmt.Sprintf("RabbitMQ consume, prefetch %s, manual multiple-ack per %d messages, 64 KiB reads (as the backfill acks and reads), the messages above", thousands(consumePrefetch), consumeAckEvery)}
 	// The backfill's connection (amqpio: 64 KiB reads), so that the
 	// ceiling gets what the backfill gets from it.
-	conn, err := amqp.DialConfig(b.o.AMQPURL, amqp.Config{Dial: amqpio.Dial(30*time.Second, nil, nil)})
+	conn, err := amqpio.DialURL(b.o.AMQPURL, amqpio.DialOptions{Timeout: 30 * time.Second})
 	if err != nil {
 		return c, err
 	}

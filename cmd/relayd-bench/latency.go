@@ -9,11 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/internal/backoff"
 )
 
 func (b *bench) latencies(ctx context.Context, res *Results) error {
@@ -87,10 +88,9 @@ const latencyProducers = 16
 // latency runs one relayd (dual write, default settings) while producers
 // commit rate rows per second on a fixed timetable, regardless of how long
 // earlier commits took (open loop): LatencyCommits commits per second at
-// most, each one INSERT of rate/LatencyCommits rows, as the earlier runs
-// that docs/performance.md compares against did. A JetStream
-// consumer and an AMQP consumer record when each message id arrives; a
-// row's latency is the later arrival minus its commit.
+// most, each one INSERT of rate/LatencyCommits rows. A JetStream consumer
+// and an AMQP consumer record when each message id arrives; a row's latency
+// is the later arrival minus its commit.
 func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 	l = Latency{Rate: rate, Targets: "amqp,nats", WarmupSeconds: b.o.LatencyWarmup.Seconds(), MeasuredSeconds: b.o.LatencyDuration.Seconds()}
 	l.RowsPerCommit = max(1, (rate+b.o.LatencyCommits-1)/b.o.LatencyCommits)
@@ -103,53 +103,11 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 	b.checkpoint(ctx)
 
 	rec := &recorder{t0: time.Now(), m: make(map[string]*latencyRec, rate*int((b.o.LatencyWarmup+b.o.LatencyDuration)/time.Second+1))}
-
-	// Consumers first, each on a connection of its own.
-	nc, err := nats.Connect(b.o.NATSURL, nats.Name("relayd-bench-consumer"))
+	stopConsumers, err := b.latencyConsumers(ctx, cr, rec)
 	if err != nil {
 		return l, err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return l, err
-	}
-	oc, err := js.OrderedConsumer(ctx, cr.stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
-	if err != nil {
-		return l, err
-	}
-	cc, err := oc.Consume(func(m jetstream.Msg) { rec.received(m.Headers().Get(jetstream.MsgIDHeader), true) })
-	if err != nil {
-		return l, err
-	}
-	defer cc.Stop()
-
-	// The AMQP probe only notes arrivals: it takes deliveries with
-	// automatic acks, in 64 KiB reads (amqpio, as the backfill reads). It
-	// used to ack each delivery on its own, and read every 4 KiB: at 5,000
-	// rows/s that was RabbitMQ's and the bench's work on the cores the relay
-	// shares, not the relay's (commit e111f6d has the runs).
-	aconn, err := amqp.DialConfig(b.o.AMQPURL, amqp.Config{Dial: amqpio.Dial(30*time.Second, nil, nil)})
-	if err != nil {
-		return l, err
-	}
-	consumerDone := make(chan struct{})
-	defer func() { aconn.Close(); <-consumerDone }()
-	ach, err := aconn.Channel()
-	if err != nil {
-		return l, err
-	}
-	deliveries, err := ach.Consume(cr.queue, "relayd-bench-latency", true, false, false, false, nil)
-	if err != nil {
-		close(consumerDone)
-		return l, err
-	}
-	go func() {
-		defer close(consumerDone)
-		for d := range deliveries {
-			rec.received(d.MessageId, false)
-		}
-	}()
+	defer stopConsumers()
 
 	p, err := b.start(cr.relaydEnv("amqp,nats"), "run")
 	if err != nil {
@@ -160,53 +118,154 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 		return l, err
 	}
 
-	// The timetable: commit i starts at start + i/commitRate and writes
-	// rowsPerCommit rows in one INSERT (one commit). Times are
-	// durations since rec.t0.
-	rows := l.RowsPerCommit
-	total := int(float64(rate) * (b.o.LatencyWarmup + b.o.LatencyDuration).Seconds() / float64(rows))
-	firstMeasured := int(float64(rate) * b.o.LatencyWarmup.Seconds() / float64(rows))
-	slotAt := func(i int) time.Duration {
-		return time.Duration(float64(i) * float64(rows) / float64(rate) * float64(time.Second))
+	tt := timetable{rate: rate, rows: l.RowsPerCommit}
+	tt.total = int(float64(rate) * (b.o.LatencyWarmup + b.o.LatencyDuration).Seconds() / float64(tt.rows))
+	tt.firstMeasured = int(float64(rate) * b.o.LatencyWarmup.Seconds() / float64(tt.rows))
+	l.Producers = latencyProducers
+	if err := b.openProducerConns(ctx, latencyProducers); err != nil {
+		return l, err
 	}
-	producers := latencyProducers
-	l.Producers = producers
-	insert := `INSERT INTO ` + cr.table.Ident() + ` (message_id, topic, payload) SELECT unnest($1::text[])::uuid, $2, $3`
-	// Every producer has a connection open before the clock starts.
-	conns := make([]func(), 0, producers)
-	for range producers {
+	snap := takeCPUSnap()
+	start, err := b.produce(ctx, cr, rec, tt, latencyProducers)
+	l.CPU = cpuSplit(snap, takeCPUSnap(), tt.total*tt.rows, p)
+	if err != nil {
+		return l, err
+	}
+	if err := ctx.Err(); err != nil {
+		return l, err
+	}
+	if err := b.awaitStragglers(ctx, p, rec, tt.firstMeasured); err != nil {
+		return l, err
+	}
+	// A message not at both brokers yet has waited at least this long.
+	waitEnd := int64(time.Since(rec.t0))
+	u, err := p.stop()
+	if err != nil {
+		return l, err
+	}
+	l.CPUSecondsPer10k = per10k(u.CPU, tt.total*tt.rows)
+	l.PeakRSSMiB = mib(u.PeakRSS)
+	err = l.summarise(rec, tt, start, waitEnd)
+	return l, err
+}
+
+// timetable is the latency run's schedule: commit i starts at
+// start + slotAt(i) and writes rows rows in one INSERT (one commit).
+type timetable struct {
+	rate, rows           int
+	total, firstMeasured int // commits in all; the first one measured
+}
+
+// slotAt is when commit i starts, after the run's start.
+func (tt timetable) slotAt(i int) time.Duration {
+	return time.Duration(float64(i) * float64(tt.rows) / float64(tt.rate) * float64(time.Second))
+}
+
+// latencyConsumers starts a JetStream and an AMQP consumer, each on a
+// connection of its own, that note each message's arrival in rec. stop
+// stops them.
+func (b *bench) latencyConsumers(ctx context.Context, cr *corner, rec *recorder) (stop func(), err error) {
+	var closers []func()
+	stop = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	nc, err := nats.Connect(b.o.NATSURL, nats.Name("relayd-bench-consumer"))
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	oc, err := js.OrderedConsumer(ctx, cr.stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return nil, err
+	}
+	cc, err := oc.Consume(func(m jetstream.Msg) { rec.received(m.Headers().Get(jetstream.MsgIDHeader), true) })
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, cc.Stop)
+
+	// The AMQP probe only notes arrivals: automatic acks, 64 KiB reads
+	// (amqpio, as the backfill reads), so that the probe's own work does not
+	// take the cores the relay shares.
+	aconn, err := amqpio.DialURL(b.o.AMQPURL, amqpio.DialOptions{Timeout: 30 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { aconn.Close() })
+	ach, err := aconn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	deliveries, err := ach.Consume(cr.queue, "relayd-bench-latency", true, false, false, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	consumerDone := make(chan struct{})
+	go func() {
+		defer close(consumerDone)
+		for d := range deliveries {
+			rec.received(d.MessageId, false)
+		}
+	}()
+	closers[len(closers)-1] = func() { aconn.Close(); <-consumerDone }
+	return stop, nil
+}
+
+// openProducerConns has n pool connections open before the clock starts.
+func (b *bench) openProducerConns(ctx context.Context, n int) error {
+	conns := make([]func(), 0, n)
+	defer func() {
+		for _, release := range conns {
+			release()
+		}
+	}()
+	for range n {
 		c, err := b.pool.Acquire(ctx)
 		if err != nil {
-			return l, err
+			return err
 		}
 		conns = append(conns, c.Release)
 	}
-	for _, release := range conns {
-		release()
-	}
+	return nil
+}
 
+// produce commits tt's rows from n producer goroutines, each commit at its
+// slot, and notes each commit in rec. start is the timetable's start, since
+// rec.t0.
+func (b *bench) produce(ctx context.Context, cr *corner, rec *recorder, tt timetable, n int) (start time.Duration, err error) {
+	insert := `INSERT INTO ` + cr.table.Ident() + ` (message_id, topic, payload) SELECT unnest($1::text[])::uuid, $2, $3`
 	var next atomic.Int64
 	var prodErr atomic.Pointer[error]
 	var wg sync.WaitGroup
-	snap := takeCPUSnap()
-	start := time.Since(rec.t0) + 20*time.Millisecond
-	for range producers {
+	start = time.Since(rec.t0) + 20*time.Millisecond
+	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ids := make([]string, rows)
+			ids := make([]string, tt.rows)
 			for ctx.Err() == nil && prodErr.Load() == nil {
 				i := int(next.Add(1) - 1)
-				if i >= total {
+				if i >= tt.total {
 					return
 				}
-				at := start + slotAt(i)
+				at := start + tt.slotAt(i)
 				if d := at - time.Since(rec.t0); d > 0 {
 					time.Sleep(d)
 				}
 				late := time.Since(rec.t0) - at
 				for j := range ids {
-					ids[j] = newUUID()
+					ids[j] = uuid.NewString()
 				}
 				if _, err := b.pool.Exec(ctx, insert, ids, topic, b.payload); err != nil {
 					prodErr.CompareAndSwap(nil, &err)
@@ -220,15 +279,16 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 		}()
 	}
 	wg.Wait()
-	l.CPU = cpuSplit(snap, takeCPUSnap(), total*rows, p)
 	if e := prodErr.Load(); e != nil {
-		return l, fmt.Errorf("producer: %w", *e)
+		return start, fmt.Errorf("producer: %w", *e)
 	}
-	if err := ctx.Err(); err != nil {
-		return l, err
-	}
+	return start, nil
+}
 
-	// Wait for the stragglers: every measured message from both brokers.
+// awaitStragglers waits for every measured message to reach both brokers,
+// for a grace at most, and less once the backlog clearly will not drain
+// within it (the relay fell behind the rate: the figures say so already).
+func (b *bench) awaitStragglers(ctx context.Context, p *proc, rec *recorder, firstMeasured int) error {
 	grace := 20 * time.Second
 	if b.o.Smoke {
 		grace = 10 * time.Second
@@ -238,59 +298,59 @@ func (b *bench) latency(ctx context.Context, rate int) (l Latency, err error) {
 	firstMissing := -1
 	for {
 		p.sampleHWM()
-		rec.mu.Lock()
-		missing := 0
-		for _, r := range rec.m {
-			if r.slot >= firstMeasured && (r.natsAt == 0 || r.amqpAt == 0) {
-				missing++
-			}
-		}
-		rec.mu.Unlock()
+		missing := rec.missing(firstMeasured)
 		if firstMissing < 0 {
 			firstMissing = missing
 		}
 		if missing == 0 || time.Now().After(waitUntil) {
-			break
+			return nil
 		}
-		// A backlog that will not drain within the grace (the relay fell
-		// behind the rate): the figures say so already, stop waiting.
 		if waited := time.Since(graceStart); waited >= 3*time.Second {
 			perSec := float64(firstMissing-missing) / waited.Seconds()
 			if perSec <= 0 || float64(missing)/perSec > time.Until(waitUntil).Seconds() {
-				break
+				return nil
 			}
 		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return l, err
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
+			return ctx.Err()
 		}
 	}
-	// A message not at both brokers yet has waited at least this long.
-	waitEnd := int64(time.Since(rec.t0))
-	u, err := p.stop()
-	if err != nil {
-		return l, err
-	}
-	l.CPUSecondsPer10k = per10k(u.CPU, total*rows)
-	l.PeakRSSMiB = mib(u.PeakRSS)
+}
 
+// missing counts the measured messages not yet at both brokers.
+func (r *recorder) missing(firstMeasured int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, rec := range r.m {
+		if rec.slot >= firstMeasured && (rec.natsAt == 0 || rec.amqpAt == 0) {
+			n++
+		}
+	}
+	return n
+}
+
+// summarise fills in l's figures from rec and checks that the run measured
+// what it should have.
+func (l *Latency) summarise(rec *recorder, tt timetable, start time.Duration, waitEnd int64) error {
 	rec.mu.Lock()
-	lastCommit := l.figures(rec.m, firstMeasured, waitEnd)
+	lastCommit := l.figures(rec.m, tt.firstMeasured, waitEnd)
 	rec.mu.Unlock()
-	if want := (total - firstMeasured) * rows; l.Committed != want {
-		return l, fmt.Errorf("%d measured rows committed, want %d", l.Committed, want)
+	if want := (tt.total - tt.firstMeasured) * tt.rows; l.Committed != want {
+		return fmt.Errorf("%d measured rows committed, want %d", l.Committed, want)
 	}
 	if l.Received == 0 {
-		return l, fmt.Errorf("no message of %d arrived at both brokers", l.Committed)
+		return fmt.Errorf("no message of %d arrived at both brokers", l.Committed)
 	}
 	// Rows per second from the first measured slot to the last measured
 	// commit: on schedule, the rate asked for.
-	windowStart := start + slotAt(firstMeasured)
+	windowStart := start + tt.slotAt(tt.firstMeasured)
 	if span := time.Duration(lastCommit) - windowStart; span > 0 {
 		l.AchievedRate = round(float64(l.Committed)/span.Seconds(), 0)
 	}
 	// Behind: more than 1% of the commits started over lateThreshold late.
-	l.FellBehind = l.LateStarts*100 > total-firstMeasured
-	return l, nil
+	l.FellBehind = l.LateStarts*100 > tt.total-tt.firstMeasured
+	return nil
 }
 
 // figures fills in l's counts and percentiles from the messages of the

@@ -115,8 +115,31 @@ func envOr(name, def string) string {
 }
 
 func main() {
+	o, out := parseOptions()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := run(ctx, o)
+	if res != nil {
+		writeTable(os.Stdout, res)
+		if out != "" {
+			if werr := writeJSON(out, res); werr != nil {
+				fmt.Fprintf(os.Stderr, "relayd-bench: %v\n", werr)
+				os.Exit(1)
+			}
+			fmt.Fprintf(os.Stderr, "results written to %s\n", out)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "relayd-bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// parseOptions reads the flags over defaultOptions, and the -out path; a
+// bad flag value exits 2.
+func parseOptions() (o options, out string) {
 	smoke := flag.Bool("smoke", false, "a short run of every measurement (seconds, not minutes): checks the benchmark works, its figures mean little")
-	out := flag.String("out", "bench-results.json", "write the results as JSON here (empty: don't)")
+	outFlag := flag.String("out", "bench-results.json", "write the results as JSON here (empty: don't)")
 	relayd := flag.String("relayd", "", "relayd binary to benchmark (default: go build ./cmd/relayd into a temp dir)")
 	version := flag.String("version", "", "version stamped into the relayd built (default: git describe)")
 	relaydEnv := flag.String("relayd-env", "", `extra settings for every relayd, space-separated, e.g. "RELAY_WORKERS=8" (default: relayd's defaults)`)
@@ -136,7 +159,7 @@ func main() {
 	}
 	flag.Parse()
 
-	o := defaultOptions(*smoke)
+	o = defaultOptions(*smoke)
 	o.Relayd = *relayd
 	for _, v := range []struct {
 		dst *string
@@ -150,24 +173,9 @@ func main() {
 	if o.Version == "" {
 		o.Version = gitDescribe()
 	}
-	for _, kv := range strings.Fields(*relaydEnv) {
-		name, _, ok := strings.Cut(kv, "=")
-		if !ok || !(strings.HasPrefix(name, "RELAY_") || goRuntimeVar[name]) {
-			fmt.Fprintf(os.Stderr, "relayd-bench: -relayd-env: %q is not RELAY_NAME=value or a Go runtime setting (GOGC, GOMEMLIMIT, GOMAXPROCS, GODEBUG)\n", kv)
-			os.Exit(2)
-		}
-		o.RelaydEnv = append(o.RelaydEnv, kv)
-	}
+	o.RelaydEnv = relaydEnvFlag(*relaydEnv)
 	if *latencyRates != "" {
-		o.LatencyRates = nil
-		for _, f := range strings.Fields(*latencyRates) {
-			r, err := strconv.Atoi(f)
-			if err != nil || r <= 0 {
-				fmt.Fprintf(os.Stderr, "relayd-bench: -latency-rates: %q is not a positive integer\n", f)
-				os.Exit(2)
-			}
-			o.LatencyRates = append(o.LatencyRates, r)
-		}
+		o.LatencyRates = fieldInts("-latency-rates", *latencyRates, func(n int) bool { return n > 0 }, "a positive integer")
 	}
 	if *latencyCommits > 0 {
 		o.LatencyCommits = *latencyCommits
@@ -177,51 +185,63 @@ func main() {
 	}
 	o.BurnKeyed = strings.Fields(*burnKeyed)
 	if *burnInstances != "" {
-		o.BurnInstances = nil
-		for _, f := range strings.Fields(*burnInstances) {
-			n, err := strconv.Atoi(f)
-			if err != nil || n < 1 || n > 16 {
-				fmt.Fprintf(os.Stderr, "relayd-bench: -burndown-instances: %q is not a number of processes (1..16)\n", f)
-				os.Exit(2)
-			}
-			o.BurnInstances = append(o.BurnInstances, n)
-		}
+		o.BurnInstances = fieldInts("-burndown-instances", *burnInstances, func(n int) bool { return n >= 1 && n <= 16 }, "a number of processes (1..16)")
 	}
 	if *burnKeys < 1 {
-		fmt.Fprintf(os.Stderr, "relayd-bench: -keys: %d is not a positive integer\n", *burnKeys)
-		os.Exit(2)
+		usageExit("-keys: %d is not a positive integer", *burnKeys)
 	}
 	o.BurnKeys = *burnKeys
 	if *only != "" {
-		o.Only = map[string]bool{}
-		for _, s := range strings.Split(*only, ",") {
-			switch s = strings.TrimSpace(s); s {
-			case "ceilings", "burndown", "latency", "backfill", "producers":
-				o.Only[s] = true
-			default:
-				fmt.Fprintf(os.Stderr, "relayd-bench: -only: unknown section %q\n", s)
-				os.Exit(2)
-			}
-		}
+		o.Only = onlyFlag(*only)
 	}
+	return o, *outFlag
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	res, err := run(ctx, o)
-	if res != nil {
-		writeTable(os.Stdout, res)
-		if *out != "" {
-			if werr := writeJSON(*out, res); werr != nil {
-				fmt.Fprintf(os.Stderr, "relayd-bench: %v\n", werr)
-				os.Exit(1)
-			}
-			fmt.Fprintf(os.Stderr, "results written to %s\n", *out)
+// usageExit says what is wrong with a flag and exits 2.
+func usageExit(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "relayd-bench: "+format+"\n", args...)
+	os.Exit(2)
+}
+
+// relaydEnvFlag reads -relayd-env: RELAY_NAME=value or Go runtime settings.
+func relaydEnvFlag(s string) []string {
+	var env []string
+	for _, kv := range strings.Fields(s) {
+		name, _, ok := strings.Cut(kv, "=")
+		if !ok || !(strings.HasPrefix(name, "RELAY_") || goRuntimeVar[name]) {
+			usageExit("-relayd-env: %q is not RELAY_NAME=value or a Go runtime setting (GOGC, GOMEMLIMIT, GOMAXPROCS, GODEBUG)", kv)
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// fieldInts reads the space-separated integers of flag name, each one valid
+// (what says what valid is).
+func fieldInts(name, s string, valid func(int) bool, what string) []int {
+	var out []int
+	for _, f := range strings.Fields(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || !valid(n) {
+			usageExit("%s: %q is not %s", name, f, what)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// onlyFlag reads -only: the sections to run.
+func onlyFlag(s string) map[string]bool {
+	only := map[string]bool{}
+	for _, p := range strings.Split(s, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "ceilings", "burndown", "latency", "backfill", "producers":
+			only[p] = true
+		default:
+			usageExit("-only: unknown section %q", p)
 		}
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "relayd-bench: %v\n", err)
-		os.Exit(1)
-	}
+	return only
 }
 
 func (r *Results) finish(start time.Time) {

@@ -9,9 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -179,8 +181,8 @@ func (b *bench) killWaitingRelay(ctx context.Context, cr *corner) error {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("relayd's wake lock held %v after 30 s, want %v", pid != 0, held)
 			}
-			if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
-				return err
+			if !backoff.Sleep(ctx, 10*time.Millisecond) {
+				return ctx.Err()
 			}
 		}
 	}
@@ -270,10 +272,10 @@ func (b *bench) idleLatency(ctx context.Context, cr *corner) (*IdleLatency, erro
 	lat := make([]time.Duration, 0, n)
 	for i := range n + 1 { // the first, the relay's first wake-up since it started, not measured
 		// Idle: the relay's batch is recorded and it waits again.
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
-			return nil, err
+		if !backoff.Sleep(ctx, 50*time.Millisecond) {
+			return nil, ctx.Err()
 		}
-		id := newUUID()
+		id := uuid.NewString()
 		start := time.Now()
 		if _, err := b.pool.Exec(ctx, `INSERT INTO `+cr.table.Ident()+` (message_id, topic, payload) VALUES ($1, $2, $3)`, id, topic, b.payload); err != nil {
 			return nil, err

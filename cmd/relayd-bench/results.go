@@ -393,6 +393,21 @@ func (r *Results) verdictFor(prefix string) *Verdict {
 
 // writeTable prints the results as markdown.
 func writeTable(w io.Writer, r *Results) {
+	writeHeader(w, r)
+	writeCeilings(w, r)
+	writeRelaydRuns(w, r)
+	writeLatencies(w, r)
+	if p := r.Producers; p != nil {
+		writeProducers(w, p)
+	}
+	writeTargets(w, r)
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "\nNote: %s\n", n)
+	}
+}
+
+// writeHeader prints the run: relayd, the machine, the services.
+func writeHeader(w io.Writer, r *Results) {
 	m := r.Machine
 	kind := ""
 	if r.Smoke {
@@ -405,7 +420,10 @@ func writeTable(w io.Writer, r *Results) {
 	if len(r.RelaydEnv) > 0 {
 		fmt.Fprintf(w, "**relayd NOT at its defaults:** %s\n\n", strings.Join(r.RelaydEnv, " "))
 	}
+}
 
+// writeCeilings prints each service's ceiling.
+func writeCeilings(w io.Writer, r *Results) {
 	if len(r.Ceilings) > 0 {
 		fmt.Fprintf(w, "| ceiling (each alone, same run) | rate | messages | machine CPU busy |\n|---|---:|---:|---:|\n")
 		for _, c := range r.Ceilings {
@@ -417,7 +435,10 @@ func writeTable(w io.Writer, r *Results) {
 		}
 		fmt.Fprintln(w)
 	}
+}
 
+// writeRelaydRuns prints the burn-downs and the backfill against their ceilings.
+func writeRelaydRuns(w io.Writer, r *Results) {
 	if len(r.Burndown) > 0 || r.Backfill != nil {
 		fmt.Fprintf(w, "| relayd | rate | relayd CPU s / 10k | peak RSS | machine CPU busy | ceiling | ratio | CPU bound | target |\n|---|---:|---:|---:|---:|---|---:|---:|---|\n")
 		for _, bd := range r.Burndown {
@@ -438,7 +459,10 @@ func writeTable(w io.Writer, r *Results) {
 		}
 		fmt.Fprintln(w)
 	}
+}
 
+// writeLatencies prints the open-loop latency runs.
+func writeLatencies(w io.Writer, r *Results) {
 	if len(r.Latency) > 0 {
 		fmt.Fprintf(w, "| latency, commit → both brokers (open loop, %s, 1 relayd) | p50 | p90 | p99 | max | messages | producers on schedule | target |\n|---|---:|---:|---:|---:|---:|---|---|\n", r.Latency[0].Targets)
 		for _, l := range r.Latency {
@@ -462,11 +486,10 @@ func writeTable(w io.Writer, r *Results) {
 		}
 		fmt.Fprintln(w)
 	}
+}
 
-	if p := r.Producers; p != nil {
-		writeProducers(w, p)
-	}
-
+// writeTargets prints each target's verdict.
+func writeTargets(w io.Writer, r *Results) {
 	if len(r.Targets) > 0 {
 		pass := 0
 		fmt.Fprintf(w, "| target | measured | |\n|---|---:|---|\n")
@@ -485,9 +508,6 @@ func writeTable(w io.Writer, r *Results) {
 		}
 		fmt.Fprintf(w, "\n%d of %d targets met", pass, len(r.Targets))
 		fmt.Fprintln(w, ".")
-	}
-	for _, n := range r.Notes {
-		fmt.Fprintf(w, "\nNote: %s\n", n)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/backoff"
 )
 
 const cutoverHelp = `Usage: relayd cutover check --consumer DURABLE [--queue LEGACY_QUEUE] [flags]
@@ -37,72 +38,102 @@ RELAY_OUTBOX_TABLE, RELAY_NATS_URL, RELAY_NATS_STREAM and RELAY_AMQP_URL.
 Flags:
 `
 
+// cutoverArgs are cutover check's flags.
+type cutoverArgs struct {
+	consumer, queue, instances string
+	quiet, timeout, connect    time.Duration
+	conservative, wait, asJSON bool
+}
+
 func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	if len(args) == 0 || (args[0] != "check" && !strings.HasPrefix(args[0], "-")) {
-		fmt.Fprintln(stderr, "relayd cutover: want `relayd cutover check --consumer DURABLE` (see relayd cutover check --help)")
-		return exitUsage
-	}
-	if args[0] == "check" {
-		args = args[1:]
-	}
-	fs := flag.NewFlagSet("cutover check", flag.ContinueOnError)
-	consumer := fs.String("consumer", "", "the JetStream durable consumer that takes over (required)")
-	queue := fs.String("queue", "", "the legacy RabbitMQ queue it replaces")
-	quiet := fs.Duration("quiet-period", 0, "quiet interval (default: the consumer's AckWait or last BackOff step)")
-	conservative := fs.Bool("conservative", false, "quiet interval AckWait x (MaxAckPending + 1)")
-	instances := fs.String("instances", "", "relayd metrics addresses host:port,... that must report one version")
-	wait := fs.Bool("wait", false, "poll until every condition passes or --timeout")
-	timeout := fs.Duration("timeout", 30*time.Minute, "with --wait, give up after this long")
-	asJSON := fs.Bool("json", false, "print the verdict as JSON")
-	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, cutoverHelp)); done {
+	a, code, done := parseCutoverArgs(args, stdout, stderr, env)
+	if done {
 		return code
 	}
-	if *consumer == "" {
-		fmt.Fprintln(stderr, "relayd cutover check: --consumer is required")
-		return exitUsage
-	}
-	if *quiet < 0 || *timeout <= 0 {
-		fmt.Fprintln(stderr, "relayd cutover check: --quiet-period and --timeout must be positive")
-		return exitUsage
-	}
-	if !checkConnectTimeout(fs.Name(), *connectTimeout, stderr) {
-		return exitUsage
-	}
-	if *queue != "" && !amqpURLOK(env, stderr) {
-		return exitUsage
-	}
-	ss, code := openSession(stderr, env, 2, true, *connectTimeout)
+	ss, code := openSession(stderr, env, 2, true, a.connect)
 	if ss == nil {
 		return code
 	}
 	defer ss.close()
-	cfg, log, ctx, pool, js := ss.cfg, ss.log, ss.ctx, ss.pool, ss.js
-	tlsCfg, err := cfg.amqpTLS()
+	ccfg, err := cutoverConfig(ss, a)
 	if err != nil {
-		log.Error("cutover check", "error", err.Error())
+		ss.log.Error("cutover check", "error", err.Error())
 		return exitFailure
-	}
-	var addrs []string
-	if *instances != "" {
-		addrs = strings.Split(*instances, ",")
 	}
 	tty := false
 	if f, ok := stderr.(*os.File); ok {
 		tty = term.IsTerminal(int(f.Fd()))
-	}
-	ccfg := cutover.Config{
-		DB: pool, Table: cfg.table, JS: js, Stream: cfg.NATSStream, Consumer: *consumer,
-		AMQPURL: cfg.AMQPURL, AMQPTLS: tlsCfg, Queue: *queue, QuietPeriod: *quiet, Conservative: *conservative, Instances: addrs,
 	}
 	if tty {
 		ccfg.OnSample = func(elapsed, total time.Duration) {
 			fmt.Fprintf(stderr, "\rquiet for %s of %s ", elapsed.Round(time.Second), total)
 		}
 	}
-	deadline := time.Now().Add(*timeout)
+	return checkCutover(ss, ccfg, a, tty, stdout, stderr)
+}
+
+// parseCutoverArgs reads and checks the flags; done says to exit with code.
+func parseCutoverArgs(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) (a cutoverArgs, code int, done bool) {
+	if len(args) == 0 || (args[0] != "check" && !strings.HasPrefix(args[0], "-")) {
+		fmt.Fprintln(stderr, "relayd cutover: want `relayd cutover check --consumer DURABLE` (see relayd cutover check --help)")
+		return a, exitUsage, true
+	}
+	if args[0] == "check" {
+		args = args[1:]
+	}
+	fs := flag.NewFlagSet("cutover check", flag.ContinueOnError)
+	fs.StringVar(&a.consumer, "consumer", "", "the JetStream durable consumer that takes over (required)")
+	fs.StringVar(&a.queue, "queue", "", "the legacy RabbitMQ queue it replaces")
+	fs.DurationVar(&a.quiet, "quiet-period", 0, "quiet interval (default: the consumer's AckWait or last BackOff step)")
+	fs.BoolVar(&a.conservative, "conservative", false, "quiet interval AckWait x (MaxAckPending + 1)")
+	fs.StringVar(&a.instances, "instances", "", "relayd metrics addresses host:port,... that must report one version")
+	fs.BoolVar(&a.wait, "wait", false, "poll until every condition passes or --timeout")
+	fs.DurationVar(&a.timeout, "timeout", 30*time.Minute, "with --wait, give up after this long")
+	fs.BoolVar(&a.asJSON, "json", false, "print the verdict as JSON")
+	connectTimeout := connectTimeoutFlag(fs)
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, cutoverHelp)); done {
+		return a, code, true
+	}
+	a.connect = *connectTimeout
+	if a.consumer == "" {
+		fmt.Fprintln(stderr, "relayd cutover check: --consumer is required")
+		return a, exitUsage, true
+	}
+	if a.quiet < 0 || a.timeout <= 0 {
+		fmt.Fprintln(stderr, "relayd cutover check: --quiet-period and --timeout must be positive")
+		return a, exitUsage, true
+	}
+	if !checkConnectTimeout(fs.Name(), a.connect, stderr) {
+		return a, exitUsage, true
+	}
+	if a.queue != "" && !amqpURLOK(env, stderr) {
+		return a, exitUsage, true
+	}
+	return a, exitOK, false
+}
+
+// cutoverConfig is cutover.Config for the session and flags.
+func cutoverConfig(ss *session, a cutoverArgs) (cutover.Config, error) {
+	tlsCfg, err := ss.cfg.amqpTLS()
+	if err != nil {
+		return cutover.Config{}, err
+	}
+	var addrs []string
+	if a.instances != "" {
+		addrs = strings.Split(a.instances, ",")
+	}
+	return cutover.Config{
+		DB: ss.pool, Table: ss.cfg.table, JS: ss.js, Stream: ss.cfg.NATSStream, Consumer: a.consumer,
+		AMQPURL: ss.cfg.AMQPURL, AMQPTLS: tlsCfg, Queue: a.queue, QuietPeriod: a.quiet, Conservative: a.conservative, Instances: addrs,
+	}, nil
+}
+
+// checkCutover checks once, or with --wait until every condition passes or
+// --timeout, and prints the verdict; it returns the exit code.
+func checkCutover(ss *session, ccfg cutover.Config, a cutoverArgs, tty bool, stdout, stderr io.Writer) int {
+	deadline := time.Now().Add(a.timeout)
 	for attempt := 1; ; attempt++ {
-		res, err := cutover.Check(ctx, ccfg)
+		res, err := cutover.Check(ss.ctx, ccfg)
 		if tty && ccfg.OnSample != nil {
 			fmt.Fprint(stderr, "\r\033[K")
 		}
@@ -110,28 +141,31 @@ func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 			if errors.Is(err, context.Canceled) {
 				return exitFailure
 			}
-			log.Error("cutover check", "error", err.Error())
+			ss.log.Error("cutover check", "error", err.Error())
 			return exitFailure
 		}
-		if res.OK || !*wait || time.Now().After(deadline) {
-			printVerdict(stdout, res, *asJSON)
+		if res.OK || !a.wait || time.Now().After(deadline) {
+			printVerdict(stdout, res, a.asJSON)
 			if res.OK {
 				return exitOK
 			}
 			return exitFailure
 		}
 		if tty {
-			for _, c := range res.Conditions {
-				if !c.OK {
-					fmt.Fprintf(stderr, "attempt %d: waiting on %s: %s\n", attempt, c.Name, c.Detail)
-					break
-				}
-			}
+			printWaitingOn(stderr, attempt, res)
 		}
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ss.ctx, 2*time.Second) {
 			return exitFailure
-		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// printWaitingOn names the first condition that does not hold yet.
+func printWaitingOn(w io.Writer, attempt int, res cutover.Result) {
+	for _, c := range res.Conditions {
+		if !c.OK {
+			fmt.Fprintf(w, "attempt %d: waiting on %s: %s\n", attempt, c.Name, c.Detail)
+			return
 		}
 	}
 }

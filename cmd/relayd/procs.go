@@ -7,16 +7,9 @@ import (
 )
 
 // defaultProcs is relayd's GOMAXPROCS unless the GOMAXPROCS variable sets
-// it. relayd waits on Postgres and the brokers far more than it computes:
-// it needs a fraction of a core (0.2–0.5 core-seconds per 10,000 rows,
-// docs/performance.md), and one core moves tens of thousands of rows a
-// second. More Ps buy it nothing and cost the host CPU: with a P per core,
-// every hand-off between relayd's goroutines (the AMQP reader, the NATS
-// reader, the workers) wakes a spinning thread, and on the 2-core bench
-// machine, shared with Postgres, RabbitMQ and NATS, relayd spent a fifth of
-// its CPU in the scheduler and took that CPU from the brokers. With one P
-// the backfill moved 24–68 % more messages a second and dual write 7–27 %
-// more rows (cmd/relayd-bench, docs/performance.md).
+// it: relayd waits far more than it computes, and more Ps only wake
+// spinning threads that take CPU from the brokers beside it (see
+// docs/performance.md).
 const defaultProcs = 1
 
 // procs returns the GOMAXPROCS relayd should set: defaultProcs when the

@@ -24,6 +24,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/sethvargo/go-envconfig"
 
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -170,10 +171,7 @@ func tailAMQP(ctx context.Context, cfg *config, out chan<- arrival, failed chan<
 	if err != nil {
 		return "", nil, err
 	}
-	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{
-		TLSClientConfig: tlsCfg, Heartbeat: 10 * time.Second,
-		Properties: amqp.Table{"connection_name": "relayd tail"}, Dial: amqp.DefaultDial(10 * time.Second),
-	})
+	conn, err := amqpio.DialURL(cfg.AMQPURL, amqpio.DialOptions{TLS: tlsCfg, Name: "relayd tail", Timeout: 10 * time.Second})
 	if err != nil {
 		return "", nil, fmt.Errorf("amqp: connect to %s: %w", redactURL(cfg.AMQPURL), err)
 	}

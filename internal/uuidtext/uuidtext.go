@@ -1,37 +1,31 @@
-// Package uuidtext recognises UUIDs in their canonical text form, the form
-// message ids take in the outbox, so that every package compares them the
-// same way (Postgres stores and returns them in lower case).
+// Package uuidtext recognises message ids that are UUIDs in their canonical
+// text form (8-4-4-4-12 hex digits, either case), so that every package
+// compares ids the same way: Postgres stores a uuid and returns it lower-case.
+// uuid.Parse alone also takes the urn:, braced and undashed forms, which are
+// not UUID message ids here.
 package uuidtext
 
-// Is reports whether s is a UUID in canonical 8-4-4-4-12 hex form, either case.
-func Is(s string) bool {
+import (
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// Parse parses s if it is a UUID in canonical text form, either case.
+func Parse(s string) (uuid.UUID, bool) {
 	if len(s) != 36 {
-		return false
+		return uuid.UUID{}, false
 	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-				return false
-			}
-		}
-	}
-	return true
+	u, err := uuid.Parse(s)
+	return u, err == nil
 }
 
-// Lower returns s with ASCII upper-case letters lowered: the spelling
-// Postgres gives a uuid.
-func Lower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
+// Is reports whether s is a UUID in canonical text form, either case.
+func Is(s string) bool {
+	_, ok := Parse(s)
+	return ok
 }
+
+// Lower returns s lower-cased: for a UUID (Is), the spelling Postgres gives
+// it.
+func Lower(s string) string { return strings.ToLower(s) }

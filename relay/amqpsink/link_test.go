@@ -22,8 +22,8 @@ func TestEarlyConfirmWinsOverADeadSession(t *testing.T) {
 	t.Parallel()
 	ch := testenv.ConfirmChannel(t)
 	// No event goroutine: the test places the events. Delivery tag 1 (the
-	// channel's first publish) was acked, then the session died.
-	s := &session{ch: ch,
+	// channel's first publish) was acked, then the link died.
+	s := &link{ch: ch,
 		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
 		early: map[uint64]bool{1: true}, earlyRet: map[string]string{}, done: make(chan struct{})}
 	s.failAll(errors.New("test: connection lost"))

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// redact returns a NATS server list fit for logs: URLs separated by commas
+// (nats.go splits the list there too), each as redactURL has it, nats://
+// taken for a server without a scheme.
+func redact(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if !strings.Contains(p, "://") {
+			p = "nats://" + p
+		}
+		parts[i] = redactURL(p)
+	}
+	return strings.Join(parts, ",")
+}
+
+// redactURL returns one URL fit for logs: its password replaced, and a NATS
+// token (the user part of a nats:// URL without a password). The user part
+// runs to the last '@', not to the first '/', '?' or '#' as url.Parse has
+// it: a token or password with one of those left unescaped would otherwise
+// be read as the path, and printed. A host whose port is not a number — a
+// fragment of a password, say, the rest past a ',' — is not printed.
+func redactURL(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return "(unparseable URL)"
+	}
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		user, _, hasPassword := strings.Cut(rest[:at], ":")
+		switch {
+		case hasPassword:
+			rest = user + ":xxxxx" + rest[at:]
+		case slices.Contains([]string{"nats", "tls", "ws", "wss"}, scheme):
+			rest = "xxxxx" + rest[at:]
+		}
+	}
+	hostport := rest[strings.LastIndexByte(rest, '@')+1:]
+	if i := strings.IndexAny(hostport, "/?#"); i >= 0 {
+		hostport = hostport[:i]
+	}
+	if _, port, err := net.SplitHostPort(hostport); err == nil {
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return "(unparseable URL)"
+		}
+	}
+	return scheme + "://" + rest
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/sethvargo/go-envconfig"
+)
+
+// checkNATSURL checks a NATS server list as nats.go reads it: URLs
+// separated by commas, spaces around them allowed, nats:// taken for a
+// server without a scheme.
+func checkNATSURL(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return errors.New("must not be empty")
+	}
+	servers := 0
+	for p := range strings.SplitSeq(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue // nats.go skips an empty entry (a trailing comma)
+		}
+		servers++
+		if !strings.Contains(p, "://") {
+			p = "nats://" + p
+		}
+		if err := checkURL(p, "nats", "tls", "ws", "wss"); err != nil {
+			return err
+		}
+	}
+	if servers == 0 {
+		return errors.New("names no server")
+	}
+	return nil
+}
+
+// checkURL checks that s parses as a URL with one of the schemes. The error
+// never repeats the URL, which may hold a password.
+func checkURL(s string, schemes ...string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return errors.New("is not a valid URL")
+	}
+	for _, sc := range schemes {
+		if u.Scheme == sc {
+			if u.Host == "" {
+				return errors.New("has no host")
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("scheme %q: want %s://", u.Scheme, strings.Join(schemes, ":// or "))
+}
+
+// checkAMQPURL checks s as checkURL does, then as amqp091-go will parse it
+// when it dials (a vhost or a query it refuses); its error, which quotes
+// the URL, is not repeated.
+func checkAMQPURL(s string) error {
+	if err := checkURL(s, "amqp", "amqps"); err != nil {
+		return err
+	}
+	if _, err := amqp.ParseURI(s); err != nil {
+		return errors.New("is not a URI RabbitMQ's client accepts (amqp[s]://user:password@host:port/vhost)")
+	}
+	return nil
+}
+
+// amqpURLOK checks RELAY_AMQP_URL for a command that reads the legacy queue
+// whatever the relay's targets (config.validate checks it only with the
+// amqp target on); if it is bad, it says so on stderr without the URL —
+// amqp091-go's own parse error quotes the whole URL, password and all.
+func amqpURLOK(env envconfig.Lookuper, stderr io.Writer) bool {
+	u, ok := env.Lookup("RELAY_AMQP_URL")
+	if !ok {
+		return true
+	}
+	if err := checkAMQPURL(u); err != nil {
+		fmt.Fprintf(stderr, "relayd: config: RELAY_AMQP_URL: %v\n", err)
+		return false
+	}
+	return true
+}

@@ -1,0 +1,43 @@
+package amqpsink
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/internal/amqpio"
+)
+
+// EnsureExchange checks that the exchange exists, or with create declares
+// it as a durable topic exchange. A missing exchange is reported by name.
+// It never declares a queue: a durable catch-all that nobody reads would
+// keep every message and fill RabbitMQ (relayd tail binds a temporary one).
+func EnsureExchange(ctx context.Context, url string, tlsCfg *tls.Config, name string, create bool) error {
+	conn, err := amqpio.DialURL(url, amqpio.DialOptions{TLS: tlsCfg, Timeout: 10 * time.Second})
+	if err != nil {
+		return fmt.Errorf("amqp: connect: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("amqp: channel: %w", err)
+	}
+	if create {
+		if err := ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("amqp: declare exchange %q: %w", name, err)
+		}
+		return nil
+	}
+	if err := ch.ExchangeDeclarePassive(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return fmt.Errorf("amqp: exchange %q does not exist (create it, or set RELAY_PROVISION=true)", name)
+		}
+		return fmt.Errorf("amqp: check exchange %q: %w", name, err)
+	}
+	return nil
+}

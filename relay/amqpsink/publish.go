@@ -1,0 +1,173 @@
+package amqpsink
+
+import (
+	"context"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/internal/headers"
+	"github.com/relayd/relayd/relay"
+)
+
+// Publish implements relay.Sink.
+func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []error) {
+	l := s.current()
+	if l == nil {
+		err := s.Ready()
+		for i := range results {
+			results[i] = err
+		}
+		return
+	}
+	waits := s.send(ctx, l, msgs, results)
+	awaitConfirms(ctx, l, waits, results)
+}
+
+// send publishes the batch on l in one write (see amqpio.Conn), before any
+// waiting starts, and returns the publish each result waits for (nil: the
+// result is already set). Nothing new goes onto a connection RabbitMQ has
+// blocked: the write would wait in the socket, and the confirms with it.
+func (s *Sink) send(ctx context.Context, l *link, msgs []*relay.Message, results []error) []*pending {
+	blocked := l.blockedErr()
+	if blocked == nil {
+		deadline, _ := ctx.Deadline()
+		l.cork.Cork()
+		defer l.cork.Uncork(deadline) //nolint:errcheck // a failed flush closes the connection: the waits end as unknown
+	}
+	waits := make([]*pending, len(msgs))
+	for i, m := range msgs {
+		waits[i], results[i] = s.sendOne(ctx, l, m, blocked)
+	}
+	return waits
+}
+
+// sendOne publishes m unless it cannot go, is already delivered, or is
+// already in flight; blocked is l's blockedErr.
+func (s *Sink) sendOne(ctx context.Context, l *link, m *relay.Message, blocked error) (*pending, error) {
+	pub, err := checkedPublishing(m, l.conn.Config.FrameSize)
+	if err != nil {
+		return nil, err
+	}
+	if s.takeLate(m.MessageID) {
+		return nil, nil // confirmed after its publish gave up waiting
+	}
+	if p := l.inFlight(m.MessageID); p != nil {
+		// An earlier publish outlived its timeout on this live connection:
+		// wait for its verdict rather than queue a second copy.
+		return p, nil
+	}
+	if blocked != nil {
+		return nil, blocked
+	}
+	p, err := l.publish(ctx, s.cfg.Exchange, m.Topic, m.MessageID, pub)
+	if err != nil {
+		return nil, relay.Unavailable(fmt.Errorf("amqp publish: %w", err))
+	}
+	return p, nil
+}
+
+// awaitConfirms sets each result from its publish's verdict, or at ctx's end
+// leaves the publish registered for a late confirm.
+func awaitConfirms(ctx context.Context, l *link, waits []*pending, results []error) {
+	for i, p := range waits {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+			results[i] = p.err
+		case <-ctx.Done():
+			if resolved, err := l.abandon(p); resolved {
+				results[i] = err
+				continue
+			}
+			results[i] = relay.AwaitingConfirm(fmt.Errorf("amqp: no confirm: %w", ctx.Err()))
+		}
+	}
+}
+
+// checkedPublishing is Publishing(m), or the permanent error of a message
+// RabbitMQ cannot take. frameSize is the connection's frame_max.
+func checkedPublishing(m *relay.Message, frameSize int) (amqp.Publishing, error) {
+	if len(m.Topic) > 255 {
+		return amqp.Publishing{}, relay.Permanent("amqp: routing key longer than 255 bytes")
+	}
+	if reason := headers.First(m.Headers, headers.AMQPReason); reason != "" {
+		return amqp.Publishing{}, relay.Permanent("amqp: headers: %s", reason)
+	}
+	pub := Publishing(m)
+	if err := pub.Headers.Validate(); err != nil {
+		return amqp.Publishing{}, relay.Permanent("amqp: headers: %v", err)
+	}
+	if n, most := contentHeaderSize(&pub), frameSize-frameOverhead; most > 0 && n > most {
+		// amqp091-go splits only the body into frames: RabbitMQ closes the
+		// connection on a larger content header, and every publish on it.
+		return amqp.Publishing{}, relay.Permanent("amqp: headers: the message's properties take %d bytes, more than a frame holds (%d: RabbitMQ's frame_max)", n, most)
+	}
+	return pub, nil
+}
+
+// Publishing is the AMQP message the sink publishes for m: persistent, the
+// row's message id as message-id, its created_at as timestamp, its headers
+// as headers (content-type and correlation-id also as those properties).
+func Publishing(m *relay.Message) amqp.Publishing {
+	// No default content type: it adds nothing a consumer can use, and
+	// properties past 64 bytes cost RabbitMQ (see TestPropertiesStaySmall).
+	p := amqp.Publishing{
+		DeliveryMode: amqp.Persistent,
+		MessageId:    m.MessageID,
+		Timestamp:    m.CreatedAt,
+		Body:         m.Payload,
+	}
+	if len(m.Headers) > 0 {
+		p.Headers = make(amqp.Table, len(m.Headers))
+		for k, v := range m.Headers {
+			p.Headers[k] = v
+			switch k {
+			case "content-type", "Content-Type":
+				p.ContentType = v
+			case "correlation-id", "Correlation-Id":
+				p.CorrelationId = v
+			}
+		}
+	}
+	return p
+}
+
+// frameOverhead is an AMQP frame's bytes around its payload: type, channel
+// and size before it, the end octet after.
+const frameOverhead = 8
+
+// contentHeaderSize is the payload of p's content header frame as amqp091-go
+// writes it: class, weight, body size and property flags, then each
+// property set. It counts the properties Publishing sets.
+func contentHeaderSize(p *amqp.Publishing) int {
+	n := 2 + 2 + 8 + 2
+	shortstr := func(s string) {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	shortstr(p.ContentType)
+	shortstr(p.CorrelationId)
+	shortstr(p.MessageId)
+	if len(p.Headers) > 0 {
+		n += 4 // the table's length
+		for k, v := range p.Headers {
+			n += 1 + len(k) + 1 // key (a short string), value type
+			if s, ok := v.(string); ok {
+				n += 4 + len(s) // a long string
+			} else {
+				n += 8 // no other type is set; the widest scalar
+			}
+		}
+	}
+	if p.DeliveryMode != 0 {
+		n++
+	}
+	if !p.Timestamp.IsZero() {
+		n += 8
+	}
+	return n
+}

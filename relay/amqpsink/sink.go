@@ -1,0 +1,148 @@
+// Package amqpsink is the relay's RabbitMQ ("amqp", legacy) target: it
+// publishes outbox messages to an exchange with publisher confirms, and
+// counts a message delivered only when RabbitMQ acked it without returning it.
+//
+// Messages go persistent and mandatory; an unroutable one comes back as
+// basic.return before its ack (the sink applies returns and confirms in the
+// order RabbitMQ sent them), and is retried. A lost connection resolves pending publishes as unknown and
+// the sink reconnects by itself. A publish unanswered at its deadline stays
+// registered: its late confirm goes to OnLateConfirm and answers a retry of
+// the same message. A connection RabbitMQ blocks (a resource alarm) is kept,
+// and the sink is not Ready until RabbitMQ unblocks it.
+package amqpsink
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/relayd/relayd/relay"
+)
+
+// Config configures a Sink.
+type Config struct {
+	// URL is the RabbitMQ URL, amqp:// or amqps://. Required.
+	URL string
+	// Exchange is where messages are published, with the row's topic as the
+	// routing key. Required.
+	Exchange string
+	// TLS, when set, is used for amqps:// connections. Default: system roots.
+	TLS *tls.Config
+	// Logger receives connection events. Default: discard.
+	Logger *slog.Logger
+
+	// wrapConn, in tests, wraps each TCP connection below the cork.
+	wrapConn func(net.Conn) net.Conn
+	// beforeEvent, in tests, runs on the event goroutine before each
+	// return or confirm is applied (to hold that goroutine up).
+	beforeEvent func()
+}
+
+// Sink is the relay's RabbitMQ target.
+type Sink struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	cur     *link // nil while disconnected
+	lastErr error
+
+	// late holds message ids RabbitMQ confirmed after their publish gave up
+	// waiting: a retry of such a row is already delivered (see late.go).
+	lateMu sync.Mutex
+	late   map[string]time.Time
+	onLate func(msgID string) // see OnLateConfirm
+
+	unroutable *unroutableWarner
+
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+var (
+	_ relay.Sink          = (*Sink)(nil)
+	_ relay.LateConfirmer = (*Sink)(nil)
+)
+
+// New connects to RabbitMQ and returns a sink that stays connected until
+// Close: after a connection loss it reconnects with capped backoff. New
+// fails if the first connection cannot be made before ctx is done.
+func New(ctx context.Context, cfg Config) (*Sink, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("amqpsink: URL is required")
+	}
+	if cfg.Exchange == "" {
+		return nil, errors.New("amqpsink: Exchange is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), stop: make(chan struct{}), stopped: make(chan struct{}),
+		late: map[string]time.Time{}}
+	s.unroutable = newUnroutableWarner(s.log)
+	var first *link
+	var err error
+	for {
+		first, err = s.connect()
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("amqp: connect: %w", err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	s.cur = first // ready as soon as New returns
+	go s.supervise(first)
+	return s, nil
+}
+
+// Target implements relay.Sink.
+func (s *Sink) Target() relay.Target { return relay.TargetAMQP }
+
+// Ready implements relay.Sink.
+func (s *Sink) Ready() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != nil {
+		return s.cur.blockedErr()
+	}
+	if s.lastErr != nil {
+		return relay.Unavailable(s.lastErr)
+	}
+	return relay.Unavailable(errors.New("amqp: not connected"))
+}
+
+// Close disconnects; pending publishes resolve as unavailable.
+func (s *Sink) Close() error {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.stopped
+	return nil
+}
+
+// current is the live link, nil while disconnected.
+func (s *Sink) current() *link {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+// blockedBy logs RabbitMQ blocking (reason) and unblocking ("") the
+// connection.
+func (s *Sink) blockedBy(reason string) {
+	if reason != "" {
+		s.log.Warn("RabbitMQ blocked the connection (resource alarm): publishing paused until it clears", "reason", reason)
+		return
+	}
+	s.log.Info("RabbitMQ unblocked the connection: publishing again")
+}
