@@ -3,7 +3,6 @@ package verify_test
 import (
 	"context"
 	"crypto/md5"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -152,13 +152,7 @@ func (f *fixture) verify(cfg verify.Config) verify.Report {
 	return rep
 }
 
-func newID() string {
-	var u [16]byte
-	rand.Read(u[:])
-	u[6] = u[6]&0x0f | 0x40
-	u[8] = u[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:])
-}
+func newID() string { return uuid.NewString() }
 
 // publishIDs publishes n new ids and returns them with their sequences.
 func (f *fixture) publishIDs(n int) ([]string, []uint64) {
