@@ -23,6 +23,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -39,6 +40,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/relayd/relayd/internal/jspub"
+	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -81,7 +83,9 @@ type Config struct {
 	// AllowOtherConsumers lets the run start while other consumers are
 	// attached to the queue (they would take some of its messages).
 	AllowOtherConsumers bool
-	// PublishTimeout bounds the wait for a PubAck. Default 10s.
+	// PublishTimeout bounds the wait for a PubAck. Default
+	// relay.DefaultPublishTimeout (10s), as relayd passes RELAY_PUBLISH_TIMEOUT
+	// to both.
 	PublishTimeout time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
@@ -145,9 +149,7 @@ func (c *Config) applyDefaults() error {
 	if c.Prefetch == 0 {
 		c.Prefetch = DefaultPrefetch
 	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = 10 * time.Second
-	}
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, relay.DefaultPublishTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

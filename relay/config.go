@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,37 +54,33 @@ type Config struct {
 	Metrics Observer
 }
 
+// Defaults of Config's zero values. cmd/relayd's env tags repeat them (a
+// tag cannot name a constant); a test there holds the two equal.
+const (
+	DefaultBatchSize       = 500
+	DefaultWorkers         = 8
+	DefaultPublishTimeout  = 10 * time.Second
+	DefaultPollInterval    = time.Second
+	DefaultRetryMin        = time.Second
+	DefaultRetryMax        = 5 * time.Minute
+	DefaultMaxAttempts     = 20
+	DefaultRetention       = 24 * time.Hour
+	DefaultCleanupInterval = time.Minute
+)
+
 func (c *Config) applyDefaults() {
 	if c.Table == (schema.Table{}) {
 		c.Table = schema.Table{Name: schema.DefaultTable}
 	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 500
-	}
-	if c.Workers == 0 {
-		c.Workers = 8
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = 10 * time.Second
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = time.Second
-	}
-	if c.RetryMin == 0 {
-		c.RetryMin = time.Second
-	}
-	if c.RetryMax == 0 {
-		c.RetryMax = 5 * time.Minute
-	}
-	if c.Retention == 0 {
-		c.Retention = 24 * time.Hour
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 20
-	}
-	if c.CleanupInterval == 0 {
-		c.CleanupInterval = time.Minute
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.RetryMin = cmp.Or(c.RetryMin, DefaultRetryMin)
+	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
