@@ -64,9 +64,15 @@ type arrival struct {
 	at time.Time
 }
 
+// dial connects to RabbitMQ: the preflight, the dry run and each
+// consumerConn dial the same way.
+func (b *runner) dial() (*amqp.Connection, error) {
+	return amqpio.DialURL(b.cfg.AMQPURL, amqpio.DialOptions{TLS: b.cfg.TLS, Timeout: dialTimeout})
+}
+
 // open dials RabbitMQ, opens the channels and starts consuming.
 func (b *runner) open(ctx context.Context) (*consumerConn, error) {
-	conn, err := amqpio.DialURL(b.cfg.AMQPURL, amqpio.DialOptions{TLS: b.cfg.TLS, Timeout: dialTimeout})
+	conn, err := b.dial()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errLost, err)
 	}

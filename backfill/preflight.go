@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/relayd/relayd/internal/backoff"
 )
 
 // preflight checks the queue, its other consumers, and the stream.
 func (b *runner) preflight(ctx context.Context) error {
-	conn, err := amqp.DialTLS(b.cfg.AMQPURL, b.cfg.TLS)
+	conn, err := b.dial()
 	if err != nil {
 		return fmt.Errorf("amqp: connect: %w", err)
 	}
