@@ -13,13 +13,6 @@
 // JetStream (or still owes it) are acked without being sent, however old;
 // and every id moved is recorded in Postgres before its RabbitMQ ack, so a
 // rerun after a crash skips it instead of relying on the window.
-//
-// A run (runner) consumes on one RabbitMQ connection at a time
-// (consumerConn): it opens it, consumes in batches, and finishes the last
-// deliveries; loop reconnects when one is lost. Words used throughout: a
-// message that cannot move for now is kept unacked and tried again in
-// place; one JetStream refuses for good, without a dead-letter queue, is
-// held unacked until its connection ends.
 package backfill
 
 import (
@@ -205,6 +198,11 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	return b.summary(), err
 }
 
+// runner is one run. It consumes on one RabbitMQ connection at a time
+// (consumerConn: open, consume in batches, finish the last deliveries);
+// loop reconnects when one is lost. A message that cannot move for now is
+// retried in place, unacked; one JetStream refuses for good, without a
+// dead-letter queue, is held unacked until its connection ends.
 type runner struct {
 	cfg     Config
 	log     *slog.Logger

@@ -99,8 +99,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 }
 
 // Run relays until ctx is cancelled, then stops claiming, lets in-flight
-// batches finish (at most PublishTimeout plus a database round trip), and
-// returns nil. It returns an error only if the relay cannot run at all.
+// batches finish (at most PublishTimeout plus a database round trip),
+// records the confirms that came late, and returns nil. Failures while it
+// runs are logged and retried, not returned.
 func (r *Relay) Run(ctx context.Context) error {
 	stopLate, lateDone := make(chan struct{}), make(chan struct{})
 	go func() { defer close(lateDone); r.recordLate(stopLate) }()

@@ -123,20 +123,13 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 const DualWriteLookback = 15 * time.Minute
 
 // FinishedWithoutNATS counts the rows that left the outbox without
-// JetStream: rows of an instance running without nats in RELAY_TARGETS —
-// missed in the dual-write rollout, rolled back, or no instance in dual
-// write yet. A row leaves once its own instance's targets have it, so such
-// rows are never pending for nats and no backlog figure shows them.
+// JetStream: rows of an instance without nats in RELAY_TARGETS. They are
+// never pending for nats, so no backlog figure shows them.
 //
-// With since zero it looks back lookback, and counts only the rows after
-// the first that reached JetStream there (or, none having reached it, all):
-// legacy-only rows from before dual write came before it. It returns that
-// first row's done_at (zero if none). With since set it counts every such
-// row since then (lookback unused). It returns the database's time of the
-// count too, for the next one's since.
-//
-// The count walks the record's rows in the window (its primary key is
-// done_at first): its cost grows with the rows finished in it.
+// With since zero it looks back lookback and counts only the rows after the
+// first that reached JetStream there (all, if none did), returning that
+// row's done_at as first; with since set, every such row since then. at is
+// the database's time of the count: the next call's since.
 func FinishedWithoutNATS(ctx context.Context, db *pgxpool.Pool, table schema.Table, lookback time.Duration, since time.Time) (n int64, first, at time.Time, err error) {
 	sql := outboxsql.For(table)
 	var f *time.Time
