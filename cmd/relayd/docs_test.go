@@ -497,3 +497,129 @@ func TestDocLinksResolve(t *testing.T) {
 		t.Errorf("checked %d links", checked)
 	}
 }
+
+// Every reference to a doc in the source — Go comments, the SQL templates and
+// migrations, the deploy manifests — names a file of docs/ and, written as
+// `docs/<file>.md, "Section"` or `docs/<file>.md#anchor`, one of its
+// headings: code that points at a renamed section points at nothing.
+func TestDocReferencesInSourceResolve(t *testing.T) {
+	type heading struct{ text, slug string }
+	headings := map[string][]heading{}
+	docHeadings := func(file string) ([]heading, bool) {
+		if h, ok := headings[file]; ok {
+			return h, true
+		}
+		b, err := os.ReadFile(filepath.Join(docRoot, "docs", file))
+		if err != nil {
+			return nil, false
+		}
+		var hs []heading
+		seen := map[string]bool{}
+		fence := false
+		for line := range strings.Lines(string(b)) {
+			if strings.HasPrefix(line, "```") {
+				fence = !fence
+			}
+			if fence || !strings.HasPrefix(line, "#") {
+				continue
+			}
+			text := strings.TrimSpace(strings.TrimLeft(line, "#"))
+			slug := regexp.MustCompile(`[^\p{L}\p{N} _-]`).ReplaceAllString(strings.ToLower(text), "")
+			slug = strings.ReplaceAll(slug, " ", "-")
+			s := slug
+			for i := 1; seen[s]; i++ {
+				s = slug + "-" + strconv.Itoa(i)
+			}
+			seen[s] = true
+			hs = append(hs, heading{strings.ReplaceAll(text, "`", ""), s})
+		}
+		headings[file] = hs
+		return hs, true
+	}
+
+	// texts returns the comments of a source file, each group on one line
+	// (a section's name may wrap); for files other than Go, the whole file
+	// with its comment markers taken off.
+	fset := token.NewFileSet()
+	texts := func(path string) []string {
+		if strings.HasSuffix(path, ".go") {
+			f, err := parser.ParseFile(fset, path, nil, parser.ParseComments|parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, g := range f.Comments {
+				out = append(out, strings.Join(strings.Fields(g.Text()), " "))
+			}
+			return out
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lines []string
+		for line := range strings.Lines(string(b)) {
+			line = strings.TrimSpace(line)
+			line = strings.TrimPrefix(strings.TrimPrefix(line, "--"), "#")
+			lines = append(lines, line)
+		}
+		return []string{strings.Join(strings.Fields(strings.Join(lines, " ")), " ")}
+	}
+
+	ref := regexp.MustCompile(`docs/([a-z-]+\.md)(?:#([\w-]+)|, "([^"]{1,120})")?`)
+	files, sections := 0, 0
+	err := filepath.WalkDir(docRoot, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != docRoot && (strings.HasPrefix(name, ".") || name == "bin" || name == "docs") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".sql", ".yaml", ".yml":
+		default:
+			return nil
+		}
+		rel, _ := filepath.Rel(docRoot, path)
+		for _, text := range texts(path) {
+			for _, m := range ref.FindAllStringSubmatch(text, -1) {
+				file, anchor, section := m[1], m[2], m[3]
+				hs, ok := docHeadings(file)
+				if !ok {
+					t.Errorf("%s refers to docs/%s, which does not exist", rel, file)
+					continue
+				}
+				files++
+				if anchor == "" && section == "" {
+					continue
+				}
+				sections++
+				var found []string
+				for _, h := range hs {
+					if (section != "" && h.text == section) || (anchor != "" && h.slug == anchor) {
+						found = append(found, h.slug)
+					}
+				}
+				switch {
+				case len(found) == 0 && section != "":
+					t.Errorf("%s refers to docs/%s, %q: no heading of that name", rel, file, section)
+				case len(found) == 0:
+					t.Errorf("%s refers to docs/%s#%s: no heading has that anchor", rel, file, anchor)
+				case len(found) > 1:
+					t.Errorf("%s refers to docs/%s, %q: %d headings have that name", rel, file, section, len(found))
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d references to docs, %d to a section", files, sections)
+	if files < 20 || sections < 10 {
+		t.Errorf("found %d references to docs, %d of them to a section: the scan is broken", files, sections)
+	}
+}
