@@ -6,7 +6,8 @@ package integration
 // (in-process; the shared services are never touched). After every fault
 // every message is checked: each committed row once in the stream by
 // Nats-Msg-Id, at least once in the queue, nothing else in either, and
-// RabbitMQ's duplicates within the bound docs/design.md documents.
+// RabbitMQ's duplicates within the bound of docs/design.md, "Never re-sent to
+// a broker that confirmed it".
 
 import (
 	"bytes"

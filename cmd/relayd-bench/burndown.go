@@ -204,7 +204,8 @@ func (b *bench) checkDelivered(ctx context.Context, cr *corner, n int) (time.Tim
 
 // brokerProblems says where the brokers do not hold the n messages the
 // outbox says they got. A relay publishes a row twice only after a failure
-// (docs/design.md: "Never re-sent …"), which a benchmark run should not have.
+// (docs/design.md, "Never re-sent to a broker that confirmed it"), which a
+// benchmark run should not have.
 func brokerProblems(ctx context.Context, cr *corner, targets []string, n int) []string {
 	var problems []string
 	if slices.Contains(targets, "nats") {

@@ -45,7 +45,7 @@ const (
 // ceilings measures each service alone, one after the other. The ceilings
 // the burn-downs and the backfill are set against are sampled twice, and
 // the better sample counts: a ceiling is what the service can do, and single
-// samples on one machine vary widely (see docs/performance.md).
+// samples on one machine vary widely (docs/performance.md, "The command").
 func (b *bench) ceilings(ctx context.Context, res *Results) error {
 	defer oneP()()
 	n := b.o.CeilingMsgs

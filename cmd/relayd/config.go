@@ -15,9 +15,10 @@ import (
 	"github.com/relayd/relayd/schema"
 )
 
-// config is relayd's whole configuration, read from RELAY_* variables. Each
-// default is written once, in its env tag (docs_test.go checks
-// docs/configuration.md against the tags); validate checks values only.
+// config is relayd's whole configuration, read from RELAY_* variables. Its
+// defaults are the env tags; docs_test.go holds docs/configuration.md and
+// defaults_test.go the relay's Default* constants to them. validate checks
+// values only.
 type config struct {
 	DatabaseURL string `env:"RELAY_DATABASE_URL, required"`
 	NATSURL     string `env:"RELAY_NATS_URL, default=nats://127.0.0.1:4222"`

@@ -8,8 +8,8 @@ import (
 
 // defaultProcs is relayd's GOMAXPROCS unless the GOMAXPROCS variable sets
 // it: relayd waits far more than it computes, and more Ps only wake
-// spinning threads that take CPU from the brokers beside it (see
-// docs/performance.md).
+// spinning threads that take CPU from the brokers beside it
+// (docs/performance.md, "One P").
 const defaultProcs = 1
 
 // procs returns the GOMAXPROCS relayd should set: defaultProcs when the

@@ -6,7 +6,7 @@
 // message i of the batch asks for its PubAck on inbox.i: the connection's
 // reader hands each PubAck straight to the publishing goroutine. That is
 // jetstream.PublishMsgAsync less its per-message costs (a future, a shared
-// map under a lock, a second goroutine, encoding/json; see docs/design.md).
+// map under a lock, a second goroutine, encoding/json; see docs/design.md, "The JetStream publisher").
 //
 // What a failure means is as with PublishMsgAsync: a disconnect fails every
 // publish still waiting for its PubAck with nats.ErrDisconnected (the
