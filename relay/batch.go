@@ -46,6 +46,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 	r.hooks.onClaiming()
 	claimStart := time.Now()
 	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor, r.held.list())
+	claimedAt := time.Now()
 	if err == nil {
 		r.floor.advance(rows, floor, snap, time.Since(claimStart))
 		held = r.held.add(rows)
@@ -64,9 +65,10 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 	}
 
 	w.set(workerBusy) // producers need not notify meanwhile
-	rec := r.publish(bctx, rows)
+	bt := r.tracer.startBatch(rows, claimStart, claimedAt)
+	rec := r.publish(bctx, rows, bt)
 	r.hooks.onAfterPublish()
-	if err := r.store.record(bctx, conn, rec); err != nil {
+	if err := bt.record(len(rows), func() error { return r.store.record(bctx, conn, rec) }); err != nil {
 		return len(rows), len(held), err
 	}
 	r.cfg.Metrics.Batch(time.Since(start), len(rows))
@@ -75,8 +77,8 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 
 // publish sends each row to the targets it wants, all targets at once, and
 // returns the outcomes to record.
-func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
-	results := r.fanOut(ctx, rows)
+func (r *Relay) publish(ctx context.Context, rows []*claimed, bt *batchTrace) *batchRecord {
+	results, done := r.fanOut(ctx, rows, bt)
 	now := time.Now()
 	for _, t := range Targets {
 		if anyWanted(rows, t) {
@@ -94,6 +96,7 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 				err = &PermanentError{Reason: c.badRow}
 			}
 			*outcome.Ptr(t), *errText.Ptr(t), *backoff.Ptr(t) = r.settle(t, c, err, now)
+			bt.end(i, t, outcome.Get(t), errText.Get(t), err, done.Get(t))
 		}
 		rec.add(c, outcome, errText, backoff)
 	}
@@ -101,16 +104,18 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed) *batchRecord {
 }
 
 // fanOut publishes each target's rows to its sink, the targets in parallel,
-// and returns per target and row the sink's result.
-func (r *Relay) fanOut(ctx context.Context, rows []*claimed) perTarget[[]error] {
+// and returns per target and row the sink's result, and per target when the
+// sink returned. A traced row goes with its send span's traceparent.
+func (r *Relay) fanOut(ctx context.Context, rows []*claimed, bt *batchTrace) (perTarget[[]error], perTarget[time.Time]) {
 	var results perTarget[[]error]
+	var done perTarget[time.Time]
 	var wg sync.WaitGroup
 	for _, t := range Targets {
 		var msgs []*Message
 		var idx []int
 		for i, c := range rows {
 			if c.want.Get(t) && c.badRow == "" {
-				msgs = append(msgs, &c.msg)
+				msgs = append(msgs, bt.message(i, t, c))
 				idx = append(idx, i)
 			}
 		}
@@ -125,14 +130,16 @@ func (r *Relay) fanOut(ctx context.Context, rows []*claimed) perTarget[[]error] 
 			pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 			defer cancel()
 			res := make([]error, len(msgs))
+			bt.sent(t, time.Now())
 			r.sinks.Get(t).Publish(pctx, msgs, res)
+			done.Set(t, time.Now())
 			for j, i := range idx {
 				out[i] = res[j]
 			}
 		}()
 	}
 	wg.Wait()
-	return results
+	return results, done
 }
 
 // feedBreaker tells target t's breaker how its batch went: every publish

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/relayd/relayd/schema"
 )
 
@@ -52,6 +54,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives the relay's measurements. Default: none.
 	Metrics Observer
+	// TracerProvider, when set, traces each row whose traceparent header
+	// the provider's sampler keeps: a span per target publish, its
+	// traceparent in the headers that target gets (see trace.go). Default
+	// nil: no spans, and no row's headers are read for them.
+	TracerProvider trace.TracerProvider
 }
 
 // Defaults of Config's zero values. cmd/relayd's env tags repeat them (a

@@ -61,6 +61,8 @@ type Relay struct {
 	late  chan lateConfirm // confirms that came after their batch gave up, for recordLate
 	sweep strandedSweep    // finishStranded's place
 
+	tracer *tracer // nil when tracing is off
+
 	hooks *testHooks // nil in production
 	// triggerRecheck is how often the listener reads the table's trigger
 	// again while it has no wake lock.
@@ -82,7 +84,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		wake: newKick(), drain: newKick(), idle: newIdleState(),
 		floor: newClaimFloor(cfg.BatchSize, cfg.PollInterval), held: newHeldRows(),
 		late: make(chan lateConfirm, lateBuffer), sweep: strandedSweep{slice: sweepSliceRows},
-		triggerRecheck: triggerRecheckEvery}
+		triggerRecheck: triggerRecheckEvery, tracer: newTracer(cfg.TracerProvider, cfg.Sinks, cfg.Table.String())}
 	for _, s := range cfg.Sinks {
 		t := s.Target()
 		r.sinks.Set(t, s)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sethvargo/go-envconfig"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayd/relayd/metrics"
 	"github.com/relayd/relayd/relay"
@@ -48,9 +49,15 @@ func cmdRun(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int
 		return exitUsage
 	}
 	log := newLogger(cfg, stderr)
+	tp, stopTracing, err := setupTracing(context.Background(), env, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+		return exitUsage
+	}
+	defer stopTracing() // after serve: the last batches' spans
 	ctx, stop := signalContext(log)
 	defer stop()
-	if err := serve(ctx, cfg, log); err != nil {
+	if err := serve(ctx, cfg, log, tp); err != nil {
 		if ctx.Err() != nil && !errors.Is(err, errShutdownTimeout) {
 			// A signal while starting (waiting for Postgres or a broker):
 			// nothing was claimed, so nothing is left to finish.
@@ -72,7 +79,7 @@ var errShutdownTimeout = errors.New("in-flight batches did not finish within REL
 
 // serve runs the relay until ctx is done and its in-flight batches have
 // finished, or RELAY_SHUTDOWN_TIMEOUT has passed.
-func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
+func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerProvider) error {
 	pool, err := connectPostgres(ctx, cfg, int32(cfg.Workers+4), log)
 	if err != nil {
 		return err
@@ -93,7 +100,9 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	r, err := relay.New(pool, relayConfig(cfg, sinks, m, log))
+	rc := relayConfig(cfg, sinks, m, log)
+	rc.TracerProvider = tp
+	r, err := relay.New(pool, rc)
 	if err != nil {
 		return err
 	}
