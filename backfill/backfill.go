@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/relayd/relayd/internal/jspub"
@@ -84,6 +85,11 @@ type Config struct {
 	Logger *slog.Logger
 	// OnProgress, when set, is called after every batch and at the end.
 	OnProgress func(Progress)
+	// TracerProvider, when set, traces each message whose traceparent
+	// header its sampler keeps: a span from consume to publish, a child of
+	// that context, whose traceparent the JetStream copy carries. Default
+	// nil: none.
+	TracerProvider trace.TracerProvider
 
 	test testOptions
 }
@@ -179,6 +185,9 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		return Summary{}, err
 	}
 	b := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(), seenHeld: map[string]bool{}, retrying: map[string]int{}}
+	if cfg.TracerProvider != nil {
+		b.tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
 	if cfg.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, int(cfg.Rate/10)))
 	}
@@ -209,6 +218,7 @@ type runner struct {
 	js      jetstream.JetStream // stream lookups
 	pub     *jspub.Publisher
 	limiter *rate.Limiter
+	tracer  trace.Tracer // nil: tracing off
 	start   time.Time
 	depth0  int64
 

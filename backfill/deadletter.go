@@ -118,12 +118,14 @@ func (b *runner) refuse(ctx context.Context, it *item, reason string, dlq *deadL
 	b.log.Log(ctx, level, "backfill: JetStream refuses message for good", "message_id", it.id, "routing_key", it.d.RoutingKey, "reason", reason)
 	if dlq == nil {
 		b.hold(it)
+		it.endSpan("held", reason)
 		return nil
 	}
 	if err := dlq.publish(ctx, b.cfg.DeadLetterQueue, deadLetterPublishing(it.d, reason)); err != nil {
 		b.log.Debug("backfill: dead-letter publish failed; trying again", "message_id", it.id, "error", err.Error())
 		return fmt.Errorf("dead-letter publish: %w", err)
 	}
+	it.endSpan("dead_lettered", reason)
 	it.acks.ack(it.d, func() { b.dead.Add(1) })
 	b.forgetRetries([]*item{it})
 	return nil

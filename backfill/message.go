@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/outbox"
@@ -20,7 +21,8 @@ type item struct {
 	derived bool
 	subject string
 	msg     *nats.Msg
-	bad     string // why JetStream can never take it, or ""
+	bad     string     // why JetStream can never take it, or ""
+	span    trace.Span // its move, when traced (startSpan)
 }
 
 func (b *runner) prepare(d amqp.Delivery) *item {

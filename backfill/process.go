@@ -30,6 +30,7 @@ func (b *runner) process(ctx context.Context, acks *acker, ds []amqp.Delivery, d
 	for i, d := range ds {
 		items[i] = b.prepare(d)
 		items[i].acks = acks
+		b.startSpan(items[i], received)
 	}
 	for {
 		if slots != nil && !takeSlot(ctx, slots, received.Add(inPlace)) {
@@ -86,6 +87,7 @@ func (b *runner) requeueAll(items []*item) {
 }
 
 func (b *runner) requeue(it *item) {
+	it.endSpan("requeued", "back to the queue: could not move for now")
 	if err := it.acks.requeue(it.d); err == nil {
 		b.requeued.Add(1)
 	}

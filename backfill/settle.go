@@ -20,7 +20,10 @@ type retries struct {
 	err   error
 }
 
-func (r *retries) add(it *item, err error) { r.items, r.err = append(r.items, it), cmp.Or(r.err, err) }
+func (r *retries) add(it *item, err error) {
+	it.retried(err)
+	r.items, r.err = append(r.items, it), cmp.Or(r.err, err)
+}
 
 // settle makes one attempt at items (see process) and returns those that
 // could not move for now, with the first reason.
@@ -70,6 +73,7 @@ func (b *runner) settleKnown(ctx context.Context, acks *acker, items []*item, kn
 		switch {
 		case known[it.id]:
 			already = append(already, settled{it.d, func() { b.already.Add(1) }})
+			it.endSpan("already_delivered", "")
 			knownItems = append(knownItems, it)
 		case it.bad != "":
 			if err := b.refuse(ctx, it, it.bad, dlq); err != nil {
@@ -132,6 +136,7 @@ func (b *runner) ackMoved(ctx context.Context, acks *acker, moved []*item) {
 	}
 	done := make([]settled, len(moved))
 	for i, it := range moved {
+		it.endSpan("moved", "")
 		done[i] = settled{it.d, func() {
 			b.moved.Add(1)
 			if it.derived {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -339,4 +340,70 @@ func (e *env) queueHeaders(n int) map[string]map[string]string {
 		}
 	}
 	return out
+}
+
+// relayd backfill with tracing on: a moved message with a sampled
+// traceparent has a span under the producer's, whose traceparent its
+// JetStream copy carries; an unsampled one has none and moves as it was; one
+// JetStream refuses has an error status with the reason. The spans are
+// exported by the time the run exits.
+func TestTracingBackfill(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	recv := newOTLPReceiver(t)
+	sampledTrace, producerSpan, sampledTP := producerContext(t, true)
+	unsampledTrace, _, unsampledTP := producerContext(t, false)
+	refusedTrace, _, refusedTP := producerContext(t, true)
+	e.legacyPublish([]amqp.Publishing{
+		{MessageId: "traced", Body: []byte("a"), Headers: amqp.Table{"traceparent": sampledTP, "tracestate": "vendor=x"}},
+		{MessageId: "untraced", Body: []byte("b"), Headers: amqp.Table{"traceparent": unsampledTP}},
+		{MessageId: "refused", Body: []byte("c"), Headers: amqp.Table{"traceparent": refusedTP, "Nats-Rollup": "sub"}},
+	}, "orders.legacy")
+
+	cmd := e.backfillCmd()
+	cmd.Env = append(cmd.Env, "OTEL_EXPORTER_OTLP_ENDPOINT="+recv.url, "OTEL_SERVICE_NAME=relayd-backfill-it")
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("backfill still running after 90s:\n%s", out)
+	}
+	if err != nil {
+		t.Fatalf("backfill: %v\n%s", err, out)
+	}
+	if sum := decodeSummary(t, out); sum.Moved != 2 || sum.Failed != 1 {
+		t.Fatalf("summary %+v: want 2 moved, 1 held\n%s", sum, out)
+	}
+
+	spans := recv.spans(sampledTrace, "send ")
+	if len(spans) != 1 {
+		t.Fatalf("moved message: %d spans, want 1 (exported before the run exited)", len(spans))
+	}
+	s := spans[0]
+	a := attrMap(s.Attributes)
+	for k, want := range map[string]string{"messaging.system": "nats", "messaging.destination.name": e.prefix + "orders.legacy",
+		"messaging.message.id": "traced", "messaging.operation.type": "send", "relayd.outcome": "moved"} {
+		if a[k] != want {
+			t.Errorf("span: %s = %q, want %q", k, a[k], want)
+		}
+	}
+	if hex.EncodeToString(s.ParentSpanId) != producerSpan || s.Kind != tracepb.Span_SPAN_KIND_PRODUCER {
+		t.Errorf("span: kind %v parent %x, want a producer span under %s", s.Kind, s.ParentSpanId, producerSpan)
+	}
+	h := e.streamHeaders()
+	if want := "00-" + sampledTrace + "-" + hex.EncodeToString(s.SpanId) + "-01"; h["traced"]["traceparent"] != want || h["traced"]["tracestate"] != "vendor=x" {
+		t.Errorf("JetStream copy: traceparent %q tracestate %q, want %q and vendor=x", h["traced"]["traceparent"], h["traced"]["tracestate"], want)
+	}
+	if h["untraced"]["traceparent"] != unsampledTP || len(recv.spans(unsampledTrace, "")) != 0 {
+		t.Errorf("unsampled message: traceparent %q, %d spans; want it unchanged and none", h["untraced"]["traceparent"], len(recv.spans(unsampledTrace, "")))
+	}
+	refused := recv.spans(refusedTrace, "send ")
+	if len(refused) != 1 || refused[0].Status.GetCode() != tracepb.Status_STATUS_CODE_ERROR || !strings.Contains(refused[0].Status.Message, "Nats-Rollup") {
+		t.Errorf("refused message: spans %v; want one with an error status giving the reason", refused)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/schollz/progressbar/v3"
 	"github.com/sethvargo/go-envconfig"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/term"
 
 	"github.com/relayd/relayd/backfill"
@@ -79,7 +80,13 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		return code
 	}
 	defer ss.close()
-	return runBackfill(ss, f, stdout, stderr)
+	tp, stopTracing, err := setupTracing(context.Background(), env, ss.log)
+	if err != nil {
+		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+		return exitUsage
+	}
+	defer stopTracing()
+	return runBackfill(ss, f, tp, stdout, stderr)
 }
 
 // parseBackfillFlags reads the RELAY_BACKFILL_* defaults and the flags, and
@@ -153,7 +160,7 @@ func (f backfillFlags) valid(stderr io.Writer) bool {
 
 // runBackfill runs the backfill on ss with its progress reported, prints
 // the summary, and returns the exit code.
-func runBackfill(ss *session, f backfillFlags, stdout, stderr io.Writer) int {
+func runBackfill(ss *session, f backfillFlags, tp trace.TracerProvider, stdout, stderr io.Writer) int {
 	cfg, log, ctx, pool, nc := ss.cfg, ss.log, ss.ctx, ss.pool, ss.nc
 	if err := checkSchema(ctx, cfg, pool, log); err != nil {
 		log.Error("backfill", "error", err.Error())
@@ -180,7 +187,7 @@ func runBackfill(ss *session, f backfillFlags, stdout, stderr io.Writer) int {
 		NATS: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix, SubjectMap: f.subjectMap,
 		DB: pool, Table: cfg.table, DeadLetterQueue: f.dlq,
 		Follow: f.follow, DryRun: f.dryRun, Limit: f.limit, Rate: f.rate, AllowOtherConsumers: f.allowOthers,
-		PublishTimeout: cfg.PublishTimeout, Logger: log, OnProgress: rep.update,
+		PublishTimeout: cfg.PublishTimeout, Logger: log, OnProgress: rep.update, TracerProvider: tp,
 	})
 	rep.finish()
 	interrupted := errors.Is(err, context.Canceled)
