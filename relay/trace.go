@@ -86,13 +86,20 @@ func (t *tracer) startBatch(rows []*claimed, claimStart, claimedAt time.Time) *b
 	}
 	var b *batchTrace
 	for i, c := range rows {
+		if c.badRow != "" {
+			continue
+		}
+		ctx, ok := producerContext(c.msg.Headers)
+		if !ok {
+			continue
+		}
 		for _, tg := range Targets {
-			if !c.want.Get(tg) || c.badRow != "" {
+			if !c.want.Get(tg) {
 				continue
 			}
-			s := t.startSend(c, tg, claimedAt)
+			s := t.startSend(ctx, c, tg, claimedAt)
 			if s == nil {
-				continue
+				break // the sampler's verdict is the trace's: the same for each target
 			}
 			if b == nil {
 				b = &batchTrace{t: t, rows: make([]perTarget[*sendSpan], len(rows))}
@@ -114,36 +121,38 @@ func (t *tracer) batchAttrs(rows int) []attribute.KeyValue {
 		attribute.Int("relayd.batch.rows", rows)}
 }
 
+// producerContext is the producer's context in headers' traceparent (and
+// tracestate); ok is false, with nothing else parsed, when there is no
+// traceparent, and false when it is malformed.
+func producerContext(h map[string]string) (ctx context.Context, ok bool) {
+	if _, ok := h[traceParentHeader]; !ok {
+		return nil, false
+	}
+	ctx = propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier(h))
+	return ctx, trace.SpanContextFromContext(ctx).IsValid()
+}
+
 // startSend starts the span of c's publish to target tg, a child of the
-// producer's context in c's traceparent header, at the row's created_at so
-// that its time in the outbox shows. It returns nil, having parsed nothing
-// else, when the row has no traceparent, and nil when the header is
-// malformed or the sampler drops the span: the row goes as it is.
-func (t *tracer) startSend(c *claimed, tg Target, claimedAt time.Time) *sendSpan {
-	if _, ok := c.msg.Headers[traceParentHeader]; !ok {
-		return nil
-	}
-	carrier := propagation.MapCarrier(c.msg.Headers)
-	ctx := propagation.TraceContext{}.Extract(context.Background(), carrier)
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return nil
-	}
+// producer's context ctx, at the row's created_at so that its time in the
+// outbox shows. It returns nil when the sampler drops the span: the row
+// goes as it is.
+func (t *tracer) startSend(ctx context.Context, c *claimed, tg Target, claimedAt time.Time) *sendSpan {
 	m := &c.msg
-	_, span := t.tr.Start(ctx, "send "+m.Topic, trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithTimestamp(m.CreatedAt), trace.WithAttributes(
-			t.system.Get(tg),
-			semconv.MessagingDestinationName(t.destination(tg, m.Topic)),
-			semconv.MessagingMessageID(m.MessageID),
-			semconv.MessagingOperationTypeSend,
-			semconv.MessagingOperationName("send"),
-			attemptKey.Int(int(c.attempts.Get(tg))+1),
-		))
-	if tg == TargetAMQP {
-		span.SetAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(m.Topic))
-	}
+	_, span := t.tr.Start(ctx, "send "+m.Topic, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(m.CreatedAt))
 	if !span.SpanContext().IsSampled() {
 		span.End()
 		return nil
+	}
+	span.SetAttributes(
+		t.system.Get(tg),
+		semconv.MessagingDestinationName(t.destination(tg, m.Topic)),
+		semconv.MessagingMessageID(m.MessageID),
+		semconv.MessagingOperationTypeSend,
+		semconv.MessagingOperationName("send"),
+		attemptKey.Int(int(c.attempts.Get(tg))+1),
+	)
+	if tg == TargetAMQP {
+		span.SetAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(m.Topic))
 	}
 	span.AddEvent("claimed", trace.WithTimestamp(claimedAt))
 	out := *m
