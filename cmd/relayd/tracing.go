@@ -86,11 +86,10 @@ func setupTracing(ctx context.Context, env envconfig.Lookuper, log *slog.Logger)
 		// A partial resource is still a resource: trace with what it has.
 		log.Warn("tracing: resource incomplete", "error", err.Error())
 	}
-	exportErrs := errlog.New(log, "trace export")
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(exportErrs.Error))
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(errlog.New(log, "tracing").Error))
 	// The sampler is the SDK's: OTEL_TRACES_SAMPLER (default
 	// parentbased_always_on) and OTEL_TRACES_SAMPLER_ARG.
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(loggedExporter{exp, errlog.New(log, "trace export")}), sdktrace.WithResource(res))
 	log.Info("tracing on", "protocol", s.protocol, "service_instance_id", instance)
 	return tp, func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tracingFlushWait)
@@ -99,4 +98,20 @@ func setupTracing(ctx context.Context, env envconfig.Lookuper, log *slog.Logger)
 			log.Warn("tracing: spans not all exported at exit", "error", err.Error())
 		}
 	}, nil
+}
+
+// loggedExporter logs its exporter's failures, rate-limited, and once when
+// exports succeed again; the batch processor drops the spans either way.
+type loggedExporter struct {
+	sdktrace.SpanExporter
+	errs *errlog.Limiter
+}
+
+func (e loggedExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	if err := e.SpanExporter.ExportSpans(ctx, spans); err != nil {
+		e.errs.Error(err)
+		return nil // logged: not again through otel's error handler
+	}
+	e.errs.OK()
+	return nil
 }

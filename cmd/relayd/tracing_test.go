@@ -1,11 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/sethvargo/go-envconfig"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/relayd/relayd/internal/errlog"
 )
 
 // Tracing is off unless an OTLP exporter is asked for, and OTEL_SDK_DISABLED
@@ -47,4 +53,29 @@ func TestSetupTracingOff(t *testing.T) {
 		t.Fatalf("got %v, %v; want a nil provider", tp, err)
 	}
 	stop()
+}
+
+type flakyExporter struct {
+	sdktrace.SpanExporter
+	err error
+}
+
+func (f *flakyExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return f.err }
+
+// A failing export is logged (once, not again by otel's handler) and so is
+// the recovery.
+func TestLoggedExporter(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	inner := &flakyExporter{err: errors.New("connection refused")}
+	e := loggedExporter{inner, errlog.New(log, "trace export")}
+	if err := e.ExportSpans(context.Background(), nil); err != nil {
+		t.Fatalf("ExportSpans = %v, want nil (logged here)", err)
+	}
+	inner.err = nil
+	e.ExportSpans(context.Background(), nil)
+	out := buf.String()
+	if !strings.Contains(out, `msg="trace export failed" error="connection refused"`) || !strings.Contains(out, `msg="trace export recovered"`) {
+		t.Fatalf("log:\n%s\nwant the failure and the recovery", out)
+	}
 }
