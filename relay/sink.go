@@ -68,6 +68,13 @@ type RetryBounder interface {
 	RetryBound() time.Duration
 }
 
+// Destinationer is a Sink that can name where a topic's messages go (the
+// exchange, the subject), for the spans of its publishes
+// (messaging.destination.name). A sink without it is named by the topic.
+type Destinationer interface {
+	Destination(topic string) string
+}
+
 // ErrAwaitingConfirm marks a publish the broker had not answered by the
 // deadline on a connection that is still up: its confirm may yet come. It
 // always comes wrapped together with ErrUnavailable (see AwaitingConfirm):

@@ -12,13 +12,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Destinationer is a Sink that can name where a topic's messages go (the
-// exchange, the subject), for the spans of its publishes. A sink without it
-// is named by the topic.
-type Destinationer interface {
-	Destination(topic string) string
-}
-
 // tracerName is the instrumentation scope of the relay's spans.
 const tracerName = "github.com/relayd/relayd/relay"
 
