@@ -6,7 +6,9 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/sethvargo/go-envconfig"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -78,4 +80,45 @@ func TestLoggedExporter(t *testing.T) {
 	if !strings.Contains(out, `msg="trace export failed" error="connection refused"`) || !strings.Contains(out, `msg="trace export recovered"`) {
 		t.Fatalf("log:\n%s\nwant the failure and the recovery", out)
 	}
+}
+
+// Over grpc to a collector that is not there, the spans are given up at
+// exit within tracingFlushWait, and the loss is logged.
+func TestSetupTracingGRPCFlushIsBounded(t *testing.T) {
+	// The exporter reads its endpoint from the process environment.
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+	env := envconfig.MapLookuper(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+	var buf syncWriter
+	tp, stop, err := setupTracing(context.Background(), env, slog.New(slog.NewTextHandler(&buf, nil)))
+	if err != nil || tp == nil {
+		t.Fatalf("setupTracing: %v, %v; want a provider", tp, err)
+	}
+	_, span := tp.Tracer("test").Start(context.Background(), "s")
+	span.End()
+	start := time.Now()
+	stop()
+	if took := time.Since(start); took > tracingFlushWait+2*time.Second {
+		t.Fatalf("stop took %v, want at most about %v", took, tracingFlushWait)
+	}
+	if out := buf.String(); !strings.Contains(out, "trace export failed") && !strings.Contains(out, "spans not all exported at exit") {
+		t.Fatalf("log:\n%s\nwant the spans said lost", out)
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
