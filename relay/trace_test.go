@@ -170,7 +170,7 @@ func TestPublishTracesEachTarget(t *testing.T) {
 		t.Errorf("delivered span status %v, want unset", st)
 	}
 	if v := attr(spans["rabbitmq"], "relayd.attempt"); v.AsInt64() != 3 {
-		t.Errorf("relayd.attempt %v, want 3 (two failed before)", v.Emit())
+		t.Errorf("relayd.attempt %v, want 3 (two failed before)", v.String())
 	}
 	if st := spans["nats"].Status(); st.Code != codes.Error || !strings.Contains(st.Description, "no stream") {
 		t.Errorf("parked span status %+v, want an error with the reason", st)
