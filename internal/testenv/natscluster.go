@@ -2,10 +2,16 @@ package testenv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +33,8 @@ import (
 type NATSCluster struct {
 	t     testing.TB
 	name  string
+	bin   string // the nats-server binary nodes run as processes; "": embedded
+	root  string
 	nodes []*clusterNode
 }
 
@@ -34,20 +42,35 @@ type clusterNode struct {
 	name      string
 	port      int
 	routePort int
+	monPort   int // HTTP monitoring, processes only
 	dir       string
-	srv       *natsserver.Server // nil while stopped
+	srv       *natsserver.Server // embedded: nil while stopped
+	proc      *exec.Cmd          // process: nil while stopped
+	exited    chan struct{}
 }
 
-// NewNATSCluster starts an n-node JetStream cluster and waits until it has
-// a meta leader and every node is current with it.
+// NewNATSCluster starts an n-node JetStream cluster embedded in the test
+// process and waits until it has a meta leader and every node is current
+// with it.
 func NewNATSCluster(t testing.TB, n int) *NATSCluster {
 	t.Helper()
-	c := &NATSCluster{t: t, name: Name("js")}
-	root := t.TempDir()
+	return newNATSCluster(t, n, "")
+}
+
+// NewNATSClusterProcs is NewNATSCluster with each node a nats-server process
+// of its own (bin, see NATSServerBinary), so that Kill is a real SIGKILL.
+func NewNATSClusterProcs(t testing.TB, n int, bin string) *NATSCluster {
+	t.Helper()
+	return newNATSCluster(t, n, bin)
+}
+
+func newNATSCluster(t testing.TB, n int, bin string) *NATSCluster {
+	t.Helper()
+	c := &NATSCluster{t: t, name: Name("js"), bin: bin, root: t.TempDir()}
 	for i := range n {
 		c.nodes = append(c.nodes, &clusterNode{
-			name: fmt.Sprintf("n%d", i+1), port: FreePort(t), routePort: FreePort(t),
-			dir: filepath.Join(root, fmt.Sprintf("n%d", i+1)),
+			name: fmt.Sprintf("n%d", i+1), port: FreePort(t), routePort: FreePort(t), monPort: FreePort(t),
+			dir: filepath.Join(c.root, fmt.Sprintf("n%d", i+1)),
 		})
 	}
 	for i := range c.nodes {
@@ -76,29 +99,146 @@ func (c *NATSCluster) opts(i int) *natsserver.Options {
 	}
 }
 
+func (n *clusterNode) running() bool { return n.srv != nil || n.proc != nil }
+
 // Start starts node i (again: same ports, same store directory).
 func (c *NATSCluster) Start(i int) {
 	c.t.Helper()
-	if c.nodes[i].srv != nil {
-		c.t.Fatalf("nats cluster: node %s already running", c.nodes[i].name)
+	n := c.nodes[i]
+	if n.running() {
+		c.t.Fatalf("nats cluster: node %s already running", n.name)
 	}
-	c.nodes[i].srv = NATSServer(c.t, c.opts(i))
+	if c.bin == "" {
+		n.srv = NATSServer(c.t, c.opts(i))
+		return
+	}
+	c.startProc(i)
 }
 
-// Stop shuts node i down and waits until it has.
+// Stop shuts node i down and waits until it has: Shutdown, or for a
+// process SIGTERM (the same shutdown, handing leadership over).
 func (c *NATSCluster) Stop(i int) {
 	c.t.Helper()
-	s := c.nodes[i].srv
-	if s == nil {
-		c.t.Fatalf("nats cluster: node %s not running", c.nodes[i].name)
+	n := c.nodes[i]
+	switch {
+	case n.srv != nil:
+		n.srv.Shutdown()
+		n.srv.WaitForShutdown()
+		n.srv = nil
+	case n.proc != nil:
+		c.signal(i, syscall.SIGTERM)
+	default:
+		c.t.Fatalf("nats cluster: node %s not running", n.name)
 	}
-	s.Shutdown()
-	s.WaitForShutdown()
-	c.nodes[i].srv = nil
 }
 
-// Server returns node i's server, nil while it is stopped.
-func (c *NATSCluster) Server(i int) *natsserver.Server { return c.nodes[i].srv }
+// Kill SIGKILLs node i's process and waits for it to exit: a crash. Only
+// for a cluster of processes.
+func (c *NATSCluster) Kill(i int) {
+	c.t.Helper()
+	if c.nodes[i].proc == nil {
+		c.t.Fatalf("nats cluster: node %s is not a running process", c.nodes[i].name)
+	}
+	c.signal(i, syscall.SIGKILL)
+}
+
+func (c *NATSCluster) signal(i int, sig syscall.Signal) {
+	c.t.Helper()
+	n := c.nodes[i]
+	n.proc.Process.Signal(sig) //nolint:errcheck // exited already: waited for below
+	select {
+	case <-n.exited:
+	case <-time.After(30 * time.Second):
+		n.proc.Process.Kill() //nolint:errcheck // the test fails anyway
+		<-n.exited
+		c.t.Fatalf("nats cluster: node %s did not exit within 30s of %v", n.name, sig)
+	}
+	n.proc = nil
+}
+
+// startProc starts node i as a nats-server process with a config file of
+// its own, and waits until it answers on its client port.
+func (c *NATSCluster) startProc(i int) {
+	c.t.Helper()
+	n := c.nodes[i]
+	var routes []string
+	for j, o := range c.nodes {
+		if j != i {
+			routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", o.routePort))
+		}
+	}
+	conf := fmt.Sprintf(`server_name: %s
+listen: "127.0.0.1:%d"
+http: "127.0.0.1:%d"
+jetstream { store_dir: %q, max_memory_store: 64MB, max_file_store: 1GB }
+cluster { name: %s, listen: "127.0.0.1:%d", routes: [%s] }
+`, n.name, n.port, n.monPort, n.dir, c.name, n.routePort, strings.Join(routes, ", "))
+	path := filepath.Join(c.root, n.name+".conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+	cmd := exec.Command(c.bin, "-c", path)
+	dieWithTest(cmd)
+	log, err := os.OpenFile(filepath.Join(c.root, n.name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("nats cluster: start %s: %v", n.name, err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }() //nolint:errcheck // a killed node exits non-zero
+	n.proc, n.exited = cmd, exited
+	c.t.Cleanup(func() { cmd.Process.Kill(); <-exited }) //nolint:errcheck // may have exited
+	Eventually(c.t, 30*time.Second, func() bool {
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(filepath.Join(c.root, n.name+".log"))
+			c.t.Fatalf("nats cluster: %s exited at start:\n%s", n.name, b)
+		default:
+		}
+		return reachable(c.URL(i))
+	}, "nats cluster: %s not listening", n.name)
+}
+
+// jsz is the part of a node's /jsz the cluster reads.
+type jsz struct {
+	Meta *struct {
+		Leader string `json:"leader"`
+	} `json:"meta_cluster"`
+}
+
+// monitor GETs path from node i's monitoring port; ok is false for an error
+// or a status other than 200.
+func (c *NATSCluster) monitor(i int, path string, v any) bool {
+	cl := http.Client{Timeout: 2 * time.Second}
+	resp, err := cl.Get(fmt.Sprintf("http://127.0.0.1:%d%s", c.nodes[i].monPort, path))
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false
+	}
+	return v == nil || json.NewDecoder(resp.Body).Decode(v) == nil
+}
+
+// NATSServerBinary builds nats-server from the module this repository
+// requires (go.mod), into a directory of the test's own, and returns its
+// path. The Go build cache makes every build after the first a link.
+func NATSServerBinary(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "nats-server")
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
+	cmd.Dir = filepath.Dir(file)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build nats-server: %v\n%s", err, out)
+	}
+	return bin
+}
 
 // NodeName returns node i's server name (what stream info's Cluster.Leader
 // says).
@@ -134,8 +274,22 @@ func (c *NATSCluster) MetaLeader() int {
 		if n.srv != nil && n.srv.JetStreamIsLeader() {
 			return i
 		}
+		var z jsz
+		if n.proc != nil && c.monitor(i, "/jsz", &z) && z.Meta != nil && z.Meta.Leader == n.name {
+			return i
+		}
 	}
 	return -1
+}
+
+// current reports whether running node i is current with the meta leader
+// (a process: its /healthz, which also wants its streams current).
+func (c *NATSCluster) current(i int) bool {
+	n := c.nodes[i]
+	if n.srv != nil {
+		return n.srv.JetStreamIsCurrent()
+	}
+	return c.monitor(i, "/healthz", nil)
 }
 
 // WaitMetaLeader waits until a running node is the meta leader and every
@@ -147,8 +301,8 @@ func (c *NATSCluster) WaitMetaLeader(timeout time.Duration) int {
 		if leader = c.MetaLeader(); leader < 0 {
 			return false
 		}
-		for _, n := range c.nodes {
-			if n.srv != nil && !n.srv.JetStreamIsCurrent() {
+		for i, n := range c.nodes {
+			if n.running() && !c.current(i) {
 				return false
 			}
 		}
