@@ -403,14 +403,32 @@ func runLeaderLoss(t *testing.T, which string) {
 }
 
 // A backfill of a legacy queue into the R3 stream while the stream's leader
-// is shut down mid-way (and started again): every legacy message is in the
-// stream exactly once and the queue is empty. Then `relayd cutover check`
-// against a durable consumer with three replicas: FAIL while it has not
-// read the stream, READY once it has read and acked everything, with that
-// consumer's leader shut down (its state read from the new leader).
+// is shut down (case shutdown) or SIGKILLed (case kill) mid-way, and started
+// again: every legacy message is in the stream exactly once and the queue is
+// empty. Then `relayd cutover check` against a durable consumer with three
+// replicas: FAIL while it has not read the stream, READY once it has read
+// and acked everything, with that consumer's leader gone the same way (its
+// state read from the new leader).
 func TestClusterBackfillAndCutover(t *testing.T) {
 	t.Parallel()
-	e, c := newClusterEnv(t, "")
+	for _, how := range []string{"shutdown", "kill"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			runBackfillAndCutover(t, how == "kill")
+		})
+	}
+}
+
+func runBackfillAndCutover(t *testing.T, kill bool) {
+	bin := ""
+	if kill {
+		bin = testenv.NATSServerBinary(t)
+	}
+	e, c := newClusterEnv(t, bin)
+	lose := c.Stop
+	if kill {
+		lose = c.Kill
+	}
 	ctx := context.Background()
 	const total = 6_000
 	legacy := make([]amqp.Publishing, total)
@@ -427,13 +445,13 @@ func TestClusterBackfillAndCutover(t *testing.T) {
 	leader := c.WaitStreamCurrent(e.js, e.stream, 20*time.Second)
 	at := e.streamCount()
 	t0 := time.Now()
-	c.Stop(leader)
+	lose(leader)
 	sum := finished(t, done, out, 2*time.Minute, "backfill")
 	took := time.Since(t0)
 	c.Start(leader)
 	c.WaitMetaLeader(30 * time.Second)
 	c.WaitStreamCurrent(e.js, e.stream, 30*time.Second)
-	t.Logf("backfill: stream leader %s shut down with %d of %d in the stream; the run ended %v later: %+v",
+	t.Logf("backfill: stream leader %s gone with %d of %d in the stream; the run ended %v later: %+v",
 		c.NodeName(leader), at, total, took.Round(time.Millisecond), sum)
 
 	if n, cons := e.queueDepth(e.queue); n != 0 || cons != 0 {
@@ -491,11 +509,11 @@ func TestClusterBackfillAndCutover(t *testing.T) {
 		t.Fatalf("consumer cluster info %+v: want a leader and two replicas", ci.Cluster)
 	}
 	cl := c.Index(ci.Cluster.Leader)
-	c.Stop(cl)
+	lose(cl)
 	got, code := check("--wait", "--timeout", "60s")
 	if code != 0 || !strings.Contains(got, "READY") {
-		t.Fatalf("cutover check with the consumer caught up and its leader %s down: exit %d, want 0 and READY:\n%s", c.NodeName(cl), code, got)
+		t.Fatalf("cutover check with the consumer caught up and its leader %s gone: exit %d, want 0 and READY:\n%s", c.NodeName(cl), code, got)
 	}
-	t.Logf("cutover check, consumer caught up, its leader %s shut down (exit %d):\n%s", c.NodeName(cl), code, got)
+	t.Logf("cutover check, consumer caught up, its leader %s gone (exit %d):\n%s", c.NodeName(cl), code, got)
 	c.Start(cl)
 }
