@@ -458,6 +458,15 @@ func runBackfillAndCutover(t *testing.T, kill bool) {
 	c.WaitStreamCurrent(e.js, e.stream, 30*time.Second)
 	t.Logf("backfill: stream leader %s gone with %d of %d in the stream; the run ended %v later: %+v",
 		c.NodeName(leader), at, total, took.Round(time.Millisecond), sum)
+	if took > 12*time.Second { // an election takes 9 s at most: say what the run waited for
+		var lines []string
+		for _, l := range strings.Split(out.String(), "\n") {
+			if !strings.Contains(l, "level=DEBUG") {
+				lines = append(lines, l)
+			}
+		}
+		t.Logf("backfill output, debug lines left out:\n%s", strings.Join(lines, "\n"))
+	}
 
 	if n, cons := e.queueDepth(e.queue); n != 0 || cons != 0 {
 		t.Fatalf("legacy queue: %d messages, %d consumers after the backfill; want empty", n, cons)
