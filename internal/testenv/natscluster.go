@@ -19,17 +19,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// NATSCluster is a JetStream cluster of the test's own: nodes embedded in
-// the test process on loopback, client and route ports picked free, each
-// node's store under t.TempDir(). A node can be stopped and started again on
-// the same ports and store directory (Stop, Start). Every node is shut down
+// NATSCluster is a JetStream cluster of the test's own on loopback: nodes
+// embedded in the test process (NewNATSCluster) or nats-server processes
+// (NewNATSClusterProcs), client and route ports picked free, each node's
+// store under t.TempDir(). A node can be stopped and started again on the
+// same ports and store directory (Stop, Start). Every node is shut down
 // when the test ends.
 //
-// Stop is the server's Shutdown: it hands leadership of every Raft group
-// the node leads to a current follower before closing (nats-server
-// stepdownRaftNodes), so it is a graceful leader loss (a rolling restart),
-// not a crash: after a crash the others elect a new leader only after their
-// election timeout (4 to 9 s in nats-server 2.15).
+// Stop is the server's Shutdown (a process: SIGTERM): it hands leadership of
+// every Raft group the node leads to a current follower before closing
+// (nats-server stepdownRaftNodes), so it is a graceful leader loss (a rolling
+// restart), not a crash. Kill, for processes, is the crash: the others elect
+// a new leader only after their election timeout (4 to 9 s in nats-server
+// 2.15).
 type NATSCluster struct {
 	t     testing.TB
 	name  string
