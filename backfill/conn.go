@@ -66,9 +66,12 @@ type arrival struct {
 
 // open dials RabbitMQ, opens the channels and starts consuming.
 func (b *runner) open(ctx context.Context) (*consumerConn, error) {
-	conn, err := amqpio.DialURL(b.cfg.AMQPURL, amqpio.DialOptions{TLS: b.cfg.TLS, Timeout: dialTimeout})
+	conn, node, err := b.nodes.Dial(amqpio.DialOptions{TLS: b.cfg.TLS, Timeout: dialTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errLost, err)
+	}
+	if b.nodes.Len() > 1 {
+		b.log.Info("backfill: connected to RabbitMQ", "node", node)
 	}
 	c := &consumerConn{b: b, conn: conn}
 	deliveries, dlqGone, err := c.openChannels(ctx)

@@ -5,14 +5,14 @@ import (
 	"fmt"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/relayd/relayd/internal/amqpio"
 )
 
 // dryRun looks at every ready message (up to Limit) without acking any,
 // counts what a real run would do, then returns them all to the queue by
 // closing the channel. Nothing is published and nothing recorded.
 func (b *runner) dryRun(ctx context.Context) (Summary, error) {
-	conn, err := amqp.DialTLS(b.cfg.AMQPURL, b.cfg.TLS)
+	conn, err := amqpio.DialURL(b.cfg.AMQPURL, amqpio.DialOptions{TLS: b.cfg.TLS, Timeout: dialTimeout})
 	if err != nil {
 		return Summary{}, fmt.Errorf("amqp: connect: %w", err)
 	}

@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/internal/backoff"
 )
 
 // preflight checks the queue, its other consumers, and the stream.
 func (b *runner) preflight(ctx context.Context) error {
-	conn, err := amqp.DialTLS(b.cfg.AMQPURL, b.cfg.TLS)
+	conn, err := amqpio.DialURL(b.cfg.AMQPURL, amqpio.DialOptions{TLS: b.cfg.TLS, Timeout: dialTimeout})
 	if err != nil {
 		return fmt.Errorf("amqp: connect: %w", err)
 	}

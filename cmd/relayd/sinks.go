@@ -96,7 +96,7 @@ func openAMQPSink(ctx context.Context, cfg *config, log *slog.Logger) (relay.Sin
 // starting: what a refused or reset connection fails is retried until ctx
 // is done, and then the last dial's error is returned.
 func ensureExchange(ctx context.Context, cfg *config, tlsCfg *tls.Config, log *slog.Logger) error {
-	wait := newWaitLog(log, "rabbitmq", redactURL(cfg.AMQPURL), cfg.StartupTimeout)
+	wait := newWaitLog(log, "rabbitmq", redactAMQP(cfg.AMQPURL), cfg.StartupTimeout)
 	for {
 		err := amqpsink.EnsureExchange(ctx, cfg.AMQPURL, tlsCfg, cfg.AMQPExchange, cfg.Provision)
 		var netErr *net.OpError

@@ -28,6 +28,7 @@ type link struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
 	cork *amqpio.Conn
+	node string // host:port of the RabbitMQ node, for logs
 
 	mu       sync.Mutex
 	byTag    map[uint64]*pending

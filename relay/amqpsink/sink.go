@@ -21,12 +21,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/relay"
 )
 
 // Config configures a Sink.
 type Config struct {
-	// URL is the RabbitMQ URL, amqp:// or amqps://. Required.
+	// URL is the RabbitMQ URL, amqp:// or amqps://, or the URLs of a
+	// cluster's nodes separated by commas (amqpio.SplitURLs). Nodes are
+	// tried in order; after a connection loss, from the next node on.
+	// Required.
 	URL string
 	// Exchange is where messages are published, with the row's topic as the
 	// routing key. Required.
@@ -45,8 +49,9 @@ type Config struct {
 
 // Sink is the relay's RabbitMQ target.
 type Sink struct {
-	cfg Config
-	log *slog.Logger
+	cfg   Config
+	log   *slog.Logger
+	nodes *amqpio.Nodes
 
 	mu      sync.Mutex
 	cur     *link // nil while disconnected
@@ -82,8 +87,8 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), stop: make(chan struct{}), stopped: make(chan struct{}),
-		late: map[string]time.Time{}}
+	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), nodes: amqpio.NewNodes(cfg.URL),
+		stop: make(chan struct{}), stopped: make(chan struct{}), late: map[string]time.Time{}}
 	s.unroutable = newUnroutableWarner(s.log)
 	var first *link
 	var err error
@@ -98,6 +103,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+	s.log.Info("amqp connected", "node", first.node)
 	s.cur = first // ready as soon as New returns
 	go s.supervise(first)
 	return s, nil
