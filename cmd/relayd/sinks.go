@@ -85,7 +85,8 @@ func openAMQPSink(ctx context.Context, cfg *config, log *slog.Logger) (relay.Sin
 	if err := ensureExchange(sctx, cfg, tlsCfg, log); err != nil {
 		return nil, nil, err
 	}
-	s, err := amqpsink.New(sctx, amqpsink.Config{URL: cfg.AMQPURL, Exchange: cfg.AMQPExchange, TLS: tlsCfg, Logger: log})
+	s, err := amqpsink.New(sctx, amqpsink.Config{URL: cfg.AMQPURL, Exchange: cfg.AMQPExchange, TLS: tlsCfg, Logger: log,
+		StallTimeout: 2 * cfg.PublishTimeout})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -44,6 +44,7 @@ func (s *Sink) connect() (*link, error) {
 	}
 	l := newLink(conn, ch, s.confirmedLate, s.cfg.beforeEvent, s.blockedBy, s.unroutable.returned)
 	l.cork, l.node = cork, node
+	go l.watchStall(s.cfg.StallTimeout)
 	return l, nil
 }
 

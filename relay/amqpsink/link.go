@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -37,6 +38,9 @@ type link struct {
 	earlyRet map[string]string // returns that beat their registration
 	dead     bool
 	err      error
+	acked    time.Time           // the last ack, or since when publishes wait (watchStall)
+	nacks    int                 // nacks since the last ack
+	cut      error               // why watchStall closed the connection
 	blocked  string              // why RabbitMQ blocked the connection; "" while it is not
 	probing  bool                // blocked only until probe hears otherwise
 	lateOK   func(msgID string)  // told of confirms that came after their publisher gave up
@@ -102,6 +106,7 @@ func (l *link) publish(ctx context.Context, exchange, key, msgID string, pub amq
 		p.resolve(relay.Unavailable(l.err))
 		return p, nil
 	}
+	l.waiting()
 	l.byTag[dc.DeliveryTag] = p
 	l.byMsgID[msgID] = p
 	return p, nil
@@ -123,6 +128,7 @@ func (l *link) returned(r amqp.Return) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.answered(true)
 	reason := fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
 	if p, ok := l.byMsgID[r.MessageId]; ok {
 		p.returned = reason
@@ -137,6 +143,7 @@ func (l *link) onConfirm(c amqp.Confirmation) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.answered(c.Ack)
 	p, ok := l.byTag[c.DeliveryTag]
 	if !ok {
 		l.early[c.DeliveryTag] = c.Ack
@@ -192,6 +199,9 @@ func (l *link) failAll(err error) {
 	defer l.mu.Unlock()
 	if l.dead {
 		return
+	}
+	if l.cut != nil {
+		err = l.cut
 	}
 	l.dead, l.err = true, err
 	verdict := relay.Unavailable(err)
