@@ -65,7 +65,7 @@ func newLink(conn *amqp.Connection, ch *amqp.Channel, lateOK func(string), hook 
 		conn: conn, ch: ch, lateOK: lateOK, hook: hook, onBlock: onBlock, onReturn: onReturn,
 		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
 		early: map[uint64]bool{}, earlyRet: map[string]string{},
-		done: make(chan struct{}),
+		done: make(chan struct{}), acked: time.Now(),
 	}
 	e := &linkEvents{
 		l:          l,
