@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
@@ -39,7 +40,9 @@ import (
 
 // Config configures a backfill run.
 type Config struct {
-	// AMQPURL and Queue name the legacy queue to drain. Required.
+	// AMQPURL and Queue name the legacy queue to drain. Required. AMQPURL
+	// may list a cluster's nodes, separated by commas (amqpio.SplitURLs):
+	// tried in order, and after a connection loss from the next node on.
 	AMQPURL string
 	Queue   string
 	// TLS is used for amqps:// URLs. Default: system roots.
@@ -178,7 +181,8 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return Summary{}, err
 	}
-	b := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(), seenHeld: map[string]bool{}, retrying: map[string]int{}}
+	b := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(), seenHeld: map[string]bool{}, retrying: map[string]int{},
+		nodes: amqpio.NewNodes(cfg.AMQPURL)}
 	if cfg.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, int(cfg.Rate/10)))
 	}
@@ -206,6 +210,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 type runner struct {
 	cfg     Config
 	log     *slog.Logger
+	nodes   *amqpio.Nodes       // the consuming connections' (loop reconnects to the next)
 	js      jetstream.JetStream // stream lookups
 	pub     *jspub.Publisher
 	limiter *rate.Limiter

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/relayd/relayd/internal/amqpio"
 )
 
 // redact returns a NATS server list fit for logs: URLs separated by commas
@@ -20,6 +22,20 @@ func redact(s string) string {
 		parts[i] = redactURL(p)
 	}
 	return strings.Join(parts, ",")
+}
+
+// redactAMQP returns a RabbitMQ node list fit for logs: split where
+// amqpio.SplitURLs splits it (so a ',' in a password stays in the password),
+// each URL as redactURL has it, joined by commas.
+func redactAMQP(s string) string {
+	urls := amqpio.SplitURLs(s)
+	if len(urls) == 0 {
+		return redactURL(s)
+	}
+	for i, u := range urls {
+		urls[i] = redactURL(u)
+	}
+	return strings.Join(urls, ",")
 }
 
 // redactURL returns one URL fit for logs: its password replaced, and a NATS
