@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -54,11 +56,19 @@ func (w *waitLog) reached() {
 	}
 }
 
-// postgresForLog names the server a pool config connects to, without its
-// password (a key=value DSN has no URL to redact).
+// postgresForLog names the servers a pool config connects to — every host
+// of a multi-host URL, in the order tried — without its password (a
+// key=value DSN has no URL to redact).
 func postgresForLog(pc *pgxpool.Config) string {
 	c := pc.ConnConfig
-	return fmt.Sprintf("postgres://%s@%s/%s", c.User, hostPort(c.Host, c.Port), c.Database)
+	hosts := []string{hostPort(c.Host, c.Port)}
+	for _, fb := range c.Fallbacks {
+		// sslmode=prefer (the default) tries each host with TLS, then without.
+		if h := hostPort(fb.Host, fb.Port); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return fmt.Sprintf("postgres://%s@%s/%s", c.User, strings.Join(hosts, ","), c.Database)
 }
 
 func hostPort(host string, port uint16) string {

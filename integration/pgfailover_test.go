@@ -1,0 +1,251 @@
+package integration
+
+// A Postgres failover under load: a primary and a synchronous standby of the
+// test's own (never the shared server), producers and two relayd processes
+// on one multi-host URL with target_session_attrs=read-write; the primary is
+// stopped immediately and the standby promoted. Everything whose commit a
+// producer saw must reach the stream once and RabbitMQ at least once.
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/outbox"
+)
+
+// newEnvDB is newEnv on the Postgres at dbURL instead of the shared one.
+func newEnvDB(t *testing.T, dbURL string) *env {
+	t.Helper()
+	e := &env{t: t, dbURL: dbURL, amqpURL: testenv.AMQPURL(t), natsURL: testenv.NATSURL(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var err error
+	if e.pool, err = pgxpool.New(ctx, dbURL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.pool.Close)
+	e.table = testenv.Outbox(t, e.pool)
+	if e.writer, err = outbox.New(outbox.Config{Table: e.table.String()}); err != nil {
+		t.Fatal(err)
+	}
+	id := testenv.Name("it")
+	e.stream, e.prefix, e.exchange, e.queue = strings.ToUpper(id), id+".", id, id+"_q"
+	e.connectNATS(e.natsURL)
+	e.setupAMQP()
+	return e
+}
+
+// failoverLoad is producers that keep writing through a failover: a
+// transaction that fails is not retried (its outcome is unknown: it may
+// have committed), the producer goes on with the next.
+type failoverLoad struct {
+	e        *env
+	stop     chan struct{}
+	done     chan struct{}
+	promoted atomic.Int64 // UnixNano of the promotion; 0 before
+	firstNew atomic.Int64 // UnixNano of the first commit after the promotion
+
+	mu        sync.Mutex
+	committed map[string]bool // commits the producer saw
+	unknown   int             // rows of commits that failed
+	failures  int
+}
+
+func startFailoverLoad(e *env, producers int) *failoverLoad {
+	l := &failoverLoad{e: e, stop: make(chan struct{}), done: make(chan struct{}), committed: map[string]bool{}}
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.produce(p) }()
+	}
+	go func() { wg.Wait(); close(l.done) }()
+	e.t.Cleanup(l.halt)
+	return l
+}
+
+func (l *failoverLoad) halt() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	<-l.done
+}
+
+func (l *failoverLoad) produce(p int) {
+	for seq := 0; ; seq++ {
+		select {
+		case <-l.stop:
+			return
+		default:
+		}
+		msgs := make([]outbox.Message, 1+seq%5)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Topic: fmt.Sprintf("orders.p%d", p), Payload: fmt.Appendf(nil, `{"p":%d,"tx":%d,"i":%d}`, p, seq, i)}
+		}
+		ids, err := l.commit(msgs)
+		l.mu.Lock()
+		if err != nil {
+			l.failures++
+			l.unknown += len(msgs)
+		}
+		for _, id := range ids {
+			l.committed[id] = true
+		}
+		l.mu.Unlock()
+		if err != nil {
+			time.Sleep(20 * time.Millisecond) // a producer's retry pause, not a wait for a result
+			continue
+		}
+		if l.promoted.Load() != 0 {
+			l.firstNew.CompareAndSwap(0, time.Now().UnixNano())
+		}
+		time.Sleep(2 * time.Millisecond) // pacing the load
+	}
+}
+
+// commit writes msgs in a transaction of their own and returns their ids if
+// the commit succeeded.
+func (l *failoverLoad) commit(msgs []outbox.Message) ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tx, err := l.e.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	ids, err := l.e.writer.Write(ctx, tx, msgs...)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// seen returns a copy of the commits the producers saw, and the failed ones.
+func (l *failoverLoad) seen() (committed map[string]bool, unknown, failures int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.committed), l.unknown, l.failures
+}
+
+func (l *failoverLoad) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.committed)
+}
+
+// deliveries counts, on conn, the delivery records of the test's table:
+// rows delivered to RabbitMQ plus rows delivered to JetStream.
+func (e *env) deliveries(ctx context.Context, conn *pgx.Conn) (int, error) {
+	var n int
+	err := conn.QueryRow(ctx, `SELECT count(amqp_delivered_at) + count(nats_delivered_at) FROM (
+		SELECT amqp_delivered_at, nats_delivered_at FROM `+e.table.Ident()+`
+		UNION ALL SELECT amqp_delivered_at, nats_delivered_at FROM `+e.table.Delivered()+`) r`).Scan(&n)
+	return n, err
+}
+
+// TestPostgresFailover: producers and two relayd processes in dual write on
+// a primary with a synchronous standby; the primary is stopped immediately
+// (pg_ctl stop -m immediate) and the standby promoted. The producers and
+// relays find the new primary through the multi-host URL by themselves;
+// every row whose commit a producer saw is in the stream once by
+// Nats-Msg-Id and in the queue at least once, and the time from the
+// promotion to the first row relayed on the new primary is logged.
+func TestPostgresFailover(t *testing.T) {
+	primary, standby := testenv.NewPGPair(t)
+	e := newEnvDB(t, testenv.MultiHostURL(primary, standby))
+	relays := []*proc{startFaultRelay(e, "relay-1"), startFaultRelay(e, "relay-2")}
+
+	// The standby, queried directly (hot standby), sees every delivery the
+	// primary recorded; the connection lives through the promotion.
+	ctx := t.Context()
+	watch, err := pgx.Connect(ctx, standby.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+
+	load := startFailoverLoad(e, 4)
+	start := time.Now()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		n, err := e.deliveries(ctx, watch)
+		return err == nil && n >= 2000
+	}, "relays did not deliver 1,000 rows before the failover")
+
+	primary.Stop("immediate")
+	killed := time.Now()
+	before := load.count()
+	// Everything the standby received is replayed before it is promoted;
+	// the count then is what the old primary recorded.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var caughtUp bool
+		err := watch.QueryRow(ctx, `SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()`).Scan(&caughtUp)
+		return err == nil && caughtUp
+	}, "standby did not replay what it received")
+	old, err := e.deliveries(ctx, watch)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	promoting := time.Now()
+	load.promoted.Store(promoting.UnixNano())
+	standby.Promote()
+	promoted := time.Since(promoting)
+	var firstRelayed time.Duration
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		n, err := e.deliveries(ctx, watch)
+		if err == nil && n > old {
+			firstRelayed = time.Since(promoting)
+			return true
+		}
+		return false
+	}, "no row relayed on the new primary")
+	testenv.Eventually(t, 30*time.Second, func() bool { return load.firstNew.Load() != 0 }, "producers did not commit on the new primary")
+	firstCommit := time.Duration(load.firstNew.Load() - promoting.UnixNano())
+	// A second of traffic on the new primary, then stop writing.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return load.count() >= before+2000 && time.Since(promoting) > time.Second
+	}, "producers did not commit 2,000 rows on the new primary")
+	load.halt()
+	committed, unknown, failures := load.seen()
+
+	e.waitDelivered(60 * time.Second)
+	inDB := e.committedIDs()
+	lost := 0
+	for id := range committed {
+		if !inDB[id] {
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of the %d rows whose commit the producers saw are not in the promoted standby's outbox", lost, len(committed))
+	}
+	// The brokers are checked against the table: a commit whose outcome the
+	// producer did not learn may have committed, and is then owed too.
+	amqpDupes := e.checkExactlyOnce(inDB, true)
+	for _, r := range relays {
+		if !r.running() {
+			t.Errorf("%s exited:\n%s", r.name, r.out.String())
+		}
+	}
+	t.Logf("%d rows committed as the producers saw (%d before the stop), %d in the table (%d rows in %d failed commits of unknown outcome); "+
+		"lost %d; jetstream duplicates 0; rabbitmq duplicates %d; traffic %v",
+		len(committed), before, len(inDB), unknown, failures, lost, amqpDupes, time.Since(start).Round(time.Millisecond))
+	t.Logf("stop -> promote issued %v; pg_ctl promote took %v; promotion -> first row relayed on the new primary %v; "+
+		"promotion -> first producer commit %v",
+		promoting.Sub(killed).Round(time.Millisecond), promoted.Round(time.Millisecond),
+		firstRelayed.Round(time.Millisecond), firstCommit.Round(time.Millisecond))
+}
