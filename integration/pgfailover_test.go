@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,10 @@ import (
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/outbox"
 )
+
+// failoverOutage is how long no server takes writes: from the primary's
+// stop to the standby's promotion.
+const failoverOutage = 3 * time.Second
 
 // newEnvDB is newEnv on the Postgres at dbURL instead of the shared one.
 func newEnvDB(t *testing.T, dbURL string) *env {
@@ -57,8 +62,8 @@ type failoverLoad struct {
 
 	mu        sync.Mutex
 	committed map[string]bool // commits the producer saw
-	unknown   int             // rows of commits that failed
-	failures  int
+	unknown   int             // rows of transactions whose COMMIT failed
+	failures  int             // transactions that failed, at any step
 }
 
 func startFailoverLoad(e *env, producers int) *failoverLoad {
@@ -93,10 +98,12 @@ func (l *failoverLoad) produce(p int) {
 		for i := range msgs {
 			msgs[i] = outbox.Message{Topic: fmt.Sprintf("orders.p%d", p), Payload: fmt.Appendf(nil, `{"p":%d,"tx":%d,"i":%d}`, p, seq, i)}
 		}
-		ids, err := l.commit(msgs)
+		ids, atCommit, err := l.commit(msgs)
 		l.mu.Lock()
 		if err != nil {
 			l.failures++
+		}
+		if err != nil && atCommit {
 			l.unknown += len(msgs)
 		}
 		for _, id := range ids {
@@ -115,23 +122,23 @@ func (l *failoverLoad) produce(p int) {
 }
 
 // commit writes msgs in a transaction of their own and returns their ids if
-// the commit succeeded.
-func (l *failoverLoad) commit(msgs []outbox.Message) ([]string, error) {
+// the commit succeeded; atCommit says the COMMIT itself failed, which leaves
+// its outcome unknown.
+func (l *failoverLoad) commit(msgs []outbox.Message) (ids []string, atCommit bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	tx, err := l.e.pool.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
-	ids, err := l.e.writer.Write(ctx, tx, msgs...)
-	if err != nil {
-		return nil, err
+	if ids, err = l.e.writer.Write(ctx, tx, msgs...); err != nil {
+		return nil, false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, err
+		return nil, true, err
 	}
-	return ids, nil
+	return ids, false, nil
 }
 
 // seen returns a copy of the commits the producers saw, and the failed ones.
@@ -165,6 +172,7 @@ func (e *env) deliveries(ctx context.Context, conn *pgx.Conn) (int, error) {
 // Nats-Msg-Id and in the queue at least once, and the time from the
 // promotion to the first row relayed on the new primary is logged.
 func TestPostgresFailover(t *testing.T) {
+	t.Parallel() // its own Postgres; the brokers' names are its own
 	primary, standby := testenv.NewPGPair(t)
 	e := newEnvDB(t, testenv.MultiHostURL(primary, standby))
 	relays := []*proc{startFaultRelay(e, "relay-1"), startFaultRelay(e, "relay-2")}
@@ -182,7 +190,7 @@ func TestPostgresFailover(t *testing.T) {
 	start := time.Now()
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		n, err := e.deliveries(ctx, watch)
-		return err == nil && n >= 2000
+		return err == nil && n >= 2000 && time.Since(start) > time.Second
 	}, "relays did not deliver 1,000 rows before the failover")
 
 	primary.Stop("immediate")
@@ -200,6 +208,17 @@ func TestPostgresFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A relay started while no server takes writes waits, naming every
+	// host, and starts once the standby is promoted.
+	late := e.startUnready("relay-3", "RELAY_WORKERS=4", "RELAY_BATCH_SIZE=500")
+	relays = append(relays, late)
+	hosts := fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d", primary.Port, standby.Port)
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return strings.Contains(late.out.String(), "waiting for postgres") && strings.Contains(late.out.String(), hosts)
+	}, "relay-3 did not log its wait for postgres naming %s", hosts)
+
+	// No primary for a while, as a failover manager takes to decide.
+	time.Sleep(time.Until(killed.Add(failoverOutage))) // the fault's length, not a wait for a result
 	promoting := time.Now()
 	load.promoted.Store(promoting.UnixNano())
 	standby.Promote()
@@ -219,6 +238,8 @@ func TestPostgresFailover(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		return load.count() >= before+2000 && time.Since(promoting) > time.Second
 	}, "producers did not commit 2,000 rows on the new primary")
+	testenv.Eventually(t, 30*time.Second, func() bool { return strings.Contains(late.out.String(), "relay started") },
+		"relay-3 did not start after the promotion")
 	load.halt()
 	committed, unknown, failures := load.seen()
 
@@ -236,16 +257,51 @@ func TestPostgresFailover(t *testing.T) {
 	// The brokers are checked against the table: a commit whose outcome the
 	// producer did not learn may have committed, and is then owed too.
 	amqpDupes := e.checkExactlyOnce(inDB, true)
+	// The one-shot commands find the new primary through the same URL.
+	for _, args := range [][]string{{"migrate", "status"}, {"status"}} {
+		cmd := exec.Command(relaydBin, args...)
+		cmd.Env = e.relayEnv()
+		dieWithTest(cmd)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("relayd %s after the failover: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
 	for _, r := range relays {
 		if !r.running() {
 			t.Errorf("%s exited:\n%s", r.name, r.out.String())
 		}
 	}
-	t.Logf("%d rows committed as the producers saw (%d before the stop), %d in the table (%d rows in %d failed commits of unknown outcome); "+
+	t.Logf("%d rows committed as the producers saw (%d before the stop), %d in the table (%d failed transactions, %d rows of them failed at COMMIT: outcome unknown); "+
 		"lost %d; jetstream duplicates 0; rabbitmq duplicates %d; traffic %v",
-		len(committed), before, len(inDB), unknown, failures, lost, amqpDupes, time.Since(start).Round(time.Millisecond))
+		len(committed), before, len(inDB), failures, unknown, lost, amqpDupes, time.Since(start).Round(time.Millisecond))
+	for _, r := range relays[:2] {
+		if d := recoveredAfter(t, r, promoting); d >= 0 {
+			t.Logf("%s: promotion -> its first batch after the failover %v", r.name, d.Round(time.Millisecond))
+		} else {
+			t.Logf("%s: no batch after the failover within the test", r.name)
+		}
+	}
 	t.Logf("stop -> promote issued %v; pg_ctl promote took %v; promotion -> first row relayed on the new primary %v; "+
 		"promotion -> first producer commit %v",
 		promoting.Sub(killed).Round(time.Millisecond), promoted.Round(time.Millisecond),
 		firstRelayed.Round(time.Millisecond), firstCommit.Round(time.Millisecond))
+}
+
+// recoveredAfter is how long after since relay p logged its first batch
+// that worked after a failed one; -1: none.
+func recoveredAfter(t *testing.T, p *proc, since time.Time) time.Duration {
+	t.Helper()
+	first := time.Duration(-1)
+	for line := range strings.SplitSeq(p.out.String(), "\n") {
+		ts, ok := strings.CutPrefix(line, "time=")
+		if !ok || !strings.Contains(line, `msg="relay batch recovered"`) {
+			continue
+		}
+		ts, _, _ = strings.Cut(ts, " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if err == nil && at.After(since) && (first < 0 || at.Sub(since) < first) {
+			first = at.Sub(since)
+		}
+	}
+	return first
 }
