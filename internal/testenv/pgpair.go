@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -42,6 +43,19 @@ const pgUser = "relay"
 // test is skipped, except with CI=true, where it fails.
 func NewPGPair(t testing.TB) (primary, standby *PGServer) {
 	t.Helper()
+	return newPGPair(t, true)
+}
+
+// NewPGPairAsync is NewPGPair with the standby asynchronous (the primary's
+// commits do not wait for it), streaming through the address via returns
+// for the primary's (a proxy of the test's, to cut the replication off).
+func NewPGPairAsync(t testing.TB, via func(primaryAddr string) string) (primary, standby *PGServer) {
+	t.Helper()
+	return newPGPair(t, false, via)
+}
+
+func newPGPair(t testing.TB, synchronous bool, via ...func(string) string) (primary, standby *PGServer) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("needs Postgres servers of its own: skipped in -short mode")
 	}
@@ -77,11 +91,23 @@ func NewPGPair(t testing.TB) (primary, standby *PGServer) {
 	if err != nil {
 		t.Fatalf("configure primary: %v", err)
 	}
-	primary.start("-c", "synchronous_standby_names=*")
-	standby.ctl(2*time.Minute, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(primary.Port), "-U", pgUser,
+	if synchronous {
+		primary.start("-c", "synchronous_standby_names=*")
+	} else {
+		primary.start()
+	}
+	upstream := "127.0.0.1:" + strconv.Itoa(primary.Port)
+	if len(via) > 0 {
+		upstream = via[0](upstream)
+	}
+	host, port, err := net.SplitHostPort(upstream)
+	if err != nil {
+		t.Fatalf("standby's upstream %q: %v", upstream, err)
+	}
+	standby.ctl(2*time.Minute, "pg_basebackup", "-h", host, "-p", port, "-U", pgUser,
 		"-D", standby.Dir, "-R", "-X", "stream", "--no-sync", "-c", "fast")
 	standby.start()
-	primary.waitSyncStandby()
+	primary.waitStandby(synchronous)
 	return primary, standby
 }
 
@@ -171,9 +197,9 @@ func (s *PGServer) start(opts ...string) {
 	}
 }
 
-// waitSyncStandby waits until the primary has a standby in sync, so that
-// every commit from then on waits for the standby's flush.
-func (s *PGServer) waitSyncStandby() {
+// waitStandby waits until the primary has a standby streaming (in sync, if
+// synchronous: every commit from then on waits for the standby's flush).
+func (s *PGServer) waitStandby(synchronous bool) {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -184,7 +210,7 @@ func (s *PGServer) waitSyncStandby() {
 	defer conn.Close(context.Background())
 	for {
 		var n int
-		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync' AND state = 'streaming'`).Scan(&n)
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND (sync_state = 'sync' OR NOT $1)`, synchronous).Scan(&n)
 		if err != nil {
 			s.t.Fatalf("wait for the synchronous standby: %v", err)
 		}
@@ -193,7 +219,7 @@ func (s *PGServer) waitSyncStandby() {
 		}
 		select {
 		case <-ctx.Done():
-			s.t.Fatal("no synchronous standby streaming within 60s")
+			s.t.Fatal("no standby streaming within 60s")
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
