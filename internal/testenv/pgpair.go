@@ -27,6 +27,8 @@ type PGServer struct {
 	t      testing.TB
 	bin    string
 	run    func(name string, args ...string) *exec.Cmd
+	log    string // the server's output
+	cmd    *exec.Cmd
 	exited chan struct{}
 }
 
@@ -130,8 +132,47 @@ func MultiHostURL(servers ...*PGServer) string {
 // checkpoint, every session cut at once).
 func (s *PGServer) Stop(mode string) {
 	s.t.Helper()
-	s.ctl(time.Minute, "pg_ctl", "stop", "-D", s.Dir, "-m", mode, "-w")
+	// -W: the test waits for its own child, not for pg_ctl's poll of the
+	// pid file.
+	s.ctl(time.Minute, "pg_ctl", "stop", "-D", s.Dir, "-m", mode, "-W")
+	select {
+	case <-s.exited:
+		return
+	case <-time.After(stopWait):
+	}
+	// Seen with a replication connection through a proxy cut off by a
+	// toxic: one child outlived the immediate stop, and the postmaster
+	// waited for it. Kill them, as a crash would.
+	s.t.Logf("postgres on port %d still running %v after pg_ctl stop -m %s: SIGKILL to it and its children %v",
+		s.Port, stopWait, mode, s.killChildren())
+	s.cmd.Process.Kill() //nolint:errcheck // it may have exited meanwhile
 	<-s.exited
+}
+
+// stopWait is how long Stop waits for the server to exit before it kills it.
+const stopWait = 5 * time.Second
+
+// killChildren SIGKILLs the postmaster's children and returns their pids.
+func (s *PGServer) killChildren() []int {
+	var pids []int
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read past the last ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) < 2 || fields[1] != strconv.Itoa(s.cmd.Process.Pid) {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f))); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // it may have exited meanwhile
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // Promote promotes a standby and waits until it takes writes.
@@ -148,8 +189,8 @@ func (s *PGServer) start(opts ...string) {
 	if err := os.Chmod(s.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(filepath.Dir(s.Dir), filepath.Base(s.Dir)+".log")
-	out, err := os.Create(logPath)
+	s.log = filepath.Join(filepath.Dir(s.Dir), filepath.Base(s.Dir)+".log")
+	out, err := os.Create(s.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +201,7 @@ func (s *PGServer) start(opts ...string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start postgres: %v", err)
 	}
-	s.exited = make(chan struct{})
+	s.cmd, s.exited = cmd, make(chan struct{})
 	go func() { cmd.Wait(); out.Close(); close(s.exited) }() //nolint:errcheck // the exit is seen by the wait below
 	t.Cleanup(func() {
 		select {
@@ -187,7 +228,7 @@ func (s *PGServer) start(opts ...string) {
 		}
 		select {
 		case <-s.exited:
-			log, _ := os.ReadFile(logPath)
+			log, _ := os.ReadFile(s.log)
 			t.Fatalf("postgres on port %d exited at start:\n%s", s.Port, tail(string(log), 2000))
 		case <-time.After(50 * time.Millisecond):
 		}
