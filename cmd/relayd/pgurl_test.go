@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"net"
+	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sethvargo/go-envconfig"
+
+	"github.com/relayd/relayd/internal/testenv"
 )
 
 // A multi-host RELAY_DATABASE_URL (a primary and its standbys, the one that
@@ -80,5 +85,39 @@ func TestRedactMultiHost(t *testing.T) {
 		if got := redactURL(tc.in); got != tc.want {
 			t.Errorf("redactURL(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// A first host that accepts the connection and never answers (a server
+// powered off behind a load balancer, a cut network) does not keep relayd
+// from the next host of a multi-host URL.
+func TestMultiHostSkipsSilentHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	u, err := url.Parse(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	multi := *u
+	multi.Host = silent.Addr().String() + "," + u.Host
+	q := multi.Query()
+	q.Set("target_session_attrs", "read-write")
+	multi.RawQuery = q.Encode()
+	cfg := &config{DatabaseURL: multi.String(), PublishTimeout: 10 * time.Second, StartupTimeout: 20 * time.Second}
+	start := time.Now()
+	pool, err := newPool(context.Background(), cfg, 2)
+	if err != nil {
+		t.Fatalf("newPool past a silent first host: %v", err)
+	}
+	pool.Close()
+	if took := time.Since(start); took > 2*hostConnectTimeout {
+		t.Errorf("connected past a silent first host after %v, want within %v", took, 2*hostConnectTimeout)
 	}
 }

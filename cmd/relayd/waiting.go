@@ -15,6 +15,10 @@ import (
 // waitLogEvery is how often a wait for a service is logged again.
 const waitLogEvery = 5 * time.Second
 
+// hostConnectTimeout bounds the attempt on each host of a multi-host
+// RELAY_DATABASE_URL without a connect_timeout of its own.
+const hostConnectTimeout = 3 * time.Second
+
 // waitAttempt bounds one Postgres connection attempt (or the URL's
 // connect_timeout, if longer), so that a server that does not answer at all
 // is logged while relayd waits, not only at the deadline.
@@ -61,6 +65,13 @@ func (w *waitLog) reached() {
 // key=value DSN has no URL to redact).
 func postgresForLog(pc *pgxpool.Config) string {
 	c := pc.ConnConfig
+	return fmt.Sprintf("postgres://%s@%s/%s", c.User, strings.Join(postgresHosts(pc), ","), c.Database)
+}
+
+// postgresHosts lists the servers a pool config connects to, each once, in
+// the order pgx tries them.
+func postgresHosts(pc *pgxpool.Config) []string {
+	c := pc.ConnConfig
 	hosts := []string{hostPort(c.Host, c.Port)}
 	for _, fb := range c.Fallbacks {
 		// sslmode=prefer (the default) tries each host with TLS, then without.
@@ -68,7 +79,7 @@ func postgresForLog(pc *pgxpool.Config) string {
 			hosts = append(hosts, h)
 		}
 	}
-	return fmt.Sprintf("postgres://%s@%s/%s", c.User, strings.Join(hosts, ","), c.Database)
+	return hosts
 }
 
 func hostPort(host string, port uint16) string {
