@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -25,7 +26,6 @@ type PGServer struct {
 	Port   int
 	Dir    string // the data directory
 	t      testing.TB
-	bin    string
 	run    func(name string, args ...string) *exec.Cmd
 	log    string // the server's output
 	cmd    *exec.Cmd
@@ -61,7 +61,7 @@ func newPGPair(t testing.TB, synchronous bool, via ...func(string) string) (prim
 	if testing.Short() {
 		t.Skip("needs Postgres servers of its own: skipped in -short mode")
 	}
-	bin, run, err := pgRunner()
+	run, err := pgRunner()
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("cannot start Postgres servers (CI=true, not skipping): %v", err)
@@ -78,8 +78,8 @@ func newPGPair(t testing.TB, synchronous bool, via ...func(string) string) (prim
 	if err := chownTo(root, run); err != nil {
 		t.Fatal(err)
 	}
-	primary = &PGServer{Port: FreePort(t), Dir: filepath.Join(root, "primary"), t: t, bin: bin, run: run}
-	standby = &PGServer{Port: FreePort(t), Dir: filepath.Join(root, "standby"), t: t, bin: bin, run: run}
+	primary = &PGServer{Port: FreePort(t), Dir: filepath.Join(root, "primary"), t: t, run: run}
+	standby = &PGServer{Port: FreePort(t), Dir: filepath.Join(root, "standby"), t: t, run: run}
 	primary.ctl(2*time.Minute, "initdb", "-D", primary.Dir, "-U", pgUser, "--auth=trust", "-E", "UTF8", "--no-sync")
 	conf := "listen_addresses = '127.0.0.1'\nwal_level = replica\nmax_wal_senders = 4\nhot_standby = on\n" +
 		"fsync = off\nshared_buffers = 32MB\nmax_connections = 100\n"
@@ -266,29 +266,32 @@ func (s *PGServer) waitStandby(synchronous bool) {
 	}
 }
 
-// ctl runs one of the installation's programs to completion.
+// ctl runs one of the installation's programs to completion, killing it
+// after timeout.
 func (s *PGServer) ctl(timeout time.Duration, name string, args ...string) {
 	s.t.Helper()
 	cmd := s.run(name, args...)
-	done := make(chan struct{})
-	timer := time.AfterFunc(timeout, func() {
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Start()
+	if err == nil {
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
 		select {
-		case <-done:
-		default:
-			cmd.Process.Kill() //nolint:errcheck // reported as the command's failure
+		case err = <-done:
+		case <-time.After(timeout):
+			cmd.Process.Kill() //nolint:errcheck // reported below
+			err = fmt.Errorf("killed after %v: %w", timeout, <-done)
 		}
-	})
-	out, err := cmd.CombinedOutput()
-	close(done)
-	timer.Stop()
+	}
 	if err != nil {
-		s.t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, tail(string(out), 2000))
+		s.t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, tail(out.String(), 2000))
 	}
 }
 
 // pgRunner finds the newest Postgres installation's programs and returns
 // how to run them: as the postgres user when the test runs as root.
-func pgRunner() (string, func(string, ...string) *exec.Cmd, error) {
+func pgRunner() (func(string, ...string) *exec.Cmd, error) {
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
 	slices.SortFunc(dirs, func(a, b string) int { return pgMajor(b) - pgMajor(a) })
 	var bin string
@@ -299,19 +302,19 @@ func pgRunner() (string, func(string, ...string) *exec.Cmd, error) {
 		}
 	}
 	if bin == "" {
-		return "", nil, fmt.Errorf("no Postgres installation with initdb and pg_basebackup in /usr/lib/postgresql/*/bin")
+		return nil, fmt.Errorf("no Postgres installation with initdb and pg_basebackup in /usr/lib/postgresql/*/bin")
 	}
 	var cred *syscall.Credential
 	if os.Getuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			return "", nil, fmt.Errorf("running as root, and no postgres user to run the servers as: %w", err)
+			return nil, fmt.Errorf("running as root, and no postgres user to run the servers as: %w", err)
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
 		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	return bin, func(name string, args ...string) *exec.Cmd {
+	return func(name string, args ...string) *exec.Cmd {
 		cmd := exec.Command(filepath.Join(bin, name), args...)
 		cmd.Dir = os.TempDir() // a directory the postgres user may enter
 		cmd.Env = append(os.Environ(), "LC_ALL=C", "TZ=UTC")
