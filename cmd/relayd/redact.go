@@ -43,7 +43,8 @@ func redactAMQP(s string) string {
 // runs to the last '@', not to the first '/', '?' or '#' as url.Parse has
 // it: a token or password with one of those left unescaped would otherwise
 // be read as the path, and printed. A host whose port is not a number — a
-// fragment of a password, say, the rest past a ',' — is not printed.
+// fragment of a password, say, the rest past a ',' — is not printed; each
+// host of a multi-host (Postgres) URL is checked so.
 func redactURL(s string) string {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
@@ -62,9 +63,12 @@ func redactURL(s string) string {
 	if i := strings.IndexAny(hostport, "/?#"); i >= 0 {
 		hostport = hostport[:i]
 	}
-	if _, port, err := net.SplitHostPort(hostport); err == nil {
-		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-			return "(unparseable URL)"
+	// A Postgres URL may name several hosts: h1:5432,h2:5432.
+	for hp := range strings.SplitSeq(hostport, ",") {
+		if _, port, err := net.SplitHostPort(hp); err == nil {
+			if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+				return "(unparseable URL)"
+			}
 		}
 	}
 	return scheme + "://" + rest
