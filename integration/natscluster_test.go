@@ -268,24 +268,6 @@ func (e *env) readStream() (map[string]int, error) {
 	return ids, nil
 }
 
-// tally compares what a broker holds with the committed ids.
-func tally(committed map[string]bool, got map[string]int) (missing, extra, dupes int) {
-	for id := range committed {
-		switch n := got[id]; {
-		case n == 0:
-			missing++
-		case n > 1:
-			dupes += n - 1
-		}
-	}
-	for id := range got {
-		if !committed[id] {
-			extra++
-		}
-	}
-	return missing, extra, dupes
-}
-
 // Under a steady dual-write load, the stream's leader (cases stream-leader*)
 // or the JetStream meta leader (cases meta-leader*), made different nodes
 // first, of a 3-node cluster is shut down (or, cases *-kill, SIGKILLed)

@@ -228,21 +228,3 @@ func (e *env) redelivered(subject string) int {
 	}
 	return n
 }
-
-// tally compares the ids received (with their counts) with those wanted.
-func tally(want map[string]bool, got map[string]int) (missing, extra, dupes int) {
-	for id := range want {
-		switch n := got[id]; {
-		case n == 0:
-			missing++
-		case n > 1:
-			dupes += n - 1
-		}
-	}
-	for id := range got {
-		if !want[id] {
-			extra++
-		}
-	}
-	return missing, extra, dupes
-}
