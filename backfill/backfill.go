@@ -33,6 +33,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
@@ -40,7 +41,9 @@ import (
 
 // Config configures a backfill run.
 type Config struct {
-	// AMQPURL and Queue name the legacy queue to drain. Required.
+	// AMQPURL and Queue name the legacy queue to drain. Required. AMQPURL
+	// may list a cluster's nodes, separated by commas (amqpio.SplitURLs):
+	// tried in order, and after a connection loss from the next node on.
 	AMQPURL string
 	Queue   string
 	// TLS is used for amqps:// URLs. Default: system roots.
@@ -184,7 +187,8 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return Summary{}, err
 	}
-	b := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(), seenHeld: map[string]bool{}, retrying: map[string]int{}}
+	b := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(), seenHeld: map[string]bool{}, retrying: map[string]int{},
+		nodes: amqpio.NewNodes(cfg.AMQPURL)}
 	if cfg.TracerProvider != nil {
 		b.tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
@@ -215,6 +219,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 type runner struct {
 	cfg     Config
 	log     *slog.Logger
+	nodes   *amqpio.Nodes       // the consuming connections' (loop reconnects to the next)
 	js      jetstream.JetStream // stream lookups
 	pub     *jspub.Publisher
 	limiter *rate.Limiter

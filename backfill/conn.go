@@ -72,9 +72,12 @@ func (b *runner) dial() (*amqp.Connection, error) {
 
 // open dials RabbitMQ, opens the channels and starts consuming.
 func (b *runner) open(ctx context.Context) (*consumerConn, error) {
-	conn, err := b.dial()
+	conn, node, err := b.nodes.Dial(amqpio.DialOptions{TLS: b.cfg.TLS, Timeout: dialTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errLost, err)
+	}
+	if b.nodes.Len() > 1 {
+		b.log.Info("backfill: connected to RabbitMQ", "node", node)
 	}
 	c := &consumerConn{b: b, conn: conn}
 	deliveries, dlqGone, err := c.openChannels(ctx)

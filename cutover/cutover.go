@@ -149,16 +149,16 @@ func Check(ctx context.Context, cfg Config) (Result, error) {
 		if cfg.OnSample != nil {
 			cfg.OnSample(time.Since(start), quiet)
 		}
-		if s.lastSeq != first.lastSeq {
-			quietCond = Condition{Name: CondQuiet, Detail: fmt.Sprintf("stream last sequence moved %d -> %d after %s: a publish during the quiet interval", first.lastSeq, s.lastSeq, time.Since(start).Round(time.Millisecond))}
-			break
-		}
 		if !s.ok() {
 			for _, c := range s.conds {
 				if !c.OK {
 					quietCond = Condition{Name: CondQuiet, Detail: fmt.Sprintf("%s stopped holding after %s: %s", c.Name, time.Since(start).Round(time.Millisecond), c.Detail)}
 				}
 			}
+			break
+		}
+		if s.lastSeq != first.lastSeq {
+			quietCond = Condition{Name: CondQuiet, Detail: fmt.Sprintf("stream last sequence moved %d -> %d after %s: a publish during the quiet interval", first.lastSeq, s.lastSeq, time.Since(start).Round(time.Millisecond))}
 			break
 		}
 	}
@@ -215,23 +215,18 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 		s.conds = append(s.conds, c)
 	}
 
-	st, err := cfg.JS.Stream(ctx, cfg.Stream)
-	if err != nil {
-		return s, fmt.Errorf("cutover: stream %s: %w", cfg.Stream, err)
+	si, ci, err := readConsumer(ctx, cfg)
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) || ctx.Err() != nil {
+		return s, err
 	}
-	si, err := st.Info(ctx)
 	if err != nil {
-		return s, fmt.Errorf("cutover: stream %s: %w", cfg.Stream, err)
+		// No answer: in a cluster, the stream's or the consumer's leader
+		// lost and a new one not yet elected (4 to 9 s). Not holding, so
+		// that --wait asks again.
+		s.conds = append(s.conds, Condition{Name: CondConsumer, Detail: "cannot read: " + err.Error()})
+		return s, nil
 	}
 	s.lastSeq = si.State.LastSeq
-	cons, err := st.Consumer(ctx, cfg.Consumer)
-	if err != nil {
-		return s, fmt.Errorf("cutover: consumer %s: %w", cfg.Consumer, err)
-	}
-	ci, err := cons.Info(ctx) // fresh, not CachedInfo
-	if err != nil {
-		return s, fmt.Errorf("cutover: consumer %s: %w", cfg.Consumer, err)
-	}
 	s.ackWait, s.backoff, s.maxAck = ci.Config.AckWait, ci.Config.BackOff, ci.Config.MaxAckPending
 	c := Condition{
 		Name: CondConsumer,
@@ -251,6 +246,27 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 	}
 	s.conds = append(s.conds, c)
 	return s, nil
+}
+
+// readConsumer reads the stream's and the consumer's info, fresh.
+func readConsumer(ctx context.Context, cfg Config) (*jetstream.StreamInfo, *jetstream.ConsumerInfo, error) {
+	st, err := cfg.JS.Stream(ctx, cfg.Stream)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cutover: stream %s: %w", cfg.Stream, err)
+	}
+	si, err := st.Info(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cutover: stream %s: %w", cfg.Stream, err)
+	}
+	cons, err := st.Consumer(ctx, cfg.Consumer)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cutover: consumer %s: %w", cfg.Consumer, err)
+	}
+	ci, err := cons.Info(ctx) // fresh, not CachedInfo
+	if err != nil {
+		return nil, nil, fmt.Errorf("cutover: consumer %s: %w", cfg.Consumer, err)
+	}
+	return si, ci, nil
 }
 
 func queueState(url string, tlsCfg *tls.Config, queue string) (messages, consumers int, err error) {

@@ -460,3 +460,21 @@ func (e *env) checkExactlyOnce(committed map[string]bool, allowAMQPDupes bool) (
 
 // freePort returns a TCP port on loopback that was free a moment ago.
 func freePort(t *testing.T) int { t.Helper(); return testenv.FreePort(t) }
+
+// tally compares what a broker holds with the committed ids.
+func tally(committed map[string]bool, got map[string]int) (missing, extra, dupes int) {
+	for id := range committed {
+		switch n := got[id]; {
+		case n == 0:
+			missing++
+		case n > 1:
+			dupes += n - 1
+		}
+	}
+	for id := range got {
+		if !committed[id] {
+			extra++
+		}
+	}
+	return missing, extra, dupes
+}

@@ -54,6 +54,7 @@ type Relay struct {
 
 	wake  kick             // rows were committed (NOTIFY), or the listener reconnected
 	drain kick             // a worker's batch came back full: there may be more
+	back  *reconnected     // the listener connected again: stalled workers retry now
 	idle  *idleState       // whether the relay waits for rows: the listener holds the wake lock then
 	floor *claimFloor      // where claims start; one claim at a time
 	held  *heldRows        // keyed rows of batches in flight
@@ -81,7 +82,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), log: cfg.Logger,
-		wake: newKick(), drain: newKick(), idle: newIdleState(),
+		wake: newKick(), drain: newKick(), back: newReconnected(), idle: newIdleState(),
 		floor: newClaimFloor(cfg.BatchSize, cfg.PollInterval), held: newHeldRows(),
 		late: make(chan lateConfirm, lateBuffer), sweep: strandedSweep{slice: sweepSliceRows},
 		triggerRecheck: triggerRecheckEvery, tracer: newTracer(cfg.TracerProvider, cfg.Sinks, cfg.Table.String())}

@@ -88,8 +88,10 @@ func (w *worker) set(st workerState) {
 
 func (w *worker) leave() { w.s.add(w.state, -1) }
 
-// listenRetry is the listener's backoff between connections.
-var listenRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: 10 * time.Second, Jitter: 0.5}
+// listenRetry is the listener's backoff between connections. Its cap bounds
+// how long after a failover the relay finds the new primary: the listener's
+// reconnection wakes the stalled workers (Relay.back).
+var listenRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: time.Second, Jitter: 0.5}
 
 // listen LISTENs on the table's channel on a connection of its own and kicks
 // a worker on every notification; after an error it reconnects with backoff
@@ -132,6 +134,7 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 		return false, fmt.Errorf("listen: %w", err)
 	}
 	errs.OK()
+	r.back.signal() // Postgres may be back: workers stalled after its errors retry now
 	r.wake.signal() // rows may have arrived while not listening
 	lock := wakeLock{conn: conn, key: trig.lock, maxID: outboxsql.For(r.cfg.Table).MaxID}
 	recheck := time.Now().Add(r.triggerRecheck)

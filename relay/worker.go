@@ -61,11 +61,18 @@ func (r *Relay) work(ctx context.Context, id int) {
 	}
 }
 
-// stall waits d with w stalled: the listener does not count it as waiting
-// for rows.
+// stall waits d, or until the listener reconnects to Postgres, with w
+// stalled: the listener does not count it as waiting for rows.
 func (r *Relay) stall(ctx context.Context, w *worker, d time.Duration) {
 	w.set(workerStalled)
-	backoff.Sleep(ctx, d)
+	back := r.back.wait()
+	t := time.NewTimer(d)
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-back:
+	}
+	t.Stop()
 	w.set(workerFree)
 }
 

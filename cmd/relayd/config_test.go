@@ -74,6 +74,13 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"RELAY_AMQP_URL": "amqp://u:s3cret@h/?heartbeat=x"}, "RELAY_AMQP_URL"},
 		{map[string]string{"RELAY_NATS_URL": "nats://a:4222,http://b"}, "RELAY_NATS_URL"},
 		{map[string]string{"RELAY_NATS_URL": " , "}, "RELAY_NATS_URL: names no server"},
+		// A RabbitMQ node list: the bad node named by its place and
+		// redacted URL.
+		{map[string]string{"RELAY_AMQP_URL": "amqp://u:s3cret@a/,amqp://u:s3cret@b/my vhost"}, "RELAY_AMQP_URL: node 2 of 2 (amqp://u:xxxxx@b/my vhost): is not a URI"},
+		{map[string]string{"RELAY_AMQP_URL": "amqp://u:s3cret@a/, amqps://u:s3cret@/, amqp://c/"}, "RELAY_AMQP_URL: node 2 of 3 (amqps://u:xxxxx@/): has no host"},
+		{map[string]string{"RELAY_AMQP_URL": "amqp://u:s3cret@a:5672/,amqp://u:s3cret@b:x/"}, "RELAY_AMQP_URL: node 2 of 2 ((unparseable URL)): is not a valid URL"},
+		{map[string]string{"RELAY_AMQP_URL": " , "}, "RELAY_AMQP_URL: names no node"},
+		{map[string]string{"RELAY_AMQP_URL": "rabbit-0:5672,amqp://rabbit-1:5672/"}, "RELAY_AMQP_URL: node 1 of 2 ((unparseable URL)): scheme"},
 	} {
 		env := base()
 		for k, v := range tc.set {
@@ -112,6 +119,9 @@ func TestConfigAccepts(t *testing.T) {
 		{"RELAY_NATS_URL": "nats://a:4222, nats://b:4222"},
 		{"RELAY_NATS_URL": "nats-0:4222,nats-1:4222"},
 		{"RELAY_NATS_URL": "nats://a:4222,"},
+		{"RELAY_AMQP_URL": "amqp://u:pw@rabbit-0:5672/, amqp://u:pw@rabbit-1:5672/,amqps://u:pw@rabbit-2/vhost"},
+		{"RELAY_AMQP_URL": "amqp://u:pw@rabbit-0:5672/,"},
+		{"RELAY_AMQP_URL": "amqp://relay:Pa55,word@rabbit:5672/"}, // a ',' in a password is the password's
 		{"RELAY_METRICS_ADDR": ""},
 		{"RELAY_NATS_SUBJECT_PREFIX": ""},
 		{"RELAY_NATS_CREDS": ""},
@@ -209,6 +219,21 @@ func TestRedact(t *testing.T) {
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// A RabbitMQ node list: split only where a URL follows a ',', so a ','
+	// in a password stays the password's.
+	for in, want := range map[string]string{
+		"amqp://guest:guest@127.0.0.1:5672/":                       "amqp://guest:xxxxx@127.0.0.1:5672/",
+		"amqp://u:pw1@a:5672/,amqp://u:pw2@b:5673/":                "amqp://u:xxxxx@a:5672/,amqp://u:xxxxx@b:5673/",
+		" amqp://u:pw1@a/ , amqps://b/vhost, ":                     "amqp://u:xxxxx@a/,amqps://b/vhost",
+		"amqp://relay:Pa55,word@a:5672/,amqp://relay:Pa55,word@b/": "amqp://relay:xxxxx@a:5672/,amqp://relay:xxxxx@b/",
+		"amqp://u:p/w@d@a/vhost,amqp://u:p?w#x@b/":                 "amqp://u:xxxxx@a/vhost,amqp://u:xxxxx@b/",
+		"rabbit:5672": "(unparseable URL)",
+		"":            "(unparseable URL)",
+	} {
+		if got := redactAMQP(in); got != want {
+			t.Errorf("redactAMQP(%q) = %q, want %q", in, got, want)
 		}
 	}
 	// A NATS password with a ',' (nats.go splits the list there): no piece

@@ -31,6 +31,13 @@ func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog
 		return nil, errors.New("RELAY_DATABASE_URL cannot be parsed")
 	}
 	pc.MaxConns = maxConns
+	// A host that does not answer at all (powered off, cut off) would hold
+	// every connection attempt until its caller's deadline, and the next
+	// host of a multi-host URL — the new primary — would never be tried.
+	hosts := len(postgresHosts(pc))
+	if hosts > 1 && pc.ConnConfig.ConnectTimeout == 0 {
+		pc.ConnConfig.ConnectTimeout = hostConnectTimeout
+	}
 	rp := pc.ConnConfig.RuntimeParams
 	if rp["application_name"] == "" {
 		rp["application_name"] = "relayd"
@@ -55,7 +62,7 @@ func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog
 	// real one, not the deadline's.
 	var last error
 	wait := newWaitLog(log, "postgres", postgresForLog(pc), cfg.StartupTimeout)
-	attempt := max(waitAttempt, pc.ConnConfig.ConnectTimeout)
+	attempt := max(waitAttempt, time.Duration(hosts)*pc.ConnConfig.ConnectTimeout)
 	for {
 		began := time.Now()
 		actx, cancelAttempt := context.WithTimeout(cctx, attempt)

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/relayd/relayd/internal/amqpio"
 )
 
 // redact returns a NATS server list fit for logs: URLs separated by commas
@@ -22,12 +24,27 @@ func redact(s string) string {
 	return strings.Join(parts, ",")
 }
 
+// redactAMQP returns a RabbitMQ node list fit for logs: split where
+// amqpio.SplitURLs splits it (so a ',' in a password stays in the password),
+// each URL as redactURL has it, joined by commas.
+func redactAMQP(s string) string {
+	urls := amqpio.SplitURLs(s)
+	if len(urls) == 0 {
+		return redactURL(s)
+	}
+	for i, u := range urls {
+		urls[i] = redactURL(u)
+	}
+	return strings.Join(urls, ",")
+}
+
 // redactURL returns one URL fit for logs: its password replaced, and a NATS
 // token (the user part of a nats:// URL without a password). The user part
 // runs to the last '@', not to the first '/', '?' or '#' as url.Parse has
 // it: a token or password with one of those left unescaped would otherwise
 // be read as the path, and printed. A host whose port is not a number — a
-// fragment of a password, say, the rest past a ',' — is not printed.
+// fragment of a password, say, the rest past a ',' — is not printed; each
+// host of a multi-host (Postgres) URL is checked so.
 func redactURL(s string) string {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
@@ -46,9 +63,12 @@ func redactURL(s string) string {
 	if i := strings.IndexAny(hostport, "/?#"); i >= 0 {
 		hostport = hostport[:i]
 	}
-	if _, port, err := net.SplitHostPort(hostport); err == nil {
-		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-			return "(unparseable URL)"
+	// A Postgres URL may name several hosts: h1:5432,h2:5432.
+	for hp := range strings.SplitSeq(hostport, ",") {
+		if _, port, err := net.SplitHostPort(hp); err == nil {
+			if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+				return "(unparseable URL)"
+			}
 		}
 	}
 	return scheme + "://" + rest

@@ -122,7 +122,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 		}()
 	}
 	log.Info("relayd running", "version", version, "targets", cfg.Targets, "table", cfg.table.String(),
-		"nats_url", redact(cfg.NATSURL), "amqp_url", redactURL(cfg.AMQPURL))
+		"nats_url", redact(cfg.NATSURL), "amqp_url", redactAMQP(cfg.AMQPURL))
 	timedOut, err := runRelay(ctx, r, cfg.ShutdownGrace)
 	if timedOut {
 		// The batches that did not finish still hold their connections:

@@ -85,7 +85,8 @@ func openAMQPSink(ctx context.Context, cfg *config, log *slog.Logger) (relay.Sin
 	if err := ensureExchange(sctx, cfg, tlsCfg, log); err != nil {
 		return nil, nil, err
 	}
-	s, err := amqpsink.New(sctx, amqpsink.Config{URL: cfg.AMQPURL, Exchange: cfg.AMQPExchange, TLS: tlsCfg, Logger: log})
+	s, err := amqpsink.New(sctx, amqpsink.Config{URL: cfg.AMQPURL, Exchange: cfg.AMQPExchange, TLS: tlsCfg, Logger: log,
+		StallTimeout: 2 * cfg.PublishTimeout})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -96,7 +97,7 @@ func openAMQPSink(ctx context.Context, cfg *config, log *slog.Logger) (relay.Sin
 // starting: what a refused or reset connection fails is retried until ctx
 // is done, and then the last dial's error is returned.
 func ensureExchange(ctx context.Context, cfg *config, tlsCfg *tls.Config, log *slog.Logger) error {
-	wait := newWaitLog(log, "rabbitmq", redactURL(cfg.AMQPURL), cfg.StartupTimeout)
+	wait := newWaitLog(log, "rabbitmq", redactAMQP(cfg.AMQPURL), cfg.StartupTimeout)
 	for {
 		err := amqpsink.EnsureExchange(ctx, cfg.AMQPURL, tlsCfg, cfg.AMQPExchange, cfg.Provision)
 		var netErr *net.OpError

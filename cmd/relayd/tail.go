@@ -173,7 +173,7 @@ func tailAMQP(ctx context.Context, cfg *config, out chan<- arrival, failed chan<
 	}
 	conn, err := amqpio.DialURL(cfg.AMQPURL, amqpio.DialOptions{TLS: tlsCfg, Name: "relayd tail", Timeout: 10 * time.Second})
 	if err != nil {
-		return "", nil, fmt.Errorf("amqp: connect to %s: %w", redactURL(cfg.AMQPURL), err)
+		return "", nil, fmt.Errorf("amqp: connect to %s: %w", redactAMQP(cfg.AMQPURL), err)
 	}
 	q, closed, deliveries, err := tailQueue(conn, cfg.AMQPExchange)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/sethvargo/go-envconfig"
+
+	"github.com/relayd/relayd/internal/amqpio"
 )
 
 // checkNATSURL checks a NATS server list as nats.go reads it: URLs
@@ -59,10 +61,32 @@ func checkURL(s string, schemes ...string) error {
 	return fmt.Errorf("scheme %q: want %s://", u.Scheme, strings.Join(schemes, ":// or "))
 }
 
-// checkAMQPURL checks s as checkURL does, then as amqp091-go will parse it
-// when it dials (a vhost or a query it refuses); its error, which quotes
-// the URL, is not repeated.
+// checkAMQPURL checks a RabbitMQ node list (RELAY_AMQP_URL), split as
+// amqpio.SplitURLs splits it: each URL as checkAMQPNode does. A list's
+// error names the node by its place and redacted URL.
 func checkAMQPURL(s string) error {
+	urls := amqpio.SplitURLs(s)
+	switch len(urls) {
+	case 0:
+		if strings.TrimSpace(s) == "" {
+			return errors.New("must not be empty")
+		}
+		return errors.New("names no node")
+	case 1:
+		return checkAMQPNode(urls[0])
+	}
+	for i, u := range urls {
+		if err := checkAMQPNode(u); err != nil {
+			return fmt.Errorf("node %d of %d (%s): %v", i+1, len(urls), redactURL(u), err)
+		}
+	}
+	return nil
+}
+
+// checkAMQPNode checks one URL as checkURL does, then as amqp091-go will
+// parse it when it dials (a vhost or a query it refuses); its error, which
+// quotes the URL, is not repeated.
+func checkAMQPNode(s string) error {
 	if err := checkURL(s, "amqp", "amqps"); err != nil {
 		return err
 	}

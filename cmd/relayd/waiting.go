@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,6 +14,10 @@ import (
 
 // waitLogEvery is how often a wait for a service is logged again.
 const waitLogEvery = 5 * time.Second
+
+// hostConnectTimeout bounds the attempt on each host of a multi-host
+// RELAY_DATABASE_URL without a connect_timeout of its own.
+const hostConnectTimeout = 3 * time.Second
 
 // waitAttempt bounds one Postgres connection attempt (or the URL's
 // connect_timeout, if longer), so that a server that does not answer at all
@@ -54,11 +60,26 @@ func (w *waitLog) reached() {
 	}
 }
 
-// postgresForLog names the server a pool config connects to, without its
-// password (a key=value DSN has no URL to redact).
+// postgresForLog names the servers a pool config connects to — every host
+// of a multi-host URL, in the order tried — without its password (a
+// key=value DSN has no URL to redact).
 func postgresForLog(pc *pgxpool.Config) string {
 	c := pc.ConnConfig
-	return fmt.Sprintf("postgres://%s@%s/%s", c.User, hostPort(c.Host, c.Port), c.Database)
+	return fmt.Sprintf("postgres://%s@%s/%s", c.User, strings.Join(postgresHosts(pc), ","), c.Database)
+}
+
+// postgresHosts lists the servers a pool config connects to, each once, in
+// the order pgx tries them.
+func postgresHosts(pc *pgxpool.Config) []string {
+	c := pc.ConnConfig
+	hosts := []string{hostPort(c.Host, c.Port)}
+	for _, fb := range c.Fallbacks {
+		// sslmode=prefer (the default) tries each host with TLS, then without.
+		if h := hostPort(fb.Host, fb.Port); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
 }
 
 func hostPort(host string, port uint16) string {

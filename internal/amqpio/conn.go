@@ -170,8 +170,17 @@ type DialOptions struct {
 }
 
 // DialURL opens a RabbitMQ connection the way every relayd command does: a
-// 10 s heartbeat, the TLS settings, and reads and writes through *Conn.
+// 10 s heartbeat, the TLS settings, and reads and writes through *Conn. url
+// may list several nodes (SplitURLs): they are tried in order. A connection
+// made again after a loss should go through one Nodes instead, which starts
+// at the next node.
 func DialURL(url string, o DialOptions) (*amqp.Connection, error) {
+	conn, _, err := NewNodes(url).Dial(o)
+	return conn, err
+}
+
+// config is the amqp.Config DialURL and Nodes.Dial connect with.
+func (o DialOptions) config() amqp.Config {
 	cfg := amqp.Config{
 		Heartbeat:       10 * time.Second,
 		TLSClientConfig: o.TLS,
@@ -180,5 +189,5 @@ func DialURL(url string, o DialOptions) (*amqp.Connection, error) {
 	if o.Name != "" {
 		cfg.Properties = amqp.Table{"connection_name": o.Name}
 	}
-	return amqp.DialConfig(url, cfg)
+	return cfg
 }

@@ -20,9 +20,13 @@ import (
 // node, and other tests' too.
 type RabbitNode struct {
 	URL  string // amqp://guest:guest@127.0.0.1:PORT/
-	name string // the Erlang node name, for rabbitmqctl
+	Name string // the Erlang node name (relaytest_…@localhost), for rabbitmqctl
 	t    testing.TB
 	run  func(ctx context.Context, name string, args ...string) *exec.Cmd
+	dir  string
+
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when rabbitmq-server has exited
 }
 
 // rabbitDir holds Debian's RabbitMQ scripts (package rabbitmq-server).
@@ -37,6 +41,18 @@ const rabbitDir = "/usr/lib/rabbitmq/bin"
 // where it fails.
 func NewRabbitNode(t testing.TB) *RabbitNode {
 	t.Helper()
+	run := rabbitRunnerOrSkip(t)
+	n := startRabbitNode(t, run, false)
+	if err := n.listening(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// rabbitRunnerOrSkip is rabbitRunner, skipping the test (failing it with
+// CI=true) where it cannot run a node.
+func rabbitRunnerOrSkip(t testing.TB) func(ctx context.Context, name string, args ...string) *exec.Cmd {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("needs a RabbitMQ node of its own: skipped in -short mode")
 	}
@@ -47,6 +63,15 @@ func NewRabbitNode(t testing.TB) *RabbitNode {
 		}
 		t.Skipf("cannot start a RabbitMQ node: %v", err)
 	}
+	return run
+}
+
+// startRabbitNode starts rabbitmq-server for a node of its own and returns
+// at once; listening waits for it. At the test's end the node is
+// stopped with rabbitmqctl, or with kill (a cluster's: it is thrown away
+// whole, and a member stopped cleanly waits for the others).
+func startRabbitNode(t testing.TB, run func(ctx context.Context, name string, args ...string) *exec.Cmd, kill bool) *RabbitNode {
+	t.Helper()
 	port, dist := FreePort(t), FreePort(t)
 	name := Name("relaytest") + "@localhost"
 	// Not t.TempDir: the node runs as another user, who cannot enter a
@@ -66,7 +91,8 @@ func NewRabbitNode(t testing.TB) *RabbitNode {
 	if err := chownAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	n := &RabbitNode{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), name: name, t: t, run: run}
+	n := &RabbitNode{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), Name: name, t: t, run: run, dir: dir,
+		exited: make(chan struct{})}
 	cmd := run(context.Background(), "rabbitmq-server")
 	cmd.Dir = dir
 	cmd.Env = append(cmd.Env,
@@ -78,6 +104,9 @@ func NewRabbitNode(t testing.TB) *RabbitNode {
 		"RABBITMQ_PID_FILE="+filepath.Join(dir, "pid"),
 		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
 		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq"),
+		// No busy-waiting schedulers: several nodes share two cores with
+		// the rest of the suite.
+		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=+sbwt none +sbwtdcpu none +sbwtdio none",
 	)
 	out, err := os.Create(filepath.Join(dir, "server.out"))
 	if err != nil {
@@ -88,33 +117,73 @@ func NewRabbitNode(t testing.TB) *RabbitNode {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start rabbitmq-server: %v", err)
 	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); out.Close(); close(exited) }() //nolint:errcheck // the exit is reported below
+	n.cmd = cmd
+	go func() { cmd.Wait(); out.Close(); close(n.exited) }() //nolint:errcheck // the exit is reported below
 	t.Cleanup(func() {
-		stop := n.ctl(30*time.Second, "stop")
-		if err := stop.Run(); err != nil {
+		if n.gone() {
+			return
+		}
+		if kill {
+			n.killWithin(0)
+			return
+		}
+		if err := n.ctl(30*time.Second, "stop").Run(); err != nil {
 			t.Logf("rabbitmqctl stop: %v", err)
 		}
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // last resort
-			<-exited
-		}
+		n.killWithin(30 * time.Second)
 	})
+	return n
+}
+
+// listening waits until the node takes AMQP connections.
+func (n *RabbitNode) listening() error {
 	deadline := time.Now().Add(90 * time.Second)
 	for !reachable(n.URL) {
 		select {
-		case <-exited:
-			log, _ := os.ReadFile(filepath.Join(dir, "server.out"))
-			t.Fatalf("rabbitmq-server exited at start:\n%s", tail(string(log), 2000))
+		case <-n.exited:
+			return fmt.Errorf("rabbitmq-server %s exited at start:\n%s", n.Name, n.serverOut())
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("RabbitMQ node did not listen within 90s")
+			return fmt.Errorf("RabbitMQ node %s did not listen within 90s", n.Name)
 		}
 	}
-	return n
+	return nil
+}
+
+// Kill ends the node at once (SIGKILL, its whole process group): its
+// connections are reset, its peers see it down.
+func (n *RabbitNode) Kill() {
+	n.t.Helper()
+	n.killWithin(0)
+}
+
+// killWithin waits up to d for the node to exit by itself, then kills it,
+// and waits for that.
+func (n *RabbitNode) killWithin(d time.Duration) {
+	select {
+	case <-n.exited:
+		return
+	case <-time.After(d):
+	}
+	syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // it may be gone already
+	<-n.exited
+}
+
+// gone reports whether the node's server has exited.
+func (n *RabbitNode) gone() bool {
+	select {
+	case <-n.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// serverOut is the end of what the node's server wrote.
+func (n *RabbitNode) serverOut() string {
+	log, _ := os.ReadFile(filepath.Join(n.dir, "server.out"))
+	return tail(string(log), 2000)
 }
 
 // MemoryAlarm raises (on) or clears the node's memory alarm by moving its
@@ -134,7 +203,7 @@ func (n *RabbitNode) MemoryAlarm(on bool) {
 func (n *RabbitNode) ctl(timeout time.Duration, args ...string) *exec.Cmd {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	n.t.Cleanup(cancel)
-	return n.run(ctx, "rabbitmqctl", append([]string{"-n", n.name}, args...)...)
+	return n.run(ctx, "rabbitmqctl", append([]string{"-n", n.Name}, args...)...)
 }
 
 // rabbitRunner returns how to run Debian's RabbitMQ scripts as the rabbitmq

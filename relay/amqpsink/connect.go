@@ -13,21 +13,23 @@ import (
 // reconnect is supervise's wait between connection attempts.
 var reconnect = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: 10 * time.Second}
 
-func (s *Sink) dial() (*amqp.Connection, *amqpio.Conn, error) {
+// dial connects to the next node of the list (see amqpio.Nodes): after a
+// loss, another node than the one lost, if it answers.
+func (s *Sink) dial() (*amqp.Connection, *amqpio.Conn, string, error) {
 	var cc *amqpio.Conn
-	conn, err := amqpio.DialURL(s.cfg.URL, amqpio.DialOptions{
+	conn, node, err := s.nodes.Dial(amqpio.DialOptions{
 		TLS:     s.cfg.TLS,
 		Name:    "relayd",
 		Timeout: 10 * time.Second,
 		Wrap:    s.cfg.wrapConn,
 		Made:    func(c *amqpio.Conn) { cc = c },
 	})
-	return conn, cc, err
+	return conn, cc, node, err
 }
 
 // connect opens a connection and its confirm-mode channel.
 func (s *Sink) connect() (*link, error) {
-	conn, cork, err := s.dial()
+	conn, cork, node, err := s.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +43,8 @@ func (s *Sink) connect() (*link, error) {
 		return nil, err
 	}
 	l := newLink(conn, ch, s.confirmedLate, s.cfg.beforeEvent, s.blockedBy, s.unroutable.returned)
-	l.cork = cork
+	l.cork, l.node = cork, node
+	go l.watchStall(s.cfg.StallTimeout)
 	return l, nil
 }
 
@@ -59,7 +62,7 @@ func (s *Sink) supervise(l *link) {
 			s.cur, s.lastErr = l, nil
 			s.mu.Unlock()
 			if wait > 0 {
-				s.log.Info("amqp reconnected")
+				s.log.Info("amqp reconnected", "node", l.node)
 			}
 			wait = 0
 			select {
@@ -71,7 +74,7 @@ func (s *Sink) supervise(l *link) {
 			}
 			alarm = l.alarmReason()
 			s.drop(l, l.err)
-			s.log.Warn("amqp connection lost", "error", errString(l.err))
+			s.log.Warn("amqp connection lost", "node", l.node, "error", errString(l.err))
 			l.close()
 		}
 		wait = reconnect.Next(wait)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -28,6 +29,7 @@ type link struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
 	cork *amqpio.Conn
+	node string // host:port of the RabbitMQ node, for logs
 
 	mu       sync.Mutex
 	byTag    map[uint64]*pending
@@ -36,6 +38,9 @@ type link struct {
 	earlyRet map[string]string // returns that beat their registration
 	dead     bool
 	err      error
+	acked    time.Time           // the last ack, or since when publishes wait (watchStall)
+	nacks    int                 // nacks since the last ack
+	cut      error               // why watchStall closed the connection
 	blocked  string              // why RabbitMQ blocked the connection; "" while it is not
 	probing  bool                // blocked only until probe hears otherwise
 	lateOK   func(msgID string)  // told of confirms that came after their publisher gave up
@@ -60,7 +65,7 @@ func newLink(conn *amqp.Connection, ch *amqp.Channel, lateOK func(string), hook 
 		conn: conn, ch: ch, lateOK: lateOK, hook: hook, onBlock: onBlock, onReturn: onReturn,
 		byTag: map[uint64]*pending{}, byMsgID: map[string]*pending{},
 		early: map[uint64]bool{}, earlyRet: map[string]string{},
-		done: make(chan struct{}),
+		done: make(chan struct{}), acked: time.Now(),
 	}
 	e := &linkEvents{
 		l:          l,
@@ -101,6 +106,7 @@ func (l *link) publish(ctx context.Context, exchange, key, msgID string, pub amq
 		p.resolve(relay.Unavailable(l.err))
 		return p, nil
 	}
+	l.waiting()
 	l.byTag[dc.DeliveryTag] = p
 	l.byMsgID[msgID] = p
 	return p, nil
@@ -122,6 +128,7 @@ func (l *link) returned(r amqp.Return) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.answered(true)
 	reason := fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
 	if p, ok := l.byMsgID[r.MessageId]; ok {
 		p.returned = reason
@@ -136,6 +143,7 @@ func (l *link) onConfirm(c amqp.Confirmation) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.answered(c.Ack)
 	p, ok := l.byTag[c.DeliveryTag]
 	if !ok {
 		l.early[c.DeliveryTag] = c.Ack
@@ -191,6 +199,9 @@ func (l *link) failAll(err error) {
 	defer l.mu.Unlock()
 	if l.dead {
 		return
+	}
+	if l.cut != nil {
+		err = l.cut
 	}
 	l.dead, l.err = true, err
 	verdict := relay.Unavailable(err)

@@ -4,14 +4,17 @@
 //
 // Messages go persistent and mandatory; an unroutable one comes back as
 // basic.return before its ack (the sink applies returns and confirms in the
-// order RabbitMQ sent them), and is retried. A lost connection resolves pending publishes as unknown and
-// the sink reconnects by itself. A publish unanswered at its deadline stays
+// order RabbitMQ sent them), and is retried. A lost connection resolves
+// pending publishes as unknown and the sink reconnects by itself, to the next
+// node of a cluster's URL list; so does a connection on which RabbitMQ has
+// acked nothing for StallTimeout. A publish unanswered at its deadline stays
 // registered: its late confirm goes to OnLateConfirm and answers a retry of
 // the same message. A connection RabbitMQ blocks (a resource alarm) is kept,
 // and the sink is not Ready until RabbitMQ unblocks it.
 package amqpsink
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -21,12 +24,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/relay"
 )
 
 // Config configures a Sink.
 type Config struct {
-	// URL is the RabbitMQ URL, amqp:// or amqps://. Required.
+	// URL is the RabbitMQ URL, amqp:// or amqps://, or the URLs of a
+	// cluster's nodes separated by commas (amqpio.SplitURLs). Nodes are
+	// tried in order; after a connection loss, from the next node on.
+	// Required.
 	URL string
 	// Exchange is where messages are published, with the row's topic as the
 	// routing key. Required.
@@ -35,6 +42,13 @@ type Config struct {
 	TLS *tls.Config
 	// Logger receives connection events. Default: discard.
 	Logger *slog.Logger
+	// StallTimeout is how long RabbitMQ may ack nothing while publishes wait
+	// or are nacked, on a connection it has not blocked, before the sink
+	// closes the connection and connects again (to the next node): what
+	// waits is then unknown, as on any lost connection. A channel opened as
+	// a quorum queue's leader was lost nacks everything. Default
+	// StallTimeoutDefault (30 s).
+	StallTimeout time.Duration
 
 	// wrapConn, in tests, wraps each TCP connection below the cork.
 	wrapConn func(net.Conn) net.Conn
@@ -45,8 +59,9 @@ type Config struct {
 
 // Sink is the relay's RabbitMQ target.
 type Sink struct {
-	cfg Config
-	log *slog.Logger
+	cfg   Config
+	log   *slog.Logger
+	nodes *amqpio.Nodes
 
 	mu      sync.Mutex
 	cur     *link // nil while disconnected
@@ -82,8 +97,9 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), stop: make(chan struct{}), stopped: make(chan struct{}),
-		late: map[string]time.Time{}}
+	cfg.StallTimeout = cmp.Or(cfg.StallTimeout, StallTimeoutDefault)
+	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), nodes: amqpio.NewNodes(cfg.URL),
+		stop: make(chan struct{}), stopped: make(chan struct{}), late: map[string]time.Time{}}
 	s.unroutable = newUnroutableWarner(s.log)
 	var first *link
 	var err error
@@ -98,6 +114,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+	s.log.Info("amqp connected", "node", first.node)
 	s.cur = first // ready as soon as New returns
 	go s.supervise(first)
 	return s, nil
