@@ -9,8 +9,8 @@ import (
 const StallTimeoutDefault = 30 * time.Second
 
 // watchStall closes the link's connection when RabbitMQ has acked nothing
-// for after while publishes waited or were nacked, on a connection it has
-// not blocked. A channel of RabbitMQ 3.10 that first published to a quorum
+// for the given time while publishes waited or were nacked, on a connection
+// it has not blocked. A channel of RabbitMQ 3.10 that first published to a quorum
 // queue while the queue's leader was lost (before the election) nacks every
 // publish to it from then on; only a new channel finds the new leader. The
 // link ends as a lost connection does, and supervise connects again, to the
