@@ -266,6 +266,28 @@ func (c *corner) fill(ctx context.Context, n, keys int) error {
 	return nil
 }
 
+// fillTraced inserts n rows of the benchmark payload with null keys, as
+// fill does, each with a W3C traceparent in its headers: random trace and
+// parent ids, flags 01 (sampled) on every sampledEvery-th row and 00 on the
+// others, the header a traced producer writes.
+func (c *corner) fillTraced(ctx context.Context, n, sampledEvery int) error {
+	tbl := c.table.Ident()
+	if _, err := c.b.pool.Exec(ctx, `INSERT INTO `+tbl+` (topic, headers, payload)
+		SELECT $1, jsonb_build_object('traceparent', '00-'
+			|| replace(gen_random_uuid()::text, '-', '') || '-'
+			|| left(replace(gen_random_uuid()::text, '-', ''), 16) || '-'
+			|| CASE WHEN i % $4::int = 0 THEN '01' ELSE '00' END),
+			$2::bytea FROM generate_series(1, $3) i`,
+		topic, c.b.payload, n, sampledEvery); err != nil {
+		return fmt.Errorf("fill %s: %w", c.table, err)
+	}
+	if _, err := c.b.pool.Exec(ctx, `ANALYZE `+tbl); err != nil {
+		return fmt.Errorf("analyze %s: %w", c.table, err)
+	}
+	c.b.checkpoint(ctx)
+	return nil
+}
+
 // checkpoint flushes Postgres's dirty buffers now rather than during the
 // next measurement. Best effort: it needs superuser (or pg_checkpoint).
 func (b *bench) checkpoint(ctx context.Context) {

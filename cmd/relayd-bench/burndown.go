@@ -66,6 +66,26 @@ func (b *bench) burndown(ctx context.Context, targets string, instances, keys in
 	if keys > 0 {
 		n = b.o.BurnKeyedRows
 	}
+	return b.burndownRun(ctx, burnSpec{targets: targets, instances: instances, rows: n, keys: keys})
+}
+
+// burnSpec is one burn-down: the rows it fills the outbox with and the
+// relayd processes that drain it.
+type burnSpec struct {
+	targets   string
+	instances int
+	rows      int
+	keys      int // distinct keys (0: null keys)
+	// sampledEvery > 0 gives every row a traceparent header, sampled
+	// (flags 01) on every sampledEvery-th row, unsampled (00) on the rest.
+	sampledEvery int
+	// env is added to each relayd's environment.
+	env []string
+}
+
+// burndownRun runs the burn-down s: see burndown.
+func (b *bench) burndownRun(ctx context.Context, s burnSpec) (bd Burndown, note string, err error) {
+	targets, instances, n, keys := s.targets, s.instances, s.rows, s.keys
 	bd = Burndown{Targets: targets, Instances: instances, Rows: n, Keys: keys}
 	ts := strings.Split(targets, ",")
 	cr, err := b.newCorner(ctx, cornerSpec{table: true, stream: slices.Contains(ts, "nats"), amqp: slices.Contains(ts, "amqp")})
@@ -73,7 +93,12 @@ func (b *bench) burndown(ctx context.Context, targets string, instances, keys in
 		return bd, "", err
 	}
 	defer cr.close()
-	if err := cr.fill(ctx, n, keys); err != nil {
+	if s.sampledEvery > 0 {
+		err = cr.fillTraced(ctx, n, s.sampledEvery)
+	} else {
+		err = cr.fill(ctx, n, keys)
+	}
+	if err != nil {
 		return bd, "", err
 	}
 
@@ -89,7 +114,7 @@ func (b *bench) burndown(ctx context.Context, targets string, instances, keys in
 	}
 	snap := takeCPUSnap()
 	start := time.Now()
-	env := cr.relaydEnv(targets)
+	env := append(cr.relaydEnv(targets), s.env...)
 	for range instances {
 		p, err := b.start(env, "run")
 		if err != nil {

@@ -10,6 +10,9 @@
 //   - relay burn-down: a pre-filled outbox drained by 1 and 2 relayd
 //     processes at default settings, per migration phase (nats, amqp,
 //     amqp,nats): rows/s, CPU seconds per 10k rows, peak RSS;
+//   - tracing: the dual-write burn-down with relayd's tracing off and on
+//     (1 % of the rows with a sampled traceparent, exported to an OTLP/HTTP
+//     receiver in the bench), the runs alternating;
 //   - relay latency, open loop: producers committing on a fixed timetable,
 //     commit → received from both brokers, p50/p90/p99/max;
 //   - backfill: a legacy queue moved into the stream by `relayd backfill`;
@@ -56,7 +59,8 @@ type options struct {
 
 	Smoke bool
 	// Only, when set, runs only these sections (ceilings, burndown,
-	// latency, backfill); ratios to ceilings not measured are left out.
+	// tracing, latency, backfill, producers); ratios to ceilings not
+	// measured are left out.
 	Only map[string]bool
 
 	Payload         int           // message size in bytes
@@ -149,7 +153,7 @@ func parseOptions() (o options, out string) {
 	burnKeys := flag.Int("keys", 1000, "distinct keys of the keyed burn-down runs, spread round-robin over the rows")
 	latencyRates := flag.String("latency-rates", "", `rows per second of the latency runs, space-separated (default "1000 5000")`)
 	latencyCommits := flag.Int("latency-commits", 0, "commits per second at most in the latency runs; rows per commit = rate / this (default 200)")
-	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,latency,backfill,producers")
+	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,tracing,latency,backfill,producers")
 	dbURL := flag.String("database-url", "", "Postgres (default: RELAY_TEST_DATABASE_URL or postgres://root@127.0.0.1:5432/test)")
 	amqpURL := flag.String("amqp-url", "", "RabbitMQ (default: RELAY_TEST_AMQP_URL or amqp://guest:guest@127.0.0.1:5672/)")
 	natsURL := flag.String("nats-url", "", "NATS with JetStream (default: RELAY_TEST_NATS_URL or nats://127.0.0.1:4222)")
@@ -235,7 +239,7 @@ func onlyFlag(s string) map[string]bool {
 	only := map[string]bool{}
 	for _, p := range strings.Split(s, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "ceilings", "burndown", "latency", "backfill", "producers":
+		case "ceilings", "burndown", "tracing", "latency", "backfill", "producers":
 			only[p] = true
 		default:
 			usageExit("-only: unknown section %q", p)
@@ -283,6 +287,7 @@ func run(ctx context.Context, o options) (*Results, error) {
 	}{
 		{"ceilings", b.ceilings},
 		{"burndown", b.burndowns},
+		{"tracing", b.tracing},
 		{"latency", b.latencies},
 		{"backfill", b.backfillRun},
 		{"producers", b.producers},

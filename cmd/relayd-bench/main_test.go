@@ -94,6 +94,16 @@ func TestSmoke(t *testing.T) {
 		positive("burndown "+bd.(map[string]any)["targets"].(string), bd,
 			"instances", "rows", "seconds", "rows_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib", "ceiling_per_second", "ratio")
 	}
+	tr, _ := doc["tracing"].(map[string]any)
+	positive("tracing", tr, "rows", "rounds", "sampled_percent", "ratio")
+	positive("tracing off", tr["off"], "rows_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib")
+	positive("tracing on", tr["on"], "rows_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib", "otlp_export_requests", "otlp_export_bytes")
+	if off, _ := tr["off"].(map[string]any); off["otlp_export_requests"] != float64(0) {
+		t.Errorf("tracing off: %v export requests, want 0", off["otlp_export_requests"])
+	}
+	if runs, _ := tr["runs"].([]any); len(runs) != 4 {
+		t.Errorf("tracing: %d runs, want 4 (2 per arm in a smoke run)", len(runs))
+	}
 	for _, l := range list("latency", 2) {
 		positive("latency", l, "rate_per_second", "rows_per_commit", "committed", "received",
 			"p50_ms", "p90_ms", "p99_ms", "max_ms", "achieved_rate_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib")
@@ -111,15 +121,15 @@ func TestSmoke(t *testing.T) {
 	positive("producers, bare latency", pd["bare_commit_latency"], "commits_per_second", "p50_ms", "p99_ms")
 	positive("producers, outbox latency", pd["outbox_commit_latency"], "commits_per_second", "p50_ms", "p99_ms")
 	positive("producers, idle relay", pd["idle_relay_latency"], "rows", "p50_ms", "max_ms")
-	// dual ×2, nats ×2, keyed dual ×1, latency ×2, backfill, RSS; producers
-	// ×2 per connection count, idle latency.
-	for _, v := range list("targets", 9+2*len(producerClients)+1) {
+	// dual ×2, nats ×2, keyed dual ×1, tracing, latency ×2, backfill, RSS;
+	// producers ×2 per connection count, idle latency.
+	for _, v := range list("targets", 10+2*len(producerClients)+1) {
 		positive("target "+v.(map[string]any)["target"].(string), v, "value", "limit")
 	}
 
 	var table bytes.Buffer
 	writeTable(&table, res)
-	for _, want := range []string{"| ceiling", "| relayd |", "| latency", "| producers", "| target |", "targets met"} {
+	for _, want := range []string{"| ceiling", "| relayd |", "| tracing:", "| latency", "| producers", "| target |", "targets met"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}

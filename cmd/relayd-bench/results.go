@@ -21,6 +21,7 @@ type Results struct {
 	Machine      Machine    `json:"machine"`
 	Ceilings     []Ceiling  `json:"ceilings"`
 	Burndown     []Burndown `json:"burndown"`
+	Tracing      *Tracing   `json:"tracing,omitempty"`
 	Latency      []Latency  `json:"latency"`
 	Backfill     *Backfill  `json:"backfill,omitempty"`
 	Producers    *Producers `json:"producers,omitempty"`
@@ -324,6 +325,12 @@ func (r *Results) evaluate() {
 			r.verdict(what, round(bd.Ratio/bd.Bound, 2), ">=", 0.8)
 		}
 	}
+	if t := r.Tracing; t != nil {
+		peak = math.Max(peak, math.Max(t.Off.PeakRSSMiB, t.On.PeakRSSMiB))
+		if t.Off.RowsPerSecond > 0 && t.On.RowsPerSecond > 0 {
+			r.verdict(tracingTarget(t), t.Ratio, ">=", 0.95)
+		}
+	}
 	for _, l := range r.Latency {
 		peak = math.Max(peak, l.PeakRSSMiB)
 		limit := map[int]float64{1000: 25, 5000: 100}[l.Rate]
@@ -396,6 +403,9 @@ func writeTable(w io.Writer, r *Results) {
 	writeHeader(w, r)
 	writeCeilings(w, r)
 	writeRelaydRuns(w, r)
+	if t := r.Tracing; t != nil {
+		writeTracing(w, r, t)
+	}
 	writeLatencies(w, r)
 	if p := r.Producers; p != nil {
 		writeProducers(w, p)
@@ -623,4 +633,32 @@ func writeProducers(w io.Writer, p *Producers) {
 		fmt.Fprintf(w, "\nIdle relayd, commit → both brokers, %d rows one at a time: median %s, max %s.\n", p.Idle.Rows, ms(p.Idle.P50Ms), ms(p.Idle.MaxMs))
 	}
 	fmt.Fprintln(w)
+}
+
+// tracingTarget names the tracing section's target.
+func tracingTarget(t *Tracing) string {
+	return fmt.Sprintf("tracing at %s %%: burn-down %s ×%d rows/s, on vs off", strconv.FormatFloat(t.SampledPercent, 'f', -1, 64), t.Targets, t.Instances)
+}
+
+// writeTracing prints the tracing section: each arm's best run, its
+// samples, and what the receiver got.
+func writeTracing(w io.Writer, r *Results, t *Tracing) {
+	fmt.Fprintf(w, "| tracing: burn-down %s, %s rows, %s, %s %% of the rows sampled (runs alternating %s) | rows/s (best of %d) | samples | relayd CPU s / 10k | peak RSS | OTLP exports (requests, bytes) |\n|---|---:|---|---:|---:|---:|\n",
+		t.Targets, thousands(float64(t.Rows)), instances(t.Instances), strconv.FormatFloat(t.SampledPercent, 'f', -1, 64), strings.Join(t.Order, "/"), t.Rounds)
+	for _, arm := range []struct {
+		name string
+		a    TracingArm
+	}{{"off (no OTEL_* variable)", t.Off}, {"on (" + strings.Join(t.OnEnv, " ") + ")", t.On}} {
+		samples := make([]string, len(arm.a.Samples))
+		for i, s := range arm.a.Samples {
+			samples[i] = thousands(s)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %.2f | %.0f MiB | %s, %s B |\n", arm.name, thousands(arm.a.RowsPerSecond), strings.Join(samples, ", "),
+			arm.a.CPUSecondsPer10k, arm.a.PeakRSSMiB, thousands(float64(arm.a.Exports)), thousands(float64(arm.a.ExportBytes)))
+	}
+	target := ""
+	if v := r.verdictFor(tracingTarget(t)); v != nil {
+		target = ": " + targetCell(v)
+	}
+	fmt.Fprintf(w, "| on / off%s | %s | | | | |\n\n", target, strconv.FormatFloat(t.Ratio, 'f', 3, 64))
 }
