@@ -110,7 +110,7 @@ func Check(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, err
 	}
 	quiet := cfg.QuietPeriod
-	if quiet == 0 {
+	if quiet == 0 && first.ok() { // a consumer that did not answer gave no AckWait
 		quiet = first.ackWait
 		if n := len(first.backoff); n > 0 && first.backoff[n-1] > quiet {
 			quiet = first.backoff[n-1]

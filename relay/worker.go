@@ -22,6 +22,9 @@ func (r *Relay) work(ctx context.Context, id int) {
 	defer w.leave()
 	wait := time.Duration(0)
 	for ctx.Err() == nil {
+		// Taken before the batch: a reconnection while it fails still
+		// ends the stall after it.
+		back := r.back.wait()
 		start := time.Now()
 		n, keyed, err := r.runBatch(ctx, w)
 		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
@@ -34,12 +37,12 @@ func (r *Relay) work(ctx context.Context, id int) {
 			wait = 0
 		case errors.Is(err, errNoTarget):
 			// Every enabled broker is down: wait for the first to come back.
-			r.stall(ctx, w, r.nextTargetCheck())
+			r.stall(ctx, w, back, r.nextTargetCheck())
 			continue
 		default:
 			errs.Error(err)
 			wait = batchRetry.Next(wait)
-			r.stall(ctx, w, batchRetry.Wait(wait))
+			r.stall(ctx, w, back, batchRetry.Wait(wait))
 			continue
 		}
 		if n >= max(1, r.cfg.BatchSize/2) {
@@ -61,11 +64,11 @@ func (r *Relay) work(ctx context.Context, id int) {
 	}
 }
 
-// stall waits d, or until the listener reconnects to Postgres, with w
-// stalled: the listener does not count it as waiting for rows.
-func (r *Relay) stall(ctx context.Context, w *worker, d time.Duration) {
+// stall waits d, or until back is closed (the listener reconnected to
+// Postgres), with w stalled: the listener does not count it as waiting for
+// rows.
+func (r *Relay) stall(ctx context.Context, w *worker, back <-chan struct{}, d time.Duration) {
 	w.set(workerStalled)
-	back := r.back.wait()
 	t := time.NewTimer(d)
 	select {
 	case <-ctx.Done():

@@ -91,5 +91,6 @@ func (l *link) probe() {
 	defer l.mu.Unlock()
 	if l.probing { // no connection.blocked since: RabbitMQ reads
 		l.blocked, l.probing = "", false
+		l.acked = time.Now() // time blocked is not a stall (watchStall)
 	}
 }

@@ -3,6 +3,7 @@ package amqpsink
 import (
 	"cmp"
 	"errors"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -142,6 +143,9 @@ func (l *link) setBlocked(b amqp.Blocking) {
 		reason = cmp.Or(b.Reason, "no reason given")
 	}
 	l.mu.Lock()
+	if l.blocked != reason {
+		l.acked = time.Now() // time blocked is not a stall (watchStall)
+	}
 	l.blocked, l.probing = reason, false
 	l.mu.Unlock()
 	if l.onBlock != nil {

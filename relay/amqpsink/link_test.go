@@ -43,3 +43,21 @@ func TestEarlyConfirmWinsOverADeadSession(t *testing.T) {
 		t.Fatalf("publish whose confirm came before the session died: %v, want delivered", p.err)
 	}
 }
+
+// Time a connection spent blocked by a resource alarm is not a stall: once
+// the alarm clears, the publishes queued meanwhile get the full stall time
+// for their first ack, so that they are not failed (and sent again) while
+// RabbitMQ is still taking them in.
+func TestBlockedTimeIsNotAStall(t *testing.T) {
+	const after = time.Second
+	l := &link{byTag: map[uint64]*pending{1: {}}, done: make(chan struct{})}
+	l.acked = time.Now().Add(-time.Hour) // the last ack came long before the alarm
+	l.setBlocked(amqp.Blocking{Active: true, Reason: "low on disk"})
+	if l.stalled(after) {
+		t.Fatal("a blocked connection counted as stalled")
+	}
+	l.setBlocked(amqp.Blocking{Active: false})
+	if l.stalled(after) {
+		t.Fatal("stalled at once after the alarm cleared: the time blocked counted")
+	}
+}
