@@ -28,6 +28,7 @@ type RabbitCluster struct {
 func NewRabbitCluster(t testing.TB, n int) *RabbitCluster {
 	t.Helper()
 	run := rabbitRunnerOrSkip(t)
+	holdOwnRabbit(t)
 	begin := time.Now()
 	c := &RabbitCluster{}
 	for range n {

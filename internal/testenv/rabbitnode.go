@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -42,11 +43,24 @@ const rabbitDir = "/usr/lib/rabbitmq/bin"
 func NewRabbitNode(t testing.TB) *RabbitNode {
 	t.Helper()
 	run := rabbitRunnerOrSkip(t)
+	holdOwnRabbit(t)
 	n := startRabbitNode(t, run, false)
 	if err := n.listening(); err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// ownRabbit lets one test of a process at a time run RabbitMQ servers of its
+// own: a starting node takes a core for seconds, and the alarm tests assert
+// how far JetStream gets meanwhile.
+var ownRabbit sync.Mutex
+
+// holdOwnRabbit holds ownRabbit until the test's servers are gone (cleanups
+// run last-registered first).
+func holdOwnRabbit(t testing.TB) {
+	ownRabbit.Lock()
+	t.Cleanup(ownRabbit.Unlock)
 }
 
 // rabbitRunnerOrSkip is rabbitRunner, skipping the test (failing it with
