@@ -434,20 +434,7 @@ func (e *env) checkExactlyOnce(committed map[string]bool, allowAMQPDupes bool) (
 	stream := e.streamIDs()
 	queue := e.queueIDs(time.Second)
 	check := func(broker string, got map[string]int, allowDupes bool) int {
-		missing, extra, dupes := 0, 0, 0
-		for id := range committed {
-			switch n := got[id]; {
-			case n == 0:
-				missing++
-			case n > 1:
-				dupes += n - 1
-			}
-		}
-		for id := range got {
-			if !committed[id] {
-				extra++
-			}
-		}
+		missing, extra, dupes := tally(committed, got)
 		if missing > 0 || extra > 0 || (dupes > 0 && !allowDupes) {
 			e.t.Errorf("%s: %d committed rows, %d distinct ids received: %d missing, %d not committed (rolled back?), %d duplicates",
 				broker, len(committed), len(got), missing, extra, dupes)

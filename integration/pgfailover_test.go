@@ -360,18 +360,9 @@ func TestPostgresAsyncFailoverLosesUnshipped(t *testing.T) {
 	}
 	stream, queue := e.streamIDs(), e.queueIDs(time.Second)
 	check := func(broker string, got map[string]int, allowDupes bool) (dupes, phantoms int) {
-		missing := 0
-		for id := range inDB {
-			switch n := got[id]; {
-			case n == 0:
-				missing++
-			case n > 1:
-				dupes += n - 1
-			}
-		}
+		missing, phantoms, dupes := tally(inDB, got)
 		for id := range got {
 			if !inDB[id] {
-				phantoms++
 				if !committed[id] && unknown == 0 {
 					t.Errorf("%s: message %s neither in the database nor committed by a producer", broker, id)
 				}

@@ -63,10 +63,7 @@ func newPGPair(t testing.TB, synchronous bool, via ...func(string) string) (prim
 	}
 	run, err := pgRunner()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("cannot start Postgres servers (CI=true, not skipping): %v", err)
-		}
-		t.Skipf("cannot start Postgres servers: %v", err)
+		skipOrFail(t, "cannot start Postgres servers", err)
 	}
 	// Not t.TempDir: the servers may run as another user, who cannot enter
 	// a directory only root may.

@@ -82,12 +82,19 @@ func resolve(t testing.TB, s *service) string {
 	}
 	s.once.Do(func() { s.url, s.err = s.find() })
 	if s.err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s unavailable (CI=true, not skipping): %v", s.name, s.err)
-		}
-		t.Skipf("%s unavailable: %v", s.name, s.err)
+		skipOrFail(t, s.name+" unavailable", s.err)
 	}
 	return s.url
+}
+
+// skipOrFail skips a test that cannot have what it needs, saying what, or
+// fails it with CI=true, where everything a test needs must be there.
+func skipOrFail(t testing.TB, what string, err error) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s (CI=true, not skipping): %v", what, err)
+	}
+	t.Skipf("%s: %v", what, err)
 }
 
 func (s *service) find() (string, error) {
