@@ -137,6 +137,10 @@ func (t Table) Backfilled() string { return t.qualify(t.Name + "_backfilled") }
 // it delivered to every enabled target, as it deletes them from the outbox.
 func (t Table) Delivered() string { return t.qualify(t.Name + "_delivered") }
 
+// Side is the quoted identifier of the table's side table <name>_suffix
+// (phase, phase_history, instances, ...).
+func (t Table) Side(suffix string) string { return t.qualify(t.Name + "_" + suffix) }
+
 // versionTable is goose's record of applied migrations for this table.
 func (t Table) versionTable() string {
 	if t.Schema == "" {

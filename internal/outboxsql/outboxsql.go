@@ -76,6 +76,10 @@ type Statements struct {
 	// Verify's reads of the ledgers (SELECTs of msg_id, at).
 	VerifyOutbox   string
 	VerifyBackfill string
+
+	// The shared phase and the running relays (package phase).
+	PhaseRead, PhaseLock, PhaseSet, PhaseHistory           string
+	InstanceBeat, InstanceLeave, InstancesPrune, Instances string
 }
 
 // Stats is the SQL for one target's backlog figures, in the order
@@ -122,6 +126,7 @@ func For(t schema.Table) *Statements {
 func render(t schema.Table) *Statements {
 	d := tableData{
 		Table: t.Ident(), Delivered: t.Delivered(), Backfilled: t.Backfilled(),
+		Phase: t.Side("phase"), PhaseHistory: t.Side("phase_history"), Instances: t.Side("instances"),
 		ExactLimit: ExactLimit, ActiveWindow: ActiveWindow,
 	}
 	perTarget := func(name string) ByTarget[string] {
@@ -150,6 +155,14 @@ func render(t schema.Table) *Statements {
 		RecordMoved:              exec("RecordMoved", d),
 		VerifyOutbox:             exec("VerifyOutbox", d),
 		VerifyBackfill:           exec("VerifyBackfill", d),
+		PhaseRead:                exec("PhaseRead", d),
+		PhaseLock:                exec("PhaseLock", d),
+		PhaseSet:                 exec("PhaseSet", d),
+		PhaseHistory:             exec("PhaseHistory", d),
+		InstanceBeat:             exec("InstanceBeat", d),
+		InstanceLeave:            exec("InstanceLeave", d),
+		InstancesPrune:           exec("InstancesPrune", d),
+		Instances:                exec("Instances", d),
 	}
 }
 
@@ -165,8 +178,9 @@ func exec(name string, data any) string {
 
 // tableData is what every statement sees: the quoted identifiers.
 type tableData struct {
-	Table, Delivered, Backfilled string
-	ExactLimit, ActiveWindow     int
+	Table, Delivered, Backfilled   string
+	Phase, PhaseHistory, Instances string
+	ExactLimit, ActiveWindow       int
 }
 
 // Target is d for one target, p its column prefix.

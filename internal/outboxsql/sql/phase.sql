@@ -1,0 +1,44 @@
+-- The shared phase and the running relays (package phase; migration 00008).
+
+-- PhaseRead: the table's phase, if one was ever set.
+{{define "PhaseRead"}}SELECT phase, changed_at, changed_by, reason FROM {{.Phase}}{{end}}
+
+-- PhaseLock: a change of phase holds this, so two changes run one after
+-- the other; relays reading the phase do not wait for it.
+{{define "PhaseLock"}}LOCK TABLE {{.Phase}} IN SHARE ROW EXCLUSIVE MODE{{end}}
+
+-- PhaseSet: $1 phase, $2 changed by, $3 reason, $4 forced; the change goes
+-- into the history with the same time.
+{{define "PhaseSet"}}
+WITH h AS (
+	INSERT INTO {{.PhaseHistory}} (phase, changed_by, reason, forced) VALUES ($1, $2, $3, $4)
+	RETURNING changed_at
+)
+INSERT INTO {{.Phase}} (phase, changed_at, changed_by, reason) SELECT $1, changed_at, $2, $3 FROM h
+ON CONFLICT (singleton) DO UPDATE SET phase = excluded.phase, changed_at = excluded.changed_at,
+	changed_by = excluded.changed_by, reason = excluded.reason
+RETURNING changed_at
+{{end}}
+
+-- PhaseHistory: every change, oldest first.
+{{define "PhaseHistory"}}SELECT phase, changed_at, changed_by, reason, forced FROM {{.PhaseHistory}} ORDER BY id{{end}}
+
+-- InstanceBeat: $1 instance, $2 its phase, $3 pinned, $4 version, $5 started
+-- at; the database's clock says when it was seen.
+{{define "InstanceBeat"}}
+INSERT INTO {{.Instances}} (instance, phase, pinned, version, started_at) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (instance) DO UPDATE SET phase = excluded.phase, pinned = excluded.pinned,
+	version = excluded.version, started_at = excluded.started_at, seen_at = now()
+{{end}}
+
+-- InstanceLeave: $1 stopped.
+{{define "InstanceLeave"}}DELETE FROM {{.Instances}} WHERE instance = $1{{end}}
+
+-- InstancesPrune: forget relays not seen for $1 milliseconds (killed ones).
+{{define "InstancesPrune"}}DELETE FROM {{.Instances}} WHERE seen_at < now() - $1 * interval '1 millisecond'{{end}}
+
+-- Instances: the relays seen in the last $1 milliseconds, and how long ago.
+{{define "Instances"}}
+SELECT instance, phase, pinned, version, started_at, seen_at, extract(epoch FROM now() - seen_at)
+FROM {{.Instances}} WHERE seen_at >= now() - $1 * interval '1 millisecond' ORDER BY instance
+{{end}}

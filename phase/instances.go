@@ -1,0 +1,83 @@
+package phase
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/schema"
+)
+
+// Instance is a running relay's report of itself.
+type Instance struct {
+	Instance  string    `json:"instance"` // host:pid
+	Phase     Name      `json:"phase"`    // the phase it runs
+	Pinned    bool      `json:"pinned"`   // RELAY_TARGETS pins it: it does not follow the table
+	Version   string    `json:"version"`
+	StartedAt time.Time `json:"started_at"`
+	SeenAt    time.Time `json:"seen_at"`
+	// Age is how long ago it last reported, by the database's clock.
+	Age time.Duration `json:"-"`
+}
+
+// BeatEvery is how often a relay reports itself; Seen is how recently it
+// must have for the others to count it as running.
+const (
+	BeatEvery = 2 * time.Second
+	Seen      = 5 * BeatEvery
+	// forgetAfter is when a relay that stopped reporting (killed) is
+	// deleted from the table.
+	forgetAfter = 24 * time.Hour
+)
+
+// Beat writes in's report, and forgets relays silent for a day.
+func Beat(ctx context.Context, db *pgxpool.Pool, table schema.Table, in Instance) error {
+	q := outboxsql.For(table)
+	b := &pgx.Batch{}
+	b.Queue(q.InstanceBeat, in.Instance, string(in.Phase), in.Pinned, in.Version, in.StartedAt)
+	b.Queue(q.InstancesPrune, forgetAfter.Milliseconds())
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("report this relay in %s: %w", table.Side("instances"), err)
+	}
+	return nil
+}
+
+// Leave removes a stopping relay's report.
+func Leave(ctx context.Context, db *pgxpool.Pool, table schema.Table, instance string) error {
+	_, err := db.Exec(ctx, outboxsql.For(table).InstanceLeave, instance)
+	return err
+}
+
+// Running returns the relays that reported within Seen.
+func Running(ctx context.Context, db *pgxpool.Pool, table schema.Table) ([]Instance, error) {
+	rows, err := db.Query(ctx, outboxsql.For(table).Instances, Seen.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("read the running relays: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Instance, error) {
+		var in Instance
+		var age float64
+		err := r.Scan(&in.Instance, &in.Phase, &in.Pinned, &in.Version, &in.StartedAt, &in.SeenAt, &age)
+		in.Age = time.Duration(age * float64(time.Second))
+		return in, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the running relays: %w", err)
+	}
+	return out, nil
+}
+
+// Astray returns the running relays whose phase is not want.
+func Astray(in []Instance, want Name) []Instance {
+	var out []Instance
+	for _, i := range in {
+		if i.Phase != want {
+			out = append(out, i)
+		}
+	}
+	return out
+}

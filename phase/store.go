@@ -1,0 +1,114 @@
+package phase
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/schema"
+)
+
+// Change is one setting of the phase.
+type Change struct {
+	Phase     Name      `json:"phase"`
+	ChangedAt time.Time `json:"changed_at"`
+	ChangedBy string    `json:"changed_by"`
+	Reason    string    `json:"reason"`
+	Forced    bool      `json:"forced,omitempty"`
+}
+
+// Read returns the table's phase; ok is false while none was ever set.
+func Read(ctx context.Context, db *pgxpool.Pool, table schema.Table) (c Change, ok bool, err error) {
+	err = db.QueryRow(ctx, outboxsql.For(table).PhaseRead).Scan(&c.Phase, &c.ChangedAt, &c.ChangedBy, &c.Reason)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Change{}, false, nil
+	}
+	if err != nil {
+		return Change{}, false, fmt.Errorf("read the phase of %s: %w", table, err)
+	}
+	return c, true, nil
+}
+
+// ErrChanged: the phase was not the one the change was checked against
+// (another change came first).
+var ErrChanged = errors.New("the phase changed meanwhile")
+
+// Set records c as the table's phase, and in its history, unless the phase
+// now is not from (with fromSet false: unless one was set). It returns the
+// time of the change, by the database's clock.
+func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, from Name, fromSet bool) (time.Time, error) {
+	q := outboxsql.For(table)
+	var at time.Time
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, q.PhaseLock); err != nil {
+			return err
+		}
+		var now Name
+		err := tx.QueryRow(ctx, q.PhaseRead).Scan(&now, nil, nil, nil)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			if fromSet {
+				return fmt.Errorf("%w: no phase is set", ErrChanged)
+			}
+		case err != nil:
+			return err
+		case !fromSet || now != from:
+			return fmt.Errorf("%w: it is %s now", ErrChanged, now)
+		}
+		return tx.QueryRow(ctx, q.PhaseSet, c.Phase, c.ChangedBy, c.Reason, c.Forced).Scan(&at)
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("set the phase of %s: %w", table, err)
+	}
+	return at, nil
+}
+
+// History returns every change of the table's phase, oldest first.
+func History(ctx context.Context, db *pgxpool.Pool, table schema.Table) ([]Change, error) {
+	rows, err := db.Query(ctx, outboxsql.For(table).PhaseHistory)
+	if err != nil {
+		return nil, fmt.Errorf("read the phase history of %s: %w", table, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Change, error) {
+		var c Change
+		err := r.Scan(&c.Phase, &c.ChangedAt, &c.ChangedBy, &c.Reason, &c.Forced)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the phase history of %s: %w", table, err)
+	}
+	return out, nil
+}
+
+// Period is a stretch of time the table spent in one phase; End is zero
+// while it lasts.
+type Period struct {
+	Phase      Name
+	Start, End time.Time
+}
+
+// LastPeriod returns the latest period in phase n, from a history oldest
+// first; ok is false when the table was never in n.
+func LastPeriod(history []Change, n Name) (p Period, ok bool) {
+	for i := len(history) - 1; i >= 0; i-- {
+		if history[i].Phase != n {
+			continue
+		}
+		// The period began at the first of a run of settings of n.
+		start := i
+		for start > 0 && history[start-1].Phase == n {
+			start--
+		}
+		p = Period{Phase: n, Start: history[start].ChangedAt}
+		if i+1 < len(history) {
+			p.End = history[i+1].ChangedAt
+		}
+		return p, true
+	}
+	return Period{}, false
+}

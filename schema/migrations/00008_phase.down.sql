@@ -1,0 +1,3 @@
+DROP TABLE {{.Qualified "instances"}};
+DROP TABLE {{.Qualified "phase_history"}};
+DROP TABLE {{.Qualified "phase"}};
