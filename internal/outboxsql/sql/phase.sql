@@ -3,9 +3,10 @@
 -- PhaseRead: the table's phase, if one was ever set.
 {{define "PhaseRead"}}SELECT phase, changed_at, changed_by, reason FROM {{.Phase}}{{end}}
 
--- PhaseLock: a change of phase holds this, so two changes run one after
--- the other; relays reading the phase do not wait for it.
-{{define "PhaseLock"}}LOCK TABLE {{.Phase}} IN SHARE ROW EXCLUSIVE MODE{{end}}
+-- PhaseLock: a change of phase holds this (keyed by the phase table's oid)
+-- to its commit, so two changes run one after the other; relays reading the
+-- phase do not wait for it.
+{{define "PhaseLock"}}SELECT pg_advisory_xact_lock('{{.Phase}}'::regclass::oid::bigint){{end}}
 
 -- PhaseSet: $1 phase, $2 changed by, $3 reason, $4 forced; the change goes
 -- into the history with the same time.
