@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
 )
@@ -29,6 +30,10 @@ type Relay struct {
 	latency      *prometheus.HistogramVec
 	batch        prometheus.Histogram
 	lastProgress prometheus.Gauge
+	phase        *prometheus.GaugeVec
+	tablePhase   *prometheus.GaugeVec
+	mismatch     prometheus.Gauge
+	pinned       prometheus.Gauge
 
 	// The per-target children of published and latency, looked up once:
 	// Published runs for every row and target, and WithLabelValues hashes
@@ -76,6 +81,18 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 		})).(prometheus.Histogram),
 		lastProgress: f(prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "relayd_last_progress_timestamp_seconds", Help: "Unix time of the last batch that recorded an outcome.",
+		})).(prometheus.Gauge),
+		phase: f(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "relayd_phase", Help: "1 for the phase this relay runs (amqp, dual or nats), 0 for the others.",
+		}, []string{"phase"})).(*prometheus.GaugeVec),
+		pinned: f(prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relayd_phase_pinned", Help: "1 when RELAY_TARGETS pins this relay's phase: it does not follow relayd phase set.",
+		})).(prometheus.Gauge),
+		tablePhase: f(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "relayd_table_phase", Help: "1 for the phase set on the outbox (relayd phase set), 0 for the others; all 0 while none is set.",
+		}, []string{"phase"})).(*prometheus.GaugeVec),
+		mismatch: f(prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relayd_phase_mismatch", Help: "1 while this relay runs a phase other than the outbox's (pinned by RELAY_TARGETS, or unable to follow).",
 		})).(prometheus.Gauge),
 	}
 	m.targets = make(map[relay.Target]targetMetrics, len(relay.Targets))
@@ -127,6 +144,24 @@ func (m *Relay) Parked(t relay.Target) {
 // LateConfirmed implements relay.Observer.
 func (m *Relay) LateConfirmed(t relay.Target, n int) {
 	m.lateConfirms.WithLabelValues(string(t)).Add(float64(n))
+}
+
+// Phase implements relay.Observer.
+func (m *Relay) Phase(s relay.PhaseState) {
+	running := phase.Of(s.Running)
+	for _, p := range phase.Names {
+		m.phase.WithLabelValues(string(p)).Set(b2f(p == running))
+		m.tablePhase.WithLabelValues(string(p)).Set(b2f(s.Table != nil && p == phase.Of(s.Table)))
+	}
+	m.mismatch.Set(b2f(s.Mismatch()))
+	m.pinned.Set(b2f(s.Pinned))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Duplicate counts a PubAck that said Duplicate.

@@ -1,6 +1,6 @@
 // Package phase holds the migration phase that every relay of an outbox
 // shares: one row beside the table, its history, and the running relays'
-// reports of the phase each is in (docs/migration.md, "The phase").
+// reports of the phase each is in (docs/migration.md, "The phases").
 package phase
 
 import (
@@ -20,6 +20,9 @@ const (
 	Dual Name = "dual" // both: dual write
 	NATS Name = "nats" // the JetStream stream only
 )
+
+// Names lists the phases in order.
+var Names = []Name{AMQP, Dual, NATS}
 
 // Parse reads a phase: amqp, dual or nats, or a RELAY_TARGETS value
 // (amqp,nats is dual).

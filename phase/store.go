@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -111,4 +112,21 @@ func LastPeriod(history []Change, n Name) (p Period, ok bool) {
 		return p, true
 	}
 	return Period{}, false
+}
+
+// Source is the table's phase as a relay follows it (relay.PhaseSource).
+type Source struct {
+	DB    *pgxpool.Pool
+	Table schema.Table
+}
+
+var _ relay.PhaseSource = Source{}
+
+// Phase implements relay.PhaseSource.
+func (s Source) Phase(ctx context.Context) ([]relay.Target, bool, error) {
+	c, ok, err := Read(ctx, s.DB, s.Table)
+	if !ok || err != nil {
+		return nil, false, err
+	}
+	return c.Phase.Targets(), true, nil
 }

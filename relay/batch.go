@@ -13,7 +13,8 @@ import (
 // rows it runs to the end whatever ctx does, under its own timeout.
 func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err error) {
 	start := time.Now()
-	act, ok := r.active(start)
+	enabled := r.phase.now() // the batch finishes under the phase it was claimed in
+	act, ok := r.active(start, enabled)
 	if !ok {
 		return 0, 0, errNoTarget
 	}
@@ -66,7 +67,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 
 	w.set(workerBusy) // producers need not notify meanwhile
 	bt := r.tracer.startBatch(rows, claimStart, claimedAt)
-	rec := r.publish(bctx, rows, bt)
+	rec := r.publish(bctx, rows, enabled, bt)
 	r.hooks.onAfterPublish()
 	if err := bt.record(len(rows), func() error { return r.store.record(bctx, conn, rec) }); err != nil {
 		return len(rows), len(held), err
@@ -77,7 +78,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 
 // publish sends each row to the targets it wants, all targets at once, and
 // returns the outcomes to record.
-func (r *Relay) publish(ctx context.Context, rows []*claimed, bt *batchTrace) *batchRecord {
+func (r *Relay) publish(ctx context.Context, rows []*claimed, enabled phase, bt *batchTrace) *batchRecord {
 	results, done := r.fanOut(ctx, rows, bt)
 	now := time.Now()
 	for _, t := range Targets {
@@ -85,7 +86,7 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed, bt *batchTrace) *b
 			r.feedBreaker(t, rows, results.Get(t), now)
 		}
 	}
-	rec := newBatchRecord(len(rows), r.enabled)
+	rec := newBatchRecord(len(rows), enabled)
 	for i, c := range rows {
 		var outcome perTarget[int16]
 		var errText perTarget[string]

@@ -70,7 +70,7 @@ const sweepSliceRows = 50000
 // JetStream has that RabbitMQ owed before the move, which no batch claims:
 // the next slice of rows each call (docs/design.md, "Stranded rows").
 func (r *Relay) finishStranded(ctx context.Context) error {
-	if !r.enabled.NATSOnly() {
+	if !r.phase.now().NATSOnly() {
 		return nil
 	}
 	s := &r.sweep

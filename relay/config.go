@@ -16,8 +16,22 @@ import (
 type Config struct {
 	// Table is the outbox table. Default "outbox".
 	Table schema.Table
-	// Sinks are the enabled targets, at most one per Target. Required.
+	// Sinks are the targets the relay can publish to, at most one per
+	// Target. Required.
 	Sinks []Sink
+	// Targets is the phase the relay starts in: the targets a row must
+	// reach. Each needs a sink. Default: the sinks' targets.
+	Targets []Target
+	// Phase, when set, is the table's shared phase, read every
+	// PhaseInterval (first before any claim): the relay switches to it
+	// unless Pinned, and reports it (Observer.Phase). Default nil: the
+	// relay runs Targets.
+	Phase PhaseSource
+	// Pinned keeps the relay in Targets whatever Phase says; it logs and
+	// reports the difference. Default false.
+	Pinned bool
+	// PhaseInterval is how often Phase is read. Default 2s.
+	PhaseInterval time.Duration
 	// BatchSize is how many rows one worker claims at a time, 2 to 10,000
 	// (at most half of them keyed). Default 500.
 	BatchSize int
@@ -73,6 +87,7 @@ const (
 	DefaultMaxAttempts     = 20
 	DefaultRetention       = 24 * time.Hour
 	DefaultCleanupInterval = time.Minute
+	DefaultPhaseInterval   = 2 * time.Second
 )
 
 func (c *Config) applyDefaults() {
@@ -88,6 +103,14 @@ func (c *Config) applyDefaults() {
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
+	c.PhaseInterval = cmp.Or(c.PhaseInterval, DefaultPhaseInterval)
+	if len(c.Targets) == 0 {
+		for _, s := range c.Sinks {
+			if s != nil {
+				c.Targets = append(c.Targets, s.Target())
+			}
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -116,6 +139,11 @@ func (c *Config) validate() error {
 		}
 		seen[s.Target()] = true
 	}
+	for _, t := range c.Targets {
+		if !seen[t] {
+			return fmt.Errorf("relay: target %s has no sink", t)
+		}
+	}
 	switch {
 	case c.BatchSize < 2 || c.BatchSize > 10000:
 		// At least 2: a batch takes at most half (and at least 1) keyed
@@ -123,7 +151,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("relay: BatchSize %d out of range 2..10000", c.BatchSize)
 	case c.Workers < 1 || c.Workers > 256:
 		return fmt.Errorf("relay: Workers %d out of range 1..256", c.Workers)
-	case c.PublishTimeout < 0, c.PollInterval < 0, c.RetryMin < 0, c.Retention < 0, c.CleanupInterval < 0:
+	case c.PublishTimeout < 0, c.PollInterval < 0, c.RetryMin < 0, c.Retention < 0, c.CleanupInterval < 0, c.PhaseInterval < 0:
 		return errors.New("relay: durations must not be negative")
 	case c.RetryMax < c.RetryMin:
 		return fmt.Errorf("relay: RetryMax %v below RetryMin %v", c.RetryMax, c.RetryMin)

@@ -8,10 +8,10 @@ import (
 
 var errNoTarget = errors.New("no target reachable")
 
-// active reports which enabled targets may be published to now: their
-// sink is ready and their breaker closed.
-func (r *Relay) active(now time.Time) (act phase, any bool) {
-	for _, t := range r.enabled.targets() {
+// active reports which of the enabled targets may be published to now:
+// their sink is ready and their breaker closed.
+func (r *Relay) active(now time.Time, enabled phase) (act phase, any bool) {
+	for _, t := range enabled.targets() {
 		if r.sinks.Get(t).Ready() == nil && r.breaker.Get(t).allow(now) {
 			act.Set(t, true)
 		}
@@ -25,7 +25,7 @@ func (r *Relay) active(now time.Time) (act phase, any bool) {
 // target is ready. Safe for concurrent use; /readyz uses it.
 func (r *Relay) Unready() []string {
 	var out []string
-	for _, t := range r.enabled.targets() {
+	for _, t := range r.phase.now().targets() {
 		if err := r.sinks.Get(t).Ready(); err != nil {
 			out = append(out, fmt.Sprintf("%s: %v", t, err))
 			continue
@@ -41,7 +41,7 @@ func (r *Relay) Unready() []string {
 // when none is active.
 func (r *Relay) nextTargetCheck() time.Duration {
 	d := r.cfg.PollInterval
-	for _, t := range r.enabled.targets() {
+	for _, t := range r.phase.now().targets() {
 		if w := r.breaker.Get(t).wait(time.Now()); w > 0 && w < d {
 			d = w
 		}

@@ -74,7 +74,7 @@ func (r *Relay) recordLateSet(t Target, ids []string, stopping bool) {
 			limit = 5 * time.Second // the process is on its way out
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), limit)
-		n, err := r.store.recordLate(ctx, r.pool, t, ids, r.enabled, lockWait)
+		n, err := r.store.recordLate(ctx, r.pool, t, ids, r.phase.now(), lockWait)
 		cancel()
 		if err == nil {
 			r.cfg.Metrics.LateConfirmed(t, len(ids))

@@ -31,6 +31,9 @@ type Observer interface {
 	// LateConfirmed: n confirms of t that came after their batch gave up
 	// waiting were recorded as deliveries.
 	LateConfirmed(t Target, n int)
+	// Phase: the phase the relay runs and the table's, after each read of
+	// the table's (Config.Phase).
+	Phase(s PhaseState)
 }
 
 type nopObserver struct{}
@@ -40,14 +43,15 @@ func (nopObserver) Published(Target, time.Time) {}
 func (nopObserver) PublishFailed(Target, error) {}
 func (nopObserver) Parked(Target)               {}
 func (nopObserver) LateConfirmed(Target, int)   {}
+func (nopObserver) Phase(PhaseState)            {}
 
 // Relay publishes an outbox table's rows. Create it with New, run it with Run.
 type Relay struct {
 	cfg        Config
 	pool       *pgxpool.Pool
 	store      *store
-	sinks      perTarget[Sink] // nil when disabled
-	enabled    phase
+	sinks      perTarget[Sink]          // nil when the relay has no connection to the target
+	phase      phaseState               // the targets new batches run for, and the table's phase
 	retryBound perTarget[time.Duration] // caps the backoff of a row with an unknown outcome (RetryBounder); 0: none
 	breaker    perTarget[*breaker]
 	log        *slog.Logger
@@ -89,7 +93,6 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	for _, s := range cfg.Sinks {
 		t := s.Target()
 		r.sinks.Set(t, s)
-		r.enabled.Set(t, true)
 		r.breaker.Set(t, &breaker{})
 		if rb, ok := s.(RetryBounder); ok {
 			r.retryBound.Set(t, rb.RetryBound())
@@ -98,6 +101,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 			lc.OnLateConfirm(r.onLateConfirm(t))
 		}
 	}
+	r.phase.running = phaseOf(cfg.Targets)
 	return r, nil
 }
 
@@ -109,6 +113,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	stopLate, lateDone := make(chan struct{}), make(chan struct{})
 	go func() { defer close(lateDone); r.recordLate(stopLate) }()
 	var wg sync.WaitGroup
+	if r.cfg.Phase != nil {
+		first := make(chan struct{})
+		wg.Add(1)
+		go func() { defer wg.Done(); r.followPhase(ctx, first) }()
+		<-first
+	}
 	wg.Add(2 + r.cfg.Workers)
 	go func() { defer wg.Done(); r.listen(ctx) }()
 	go func() { defer wg.Done(); r.cleanup(ctx) }()
@@ -116,7 +126,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); r.work(ctx, i) }()
 	}
 	r.log.Info("relay started", "table", r.cfg.Table.String(), "targets", r.targetNames(),
-		"workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "gomaxprocs", runtime.GOMAXPROCS(0))
+		"pinned", r.cfg.Pinned, "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "gomaxprocs", runtime.GOMAXPROCS(0))
 	wg.Wait()
 	close(stopLate) // the batches are done: what confirms came late, record now
 	<-lateDone
@@ -126,7 +136,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 func (r *Relay) targetNames() []string {
 	var out []string
-	for _, t := range r.enabled.targets() {
+	for _, t := range r.phase.now().targets() {
 		out = append(out, string(t))
 	}
 	return out

@@ -47,7 +47,7 @@ func BenchmarkPublishTracing(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				bt := r.tracer.startBatch(rows, time.Now(), time.Now())
-				r.publish(context.Background(), rows, bt)
+				r.publish(context.Background(), rows, r.phase.now(), bt)
 				rec.Reset()
 			}
 		})

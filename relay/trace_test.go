@@ -140,7 +140,7 @@ func TestPublishTracesEachTarget(t *testing.T) {
 	plain.want = perTarget[bool]{AMQP: true, NATS: true}
 	rows := []*claimed{c, plain}
 	bt := r.tracer.startBatch(rows, time.Now(), time.Now())
-	r.publish(context.Background(), rows, bt)
+	r.publish(context.Background(), rows, r.phase.now(), bt)
 	if err := bt.record(len(rows), func() error { return nil }); err != nil {
 		t.Fatal(err)
 	}

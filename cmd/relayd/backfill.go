@@ -175,7 +175,7 @@ func runBackfill(ss *session, f backfillFlags, tp trace.TracerProvider, stdout, 
 	if f.metricsAddr != "" {
 		reg := prometheus.NewRegistry()
 		rep.register(reg)
-		srv, err := startHTTP(f.metricsAddr, cfg.PProf, reg, func(context.Context) []string { return nil }, log)
+		srv, err := startHTTP(f.metricsAddr, cfg.PProf, reg, noProbe, log)
 		if err != nil {
 			log.Error("backfill: --metrics-addr", "error", err.Error())
 			return exitFailure

@@ -32,7 +32,7 @@ type config struct {
 	AMQPCert    string `env:"RELAY_AMQP_CERT"`
 	AMQPKey     string `env:"RELAY_AMQP_KEY"`
 
-	Targets           string        `env:"RELAY_TARGETS, default=amqp,nats"`
+	Targets           string        `env:"RELAY_TARGETS"`
 	NATSStream        string        `env:"RELAY_NATS_STREAM, default=OUTBOX"`
 	NATSSubjectPrefix string        `env:"RELAY_NATS_SUBJECT_PREFIX, default=outbox."`
 	NATSDupWindow     time.Duration `env:"RELAY_NATS_DUPLICATE_WINDOW, default=2m"`
@@ -60,7 +60,8 @@ type config struct {
 
 	// Derived by validate.
 	table    schema.Table
-	targets  []relay.Target
+	targets  []relay.Target // RELAY_TARGETS, or every target when it is unset
+	pinned   bool           // RELAY_TARGETS is set: the relay does not follow the table's phase
 	logLevel slog.Level
 }
 

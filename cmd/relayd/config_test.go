@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,13 +20,43 @@ func base() map[string]string {
 	return map[string]string{"RELAY_DATABASE_URL": "postgres://relay:s3cret@db.example:5432/app"}
 }
 
+// RELAY_TARGETS pins the phase; unset or empty, the relay follows the
+// table's and starts with both targets.
+func TestTargetsPinThePhase(t *testing.T) {
+	for _, tc := range []struct {
+		set    *string
+		want   []relay.Target
+		pinned bool
+	}{
+		{nil, relay.Targets, false},
+		{ptr(""), relay.Targets, false},
+		{ptr("amqp"), []relay.Target{relay.TargetAMQP}, true},
+		{ptr("nats,amqp"), relay.Targets, true},
+		{ptr("nats"), []relay.Target{relay.TargetNATS}, true},
+	} {
+		env := base()
+		if tc.set != nil {
+			env["RELAY_TARGETS"] = *tc.set
+		}
+		cfg, err := loadConfig(context.Background(), envconfig.MapLookuper(env))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.targets, tc.want) || cfg.pinned != tc.pinned {
+			t.Errorf("RELAY_TARGETS %v: targets %v pinned %v, want %v pinned %v", tc.set, cfg.targets, cfg.pinned, tc.want, tc.pinned)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
 func TestConfigDefaults(t *testing.T) {
 	cfg, err := loadConfig(context.Background(), envconfig.MapLookuper(base()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.targets) != 2 || cfg.targets[0] != relay.TargetAMQP || cfg.targets[1] != relay.TargetNATS {
-		t.Errorf("targets %v, want dual write by default", cfg.targets)
+	if len(cfg.targets) != 2 || cfg.targets[0] != relay.TargetAMQP || cfg.targets[1] != relay.TargetNATS || cfg.pinned {
+		t.Errorf("targets %v pinned %v, want both brokers, following the table's phase, by default", cfg.targets, cfg.pinned)
 	}
 	if cfg.table.String() != "outbox" || cfg.NATSStream != "OUTBOX" || cfg.AMQPExchange != "outbox" ||
 		cfg.NATSSubjectPrefix != "outbox." || cfg.PublishTimeout != 10*time.Second || cfg.MetricsAddr != "127.0.0.1:9090" {
@@ -43,7 +74,6 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"RELAY_DATABASE_URL": ""}, "RELAY_DATABASE_URL"},
 		{map[string]string{"RELAY_TARGETS": "bogus"}, "RELAY_TARGETS"},
 		{map[string]string{"RELAY_TARGETS": "amqp,amqp"}, "RELAY_TARGETS"},
-		{map[string]string{"RELAY_TARGETS": ""}, "RELAY_TARGETS"},
 		{map[string]string{"RELAY_OUTBOX_TABLE": "public.Outbox; drop"}, "RELAY_OUTBOX_TABLE"},
 		{map[string]string{"RELAY_NATS_URL": "http://x"}, "RELAY_NATS_URL"},
 		{map[string]string{"RELAY_AMQP_URL": "amqp://"}, "RELAY_AMQP_URL"},

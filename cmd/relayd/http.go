@@ -19,20 +19,26 @@ import (
 
 // readiness reports what relayd depends on and cannot use: Postgres, and
 // each enabled broker that is disconnected or that the relay paused after
-// failed publishes. Empty means ready.
-func readiness(pool *pgxpool.Pool, r *relay.Relay) func(context.Context) []string {
-	return func(ctx context.Context) []string {
-		var down []string
+// failed publishes; empty down means ready. detail says the phase.
+func readiness(pool *pgxpool.Pool, r *relay.Relay) probe {
+	return func(ctx context.Context) (down, detail []string) {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		if err := pool.Ping(pctx); err != nil {
 			down = append(down, "postgres: "+err.Error())
 		}
-		return append(down, r.Unready()...)
+		return append(down, r.Unready()...), []string{runningPhaseLine(r.Phase())}
 	}
 }
 
-func startHTTP(addr string, pprofOn bool, reg *prometheus.Registry, ready func(context.Context) []string, log *slog.Logger) (*http.Server, error) {
+// probe is what /readyz reports: what is down (empty: ready), and lines of
+// detail printed either way.
+type probe func(context.Context) (down, detail []string)
+
+// noProbe is a command's probe that depends on nothing but itself.
+func noProbe(context.Context) (down, detail []string) { return nil, nil }
+
+func startHTTP(addr string, pprofOn bool, reg *prometheus.Registry, ready probe, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener on %s: %w", addr, err)
@@ -41,14 +47,15 @@ func startHTTP(addr string, pprofOn bool, reg *prometheus.Registry, ready func(c
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if down := ready(r.Context()); len(down) > 0 {
+		down, detail := ready(r.Context())
+		if len(down) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			for _, d := range down {
-				fmt.Fprintln(w, d)
-			}
-			return
+		} else {
+			down = []string{"ok"}
 		}
-		io.WriteString(w, "ok\n")
+		for _, d := range append(down, detail...) {
+			fmt.Fprintln(w, d)
+		}
 	})
 	mux.HandleFunc("/version", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, version+"\n") })
 	if pprofOn {

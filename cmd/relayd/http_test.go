@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,7 +12,7 @@ import (
 // The profiler is served only when RELAY_PPROF asks for it.
 func TestPProfOnlyWhenAsked(t *testing.T) {
 	for _, on := range []bool{false, true} {
-		srv, err := startHTTP("127.0.0.1:0", on, prometheus.NewRegistry(), func(context.Context) []string { return nil }, slog.New(slog.DiscardHandler))
+		srv, err := startHTTP("127.0.0.1:0", on, prometheus.NewRegistry(), noProbe, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,14 +16,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayd/relayd/metrics"
+	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
 )
 
 const runHelp = `Usage: relayd run
 
-Relays every committed row of the outbox table to the targets in
-RELAY_TARGETS (amqp, nats or amqp,nats) until SIGINT or SIGTERM. On the first
+Relays every committed row of the outbox table to the targets of the
+table's phase (relayd phase set; both while none is set), or, when
+RELAY_TARGETS is set (amqp, nats or amqp,nats), to those: it pins the
+phase. Runs until SIGINT or SIGTERM. On the first
 signal it stops claiming and lets in-flight batches finish; a second signal
 exits at once.
 
@@ -102,14 +105,19 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 	}
 	rc := relayConfig(cfg, sinks, m, log)
 	rc.TracerProvider = tp
+	rc.Phase = phase.Source{DB: pool, Table: cfg.table}
 	r, err := relay.New(pool, rc)
 	if err != nil {
 		return err
 	}
 	ob := metrics.NewOutbox(reg)
 	go ob.Run(ctx, cfg.StatsInterval, func(ctx context.Context) ([]relay.TargetStats, error) {
-		return relay.ReadStats(ctx, pool, cfg.table, cfg.targets)
+		return relay.ReadStats(ctx, pool, cfg.table, r.Phase().Running)
 	}, log)
+	rctx, stopReport := context.WithCancel(ctx)
+	reported := make(chan struct{})
+	go func() { defer close(reported); reportInstance(rctx, pool, cfg.table, r, log) }()
+	defer func() { stopReport(); <-reported }() // its row goes before the pool closes
 	if cfg.MetricsAddr != "" {
 		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, reg, readiness(pool, r), log)
 		if err != nil {
@@ -121,7 +129,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 			srv.Shutdown(sctx) //nolint:errcheck // best effort at exit
 		}()
 	}
-	log.Info("relayd running", "version", version, "targets", cfg.Targets, "table", cfg.table.String(),
+	log.Info("relayd running", "version", version, "targets", cfg.targets, "pinned", cfg.pinned, "table", cfg.table.String(),
 		"nats_url", redact(cfg.NATSURL), "amqp_url", redactAMQP(cfg.AMQPURL))
 	timedOut, err := runRelay(ctx, r, cfg.ShutdownGrace)
 	if timedOut {
@@ -168,6 +176,8 @@ func relayConfig(cfg *config, sinks []relay.Sink, m *metrics.Relay, log *slog.Lo
 	return relay.Config{
 		Table:          cfg.table,
 		Sinks:          sinks,
+		Targets:        cfg.targets,
+		Pinned:         cfg.pinned,
 		BatchSize:      cfg.BatchSize,
 		Workers:        cfg.Workers,
 		PublishTimeout: cfg.PublishTimeout,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"net"
 	"os"
 	"strconv"
@@ -35,8 +36,12 @@ func (c *config) validateWhere() error {
 	if c.table, err = schema.ParseTable(c.OutboxTable); err != nil {
 		return badVar("RELAY_OUTBOX_TABLE", "%q is not a valid table name: want name or schema.name, lower-case letters, digits and _", c.OutboxTable)
 	}
-	if c.targets, err = relay.ParseTargets(c.Targets); err != nil {
-		return badVar("RELAY_TARGETS", "%v", err)
+	// Unset, the relay follows the table's phase, and may need either broker.
+	c.pinned, c.targets = c.Targets != "", slices.Clone(relay.Targets)
+	if c.pinned {
+		if c.targets, err = relay.ParseTargets(c.Targets); err != nil {
+			return badVar("RELAY_TARGETS", "%v", err)
+		}
 	}
 	if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
 		// pgx's message may quote the URL; ours does not.

@@ -1,0 +1,147 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/relayd/relayd/internal/errlog"
+)
+
+// PhaseSource is the outbox's shared phase, which an operator sets once for
+// every relay (package phase keeps it in Postgres). Phase returns the
+// targets it requires; set is false while no phase was ever set. It is
+// called from one goroutine, every Config.PhaseInterval.
+type PhaseSource interface {
+	Phase(ctx context.Context) (targets []Target, set bool, err error)
+}
+
+// PhaseState is the phase a relay runs, and the table's.
+type PhaseState struct {
+	Running []Target // the targets new batches publish to and must reach
+	Table   []Target // the table's phase; nil while none is set or it was not read yet
+	Pinned  bool     // Config.Pinned: the relay keeps Running whatever the table says
+}
+
+// Mismatch reports whether the relay runs a phase other than the table's.
+func (s PhaseState) Mismatch() bool { return s.Table != nil && !slices.Equal(s.Running, s.Table) }
+
+// phaseState is the relay's current phase and the table's, as last read.
+// Each batch reads the phase once, at its start, and finishes under it.
+type phaseState struct {
+	mu      sync.Mutex
+	running phase
+	table   []Target
+	warned  []Target // the table's phase last warned about, so a warning is not repeated every read
+}
+
+// now returns the phase new batches run in.
+func (p *phaseState) now() phase {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.running
+}
+
+// Phase returns the phase the relay runs and the table's. Safe for
+// concurrent use (/readyz and the instance report use it).
+func (r *Relay) Phase() PhaseState {
+	r.phase.mu.Lock()
+	defer r.phase.mu.Unlock()
+	return PhaseState{Running: r.phase.running.targets(), Table: slices.Clone(r.phase.table), Pinned: r.cfg.Pinned}
+}
+
+// followPhase reads the table's phase every PhaseInterval until ctx is
+// done; first a read at once, so the first batches run in the table's phase.
+func (r *Relay) followPhase(ctx context.Context, first chan<- struct{}) {
+	errs := errlog.New(r.log, "read the shared phase")
+	t := time.NewTicker(r.cfg.PhaseInterval)
+	defer t.Stop()
+	for {
+		r.readPhase(ctx, errs)
+		if first != nil {
+			close(first)
+			first = nil
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// readPhase reads the table's phase and, unless pinned, switches to it.
+func (r *Relay) readPhase(ctx context.Context, errs *errlog.Limiter) {
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.PhaseInterval+5*time.Second)
+	targets, set, err := r.cfg.Phase.Phase(rctx)
+	cancel()
+	if err != nil {
+		errs.Error(err)
+		return
+	}
+	errs.OK()
+	if !set {
+		targets = nil
+	}
+	switched, warn := r.takePhase(targets)
+	s := r.Phase()
+	if switched {
+		r.log.Info("phase changed: following the table's", "phase", s.Running)
+		r.wake.signal() // idle workers claim under the new phase at once
+	}
+	if warn != "" {
+		r.log.Error(warn, "running", s.Running, "table", s.Table)
+	}
+	r.cfg.Metrics.Phase(s)
+}
+
+// takePhase records the table's phase and switches new batches to it
+// unless pinned or a sink is missing; warn says why it did not switch, once
+// per phase of the table.
+func (r *Relay) takePhase(table []Target) (switched bool, warn string) {
+	p := &r.phase
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.table = table
+	want := phaseOf(table)
+	if table == nil || want == p.running {
+		p.warned = nil
+		return false, ""
+	}
+	if !r.cfg.Pinned {
+		if missing := r.missingSinks(want); len(missing) == 0 {
+			p.running, p.warned = want, nil
+			return true, ""
+		}
+	}
+	if slices.Equal(p.warned, table) {
+		return false, ""
+	}
+	p.warned = table
+	if r.cfg.Pinned {
+		return false, "RELAY_TARGETS pins this relay to a phase other than the table's: it does not follow `relayd phase set`"
+	}
+	return false, fmt.Sprintf("cannot follow the table's phase: no connection to %v is configured", r.missingSinks(want))
+}
+
+// missingSinks lists the targets of p the relay has no sink for.
+func (r *Relay) missingSinks(p phase) []Target {
+	var out []Target
+	for _, t := range p.targets() {
+		if r.sinks.Get(t) == nil {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// phaseOf is the set of targets.
+func phaseOf(targets []Target) phase {
+	var p phase
+	for _, t := range targets {
+		p.Set(t, true)
+	}
+	return p
+}

@@ -1,0 +1,155 @@
+package relay
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relayd/relayd/internal/testenv"
+)
+
+func TestTakePhase(t *testing.T) {
+	amqp, nats, dual := []Target{TargetAMQP}, []Target{TargetNATS}, []Target{TargetAMQP, TargetNATS}
+	for _, tc := range []struct {
+		name    string
+		sinks   []Target
+		running []Target
+		pinned  bool
+		table   []Target
+		switch_ bool
+		warn    bool
+		after   []Target
+	}{
+		{"no phase set: keep", dual, amqp, false, nil, false, false, amqp},
+		{"the same: keep", dual, dual, false, dual, false, false, dual},
+		{"follow to dual", dual, amqp, false, dual, true, false, dual},
+		{"follow to nats", dual, dual, false, nats, true, false, nats},
+		{"follow back", dual, nats, false, amqp, true, false, amqp},
+		{"pinned: keep, warn", dual, amqp, true, dual, false, true, amqp},
+		{"no sink for nats: keep, warn", amqp, amqp, false, dual, false, true, amqp},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Relay{cfg: Config{Pinned: tc.pinned}}
+			for _, s := range tc.sinks {
+				r.sinks.Set(s, newFake(s))
+			}
+			r.phase.running = phaseOf(tc.running)
+			switched, warn := r.takePhase(tc.table)
+			if switched != tc.switch_ || (warn != "") != tc.warn {
+				t.Fatalf("switched %v, warning %q; want %v, a warning %v", switched, warn, tc.switch_, tc.warn)
+			}
+			if got := r.Phase(); !slices.Equal(got.Running, tc.after) || !slices.Equal(got.Table, tc.table) {
+				t.Errorf("state %+v, want running %v", got, tc.after)
+			}
+			if _, again := r.takePhase(tc.table); again != "" {
+				t.Errorf("warned again for the same phase: %q", again)
+			}
+		})
+	}
+}
+
+// setPhase is a PhaseSource a test sets.
+type setPhase struct {
+	mu      sync.Mutex
+	targets []Target
+}
+
+func (s *setPhase) set(t ...Target) { s.mu.Lock(); s.targets = t; s.mu.Unlock() }
+
+func (s *setPhase) Phase(context.Context) ([]Target, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.targets), s.targets != nil, nil
+}
+
+// phaseSeen tells the test each phase state the relay reports.
+type phaseSeen struct {
+	nopObserver
+	states chan PhaseState
+}
+
+func (p phaseSeen) Phase(s PhaseState) {
+	select {
+	case p.states <- s:
+	default:
+	}
+}
+
+// waitRunning waits for the relay to report it runs want.
+func (p phaseSeen) waitRunning(t *testing.T, want ...Target) PhaseState {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case s := <-p.states:
+			if slices.Equal(s.Running, want) {
+				return s
+			}
+		case <-deadline:
+			t.Fatalf("the relay never reported running %v", want)
+		}
+	}
+}
+
+// A relay that follows the table's phase sends each row to the targets of
+// the phase it was claimed in, without a restart; a pinned one keeps its
+// phase and reports the difference.
+func TestRelayFollowsThePhase(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	src := &setPhase{}
+	src.set(TargetAMQP)
+	seen := phaseSeen{states: make(chan PhaseState, 16)}
+	f.start(Config{Sinks: []Sink{a, n}, Phase: src, PhaseInterval: 20 * time.Millisecond, Metrics: seen})
+	seen.waitRunning(t, TargetAMQP)
+
+	for _, step := range []struct {
+		phase      []Target
+		amqp, nats bool
+	}{
+		{[]Target{TargetAMQP}, true, false},
+		{[]Target{TargetAMQP, TargetNATS}, true, true},
+		{[]Target{TargetNATS}, false, true},
+		{[]Target{TargetAMQP}, true, false},
+	} {
+		src.set(step.phase...)
+		seen.waitRunning(t, step.phase...)
+		ids := f.insert(50, "orders.created")
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			for _, id := range ids {
+				if s := f.state(id); !s.done {
+					return false
+				}
+			}
+			return true
+		}, "rows of phase %v not done", step.phase)
+		for _, id := range ids {
+			ga, _ := a.count(id)
+			gn, _ := n.count(id)
+			if (ga == 1) != step.amqp || (gn == 1) != step.nats || ga > 1 || gn > 1 {
+				t.Fatalf("phase %v: row %s reached RabbitMQ %d and JetStream %d times", step.phase, id, ga, gn)
+			}
+		}
+	}
+}
+
+func TestPinnedRelayKeepsItsPhase(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	src := &setPhase{}
+	src.set(TargetAMQP, TargetNATS)
+	seen := phaseSeen{states: make(chan PhaseState, 16)}
+	f.start(Config{Sinks: []Sink{a, n}, Targets: []Target{TargetAMQP}, Pinned: true, Phase: src, PhaseInterval: 20 * time.Millisecond, Metrics: seen})
+	if s := seen.waitRunning(t, TargetAMQP); !s.Mismatch() || !s.Pinned {
+		t.Fatalf("pinned relay reported %+v, want a mismatch with the table's dual", s)
+	}
+	ids := f.insert(20, "orders.created")
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.total() == len(ids) && f.countDone() == len(ids) }, "pinned relay did not deliver to RabbitMQ")
+	if n.total() != 0 {
+		t.Fatalf("pinned to amqp, the relay published %d to JetStream", n.total())
+	}
+}
