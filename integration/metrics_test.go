@@ -19,6 +19,12 @@ import (
 // scrape reads one gauge or counter per target label from /metrics.
 func scrape(t *testing.T, addr, name string) map[string]float64 {
 	t.Helper()
+	return scrapeBy(t, addr, name, "target")
+}
+
+// scrapeBy reads one gauge or counter per value of label from /metrics.
+func scrapeBy(t *testing.T, addr, name, label string) map[string]float64 {
+	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatalf("scrape: %v", err)
@@ -37,7 +43,7 @@ func scrape(t *testing.T, addr, name string) map[string]float64 {
 	for _, m := range fam.GetMetric() {
 		target := ""
 		for _, l := range m.GetLabel() {
-			if l.GetName() == "target" {
+			if l.GetName() == label {
 				target = l.GetValue()
 			}
 		}
