@@ -137,9 +137,10 @@ func (s Summary) Handled() int64 { return s.Moved + s.AlreadyDelivered + s.DeadL
 // AllowOtherConsumers is not set.
 var ErrOtherConsumers = errors.New("other consumers are attached to the queue")
 
-// ErrNotDualWrite is returned when a relayd instance finished rows lately
-// without JetStream (see relay.FinishedWithoutNATS): the backfill needs every
-// instance in dual write.
+// ErrNotDualWrite is returned when a running relayd instance reports phase
+// amqp, or one finished rows lately without JetStream (see
+// relay.FinishedWithoutNATS): the backfill needs every instance in dual
+// write.
 var ErrNotDualWrite = errors.New("the relays are not all in dual write")
 
 // ErrHeldFull is returned when the messages JetStream refuses for good, held

@@ -6,13 +6,37 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
 )
 
-// checkDualWrite fails with ErrNotDualWrite when rows left the outbox
-// without JetStream: at the first check, in the last dualWriteLookback,
-// after the first that reached JetStream; then since the last check.
+// checkDualWrite fails with ErrNotDualWrite when a running relay reports a
+// phase without JetStream, or rows left the outbox without JetStream: at
+// the first check, in the last dualWriteLookback, after the first that
+// reached JetStream; then since the last check. The rows catch relays too
+// old to report their phase.
 func (b *runner) checkDualWrite(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	running, err := phase.Running(ctx, b.cfg.DB, b.cfg.Table)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	for _, in := range running {
+		if in.Phase == phase.AMQP {
+			how := "relayd phase set dual"
+			if in.Pinned {
+				how = "RELAY_TARGETS=amqp,nats (it is pinned)"
+			}
+			return fmt.Errorf("%w: relayd instance %s runs phase amqp, and the messages it has in flight would reach JetStream by neither it nor the backfill; put it in dual write (%s), then run the backfill",
+				ErrNotDualWrite, in.Instance, how)
+		}
+	}
+	return b.checkFinishedWithoutNATS(ctx)
+}
+
+// checkFinishedWithoutNATS is checkDualWrite's look at the rows.
+func (b *runner) checkFinishedWithoutNATS(ctx context.Context) error {
 	since := b.dualWriteAt
 	if !since.IsZero() {
 		// A record committed after the last check may bear an earlier
@@ -23,14 +47,12 @@ func (b *runner) checkDualWrite(ctx context.Context) error {
 			since = b.dualWriteFrom
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
 	n, first, at, err := relay.FinishedWithoutNATS(ctx, b.cfg.DB, b.cfg.Table, dualWriteLookback, since)
 	if err != nil {
 		return fmt.Errorf("postgres: %s: %w", b.cfg.Table.Delivered(), err)
 	}
 	if n > 0 {
-		return fmt.Errorf("%w: %d rows left %s lately without reaching JetStream: a relayd instance runs without nats in RELAY_TARGETS, and the messages it has in flight would reach JetStream by neither it nor the backfill; switch every instance to RELAY_TARGETS=amqp,nats, then run the backfill",
+		return fmt.Errorf("%w: %d rows left %s lately without reaching JetStream: a relayd instance runs phase amqp, and the messages it has in flight would reach JetStream by neither it nor the backfill; put every instance in dual write (relayd phase set dual; RELAY_TARGETS=amqp,nats for a pinned one), then run the backfill",
 			ErrNotDualWrite, n, b.cfg.Table)
 	}
 	if b.dualWriteAt.IsZero() {

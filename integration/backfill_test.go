@@ -16,6 +16,7 @@ import (
 	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/outbox"
+	"github.com/relayd/relayd/phase"
 )
 
 // legacyPublish publishes msgs to the test's exchange the way a legacy
@@ -787,6 +788,27 @@ func TestBackfillRefusesWhileAnInstanceIsNotInDualWrite(t *testing.T) {
 	out, err = e.backfillWithin(t, 30*time.Second, "--dry-run")
 	if err != nil || !strings.Contains(string(out), "would refuse to start") {
 		t.Fatalf("dry run: %v, want it to go on with a warning:\n%s", err, out)
+	}
+}
+
+// A running relay that reports phase amqp (here its report alone, before
+// it finished anything) stops the backfill at start, named.
+func TestBackfillRefusesWhileARelayReportsPhaseAMQP(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.legacyPublish([]amqp.Publishing{{MessageId: "dw-2", Body: []byte("x"), DeliveryMode: amqp.Persistent}}, "orders.dw")
+	if err := phase.Beat(context.Background(), e.pool, e.table, phase.Instance{
+		Instance: "old-pod:1", Phase: phase.AMQP, Pinned: true, Version: "test", StartedAt: time.Now(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.backfillWithin(t, 30*time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "old-pod:1 runs phase amqp") {
+		t.Fatalf("backfill: %v, want exit 1 naming the relay in phase amqp:\n%s", err, out)
+	}
+	if n := e.streamCount(); n != 0 {
+		t.Fatalf("%d messages moved by a run that refused to start", n)
 	}
 }
 
