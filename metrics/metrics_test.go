@@ -56,3 +56,38 @@ func TestPublishedPerTarget(t *testing.T) {
 		t.Errorf("latency histograms for %d targets, want 2", seen)
 	}
 }
+
+// The phase gauges say which phase the relay runs, the table's, and
+// whether the two differ.
+func TestPhaseGauges(t *testing.T) {
+	amqp, dual, nats := []relay.Target{relay.TargetAMQP}, relay.Targets, []relay.Target{relay.TargetNATS}
+	for _, tc := range []struct {
+		name             string
+		s                relay.PhaseState
+		running, table   string // "" for none
+		mismatch, pinned float64
+	}{
+		{"no table phase", relay.PhaseState{Running: dual}, "dual", "", 0, 0},
+		{"following", relay.PhaseState{Running: nats, Table: nats}, "nats", "nats", 0, 0},
+		{"pinned behind", relay.PhaseState{Running: amqp, Table: dual, Pinned: true}, "amqp", "dual", 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewRelay(prometheus.NewRegistry(), "test")
+			m.Phase(tc.s)
+			for _, p := range []string{"amqp", "dual", "nats"} {
+				if got, want := testutil.ToFloat64(m.phase.WithLabelValues(p)), b2f(p == tc.running); got != want {
+					t.Errorf("relayd_phase{phase=%q} = %v, want %v", p, got, want)
+				}
+				if got, want := testutil.ToFloat64(m.tablePhase.WithLabelValues(p)), b2f(p == tc.table); got != want {
+					t.Errorf("relayd_table_phase{phase=%q} = %v, want %v", p, got, want)
+				}
+			}
+			if got := testutil.ToFloat64(m.mismatch); got != tc.mismatch {
+				t.Errorf("relayd_phase_mismatch = %v, want %v", got, tc.mismatch)
+			}
+			if got := testutil.ToFloat64(m.pinned); got != tc.pinned {
+				t.Errorf("relayd_phase_pinned = %v, want %v", got, tc.pinned)
+			}
+		})
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/relayd/relayd/relay"
 )
 
 // The profiler is served only when RELAY_PPROF asks for it.
@@ -32,6 +34,23 @@ func TestPProfOnlyWhenAsked(t *testing.T) {
 			if resp.StatusCode != want {
 				t.Errorf("pprof %v: GET %s = %d, want %d", on, path, resp.StatusCode, want)
 			}
+		}
+	}
+}
+
+// /readyz says which phase the relay runs, and why, ready or not.
+func TestRunningPhaseLine(t *testing.T) {
+	amqp, dual := []relay.Target{relay.TargetAMQP}, relay.Targets
+	for _, tc := range []struct {
+		s    relay.PhaseState
+		want string
+	}{
+		{relay.PhaseState{Running: dual}, "phase dual (no phase set on the table: relayd phase set)"},
+		{relay.PhaseState{Running: dual, Table: dual}, "phase dual (the table's)"},
+		{relay.PhaseState{Running: amqp, Table: dual, Pinned: true}, "phase amqp (pinned by RELAY_TARGETS); the table's phase is dual"},
+	} {
+		if got := runningPhaseLine(tc.s); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.s, got, tc.want)
 		}
 	}
 }

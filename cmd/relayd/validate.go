@@ -1,9 +1,9 @@
 package main
 
 import (
-	"slices"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
