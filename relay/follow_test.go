@@ -153,3 +153,38 @@ func TestPinnedRelayKeepsItsPhase(t *testing.T) {
 		t.Fatalf("pinned to amqp, the relay published %d to JetStream", n.total())
 	}
 }
+
+// A batch claimed in one phase records under it, whatever the phase is by
+// its end: claimed for RabbitMQ only, its rows leave the outbox once
+// RabbitMQ has them, as after a restart into dual write.
+func TestBatchFinishesUnderItsPhase(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	src := &setPhase{}
+	src.set(TargetAMQP)
+	seen := phaseSeen{states: make(chan PhaseState, 16)}
+	var once sync.Once
+	f.startWith(Config{Sinks: []Sink{a, n}, Phase: src, PhaseInterval: 20 * time.Millisecond, Metrics: seen, Workers: 1},
+		func(r *Relay) {
+			r.hooks = &testHooks{afterPublish: func() {
+				once.Do(func() {
+					src.set(TargetAMQP, TargetNATS)
+					seen.waitRunning(t, TargetAMQP, TargetNATS)
+				})
+			}}
+		})
+	seen.waitRunning(t, TargetAMQP)
+	ids := f.insert(10, "orders.created")
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == len(ids) }, "rows not done")
+	for _, id := range ids {
+		if s := f.state(id); !s.amqpDelivered || s.natsDelivered {
+			t.Fatalf("row %s: %+v, want delivered to RabbitMQ only, under the phase its batch was claimed in", id, s)
+		}
+	}
+	if n.total() != 0 {
+		t.Fatalf("JetStream got %d rows of a batch claimed in phase amqp", n.total())
+	}
+	later := f.insert(10, "orders.created")
+	testenv.Eventually(t, 10*time.Second, func() bool { return n.total() == len(later) }, "rows committed in dual write did not reach JetStream")
+}
