@@ -72,6 +72,7 @@ type Result struct {
 // The conditions, by name.
 const (
 	CondOutbox    = "outbox"
+	CondPhases    = "relayd phases"
 	CondQueue     = "legacy queue"
 	CondConsumer  = "jetstream consumer"
 	CondQuiet     = "quiescence"
@@ -202,6 +203,12 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 		c0.Detail += fmt.Sprintf("; %d rows finished in the last %s without JetStream: an instance runs without nats in RELAY_TARGETS", amqpOnly, relay.DualWriteLookback)
 	}
 	s.conds = append(s.conds, c0)
+
+	cp, err := relaydPhases(ctx, cfg)
+	if err != nil {
+		return s, fmt.Errorf("cutover: %w", err)
+	}
+	s.conds = append(s.conds, cp)
 
 	if cfg.Queue != "" {
 		c := Condition{Name: CondQueue}
