@@ -1,6 +1,6 @@
 // Package phase holds the migration phase that every relay of an outbox
 // shares: one row beside the table, its history, and the running relays'
-// reports of the phase each is in (docs/migration.md, "The phase").
+// reports of the phase each is in (docs/migration.md, "The phases").
 package phase
 
 import (

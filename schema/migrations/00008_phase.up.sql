@@ -1,5 +1,5 @@
 -- The migration phase, shared by every relay of this outbox
--- (docs/migration.md, "The phase"). One row once `relayd phase set` has
+-- (docs/migration.md, "The phases"). One row once `relayd phase set` has
 -- run; until then each relay runs RELAY_TARGETS, or both targets. Relays
 -- that follow the table read it every few seconds.
 CREATE TABLE {{.Qualified "phase"}} (
