@@ -52,5 +52,9 @@ func relaydPhases(ctx context.Context, cfg Config) (Condition, error) {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[n], n))
 		}
 	}
-	return Condition{Name: CondPhases, OK: true, Detail: fmt.Sprintf("%d relays report: %s; %s", len(running), strings.Join(parts, ", "), tableSays)}, nil
+	report := fmt.Sprintf("%d relays report", len(running))
+	if len(running) == 1 {
+		report = "1 relay reports"
+	}
+	return Condition{Name: CondPhases, OK: true, Detail: fmt.Sprintf("%s: %s; %s", report, strings.Join(parts, ", "), tableSays)}, nil
 }

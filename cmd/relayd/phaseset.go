@@ -205,9 +205,13 @@ func refusal(res cutover.Result) string {
 			failed = append(failed, fmt.Sprintf("%q (%s)", c.Name, c.Detail))
 		}
 	}
-	return "relayd phase set nats: refused, nothing recorded: the cutover check's condition " + strings.Join(failed, " and ") +
-		" does not hold. In phase nats the relays publish to JetStream only, so what the legacy side has not consumed by then is left behind. " +
-		"Wait until it holds (add --wait, or watch relayd cutover check), or move anyway with --force (the history records the change as forced)."
+	what := "condition " + failed[0] + " does not hold"
+	if len(failed) > 1 {
+		what = "conditions " + strings.Join(failed, " and ") + " do not hold"
+	}
+	return "relayd phase set nats: refused, nothing recorded: the cutover check's " + what + ". " +
+		"Phase nats sends new rows to JetStream only, and the check says when nothing would be left behind on the legacy side. " +
+		"Wait until it holds (add --wait, or run relayd cutover check), or move anyway with --force (the history records the change as forced)."
 }
 
 // printRollback says what leaving nats needs: the rows of the latest nats
