@@ -1,7 +1,7 @@
 // Package cutover decides when consumers may switch to JetStream
 // exclusively, from the migration guidance's observable trigger: nothing
-// pending for the stream in the outbox, the legacy queue empty with no
-// consumer, the durable JetStream consumer with no pending and no unacked
+// pending for the stream in the outbox, every running relay writing to it,
+// the legacy queue empty with no consumer, the durable JetStream consumer with no pending and no unacked
 // message — all of it holding, with the stream not moving, through a quiet
 // interval of at least one AckWait.
 package cutover
