@@ -132,6 +132,7 @@ func parsePhaseSetArgs(args []string, stdout, stderr io.Writer, env envconfig.Lo
 	fs.StringVar(&a.by, "by", "", "who, for the history (default user@host)")
 	fs.BoolVar(&a.force, "force", false, "move to nats without the cutover check (recorded as forced)")
 	connect := addCutoverFlags(fs, &a.cutoverArgs)
+	fs.Lookup("consumer").Usage = "the JetStream durable consumer that takes over (required into nats, unless --force)"
 	var arg string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		arg, args = args[0], args[1:]
