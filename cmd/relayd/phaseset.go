@@ -69,21 +69,8 @@ func cmdPhaseSet(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		fmt.Fprintf(stdout, "already %s: nothing recorded\n", a.to)
 		return exitOK
 	}
-	if check {
-		ccfg, tty, err := cutoverConfig(ss, a.cutoverArgs, stderr)
-		if err != nil {
-			ss.log.Error("cutover check", "error", err.Error())
-			return exitFailure
-		}
-		res, ok := awaitCutover(ss, ccfg, a.cutoverArgs, tty, stderr)
-		if !ok {
-			return exitFailure
-		}
-		printVerdict(stdout, res, false)
-		if !res.OK {
-			fmt.Fprintln(stderr, refusal(res))
-			return exitFailure
-		}
+	if check && !cutoverHolds(ss, a.cutoverArgs, stdout, stderr) {
+		return exitFailure
 	}
 	if phaseSetHook != nil {
 		phaseSetHook()
@@ -107,21 +94,39 @@ func cmdPhaseSet(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		fmt.Fprintf(stdout, "forced: the cutover check was not run (%s not checked); the history records the change as forced\n",
 			strings.Join([]string{cutover.CondOutbox, cutover.CondPhases, cutover.CondQueue, cutover.CondConsumer, cutover.CondQuiet}, ", "))
 	}
+	// The change is made: what follows only informs.
 	if set && before.Phase == phase.NATS {
-		h, err := phase.History(ctx, pool, table)
-		if err != nil {
-			ss.log.Error("read the phase history", "error", err.Error())
-			return exitFailure
+		if h, err := phase.History(ctx, pool, table); err != nil {
+			ss.log.Warn("read the phase history for the rollback's window", "error", err.Error())
+		} else {
+			printRollback(stdout, h)
 		}
-		printRollback(stdout, h)
 	}
-	running, err := phase.Running(ctx, pool, table)
-	if err != nil {
-		ss.log.Error("read the running relays", "error", err.Error())
-		return exitFailure
+	if running, err := phase.Running(ctx, pool, table); err != nil {
+		ss.log.Warn("read the running relays", "error", err.Error())
+	} else {
+		printFollowing(stdout, running, a.to)
 	}
-	printFollowing(stdout, running, a.to)
 	return exitOK
+}
+
+// cutoverHolds runs the cutover check as cutover check does and prints its
+// verdict; when a condition fails it prints why the move is refused.
+func cutoverHolds(ss *session, a cutoverArgs, stdout, stderr io.Writer) bool {
+	ccfg, tty, err := cutoverConfig(ss, a, stderr)
+	if err != nil {
+		ss.log.Error("cutover check", "error", err.Error())
+		return false
+	}
+	res, ok := awaitCutover(ss, ccfg, a, tty, stderr)
+	if !ok {
+		return false
+	}
+	printVerdict(stdout, res, false)
+	if !res.OK {
+		fmt.Fprintln(stderr, refusal(res))
+	}
+	return res.OK
 }
 
 // parsePhaseSetArgs reads the phase and the flags; done says to exit with
