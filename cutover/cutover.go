@@ -1,7 +1,7 @@
 // Package cutover decides when consumers may switch to JetStream
 // exclusively, from the migration guidance's observable trigger: nothing
-// pending for the stream in the outbox, the legacy queue empty with no
-// consumer, the durable JetStream consumer with no pending and no unacked
+// pending for the stream in the outbox, every running relay writing to it,
+// the legacy queue empty with no consumer, the durable JetStream consumer with no pending and no unacked
 // message — all of it holding, with the stream not moving, through a quiet
 // interval of at least one AckWait.
 package cutover
@@ -72,6 +72,7 @@ type Result struct {
 // The conditions, by name.
 const (
 	CondOutbox    = "outbox"
+	CondPhases    = "relayd phases"
 	CondQueue     = "legacy queue"
 	CondConsumer  = "jetstream consumer"
 	CondQuiet     = "quiescence"
@@ -202,6 +203,12 @@ func sample(ctx context.Context, cfg Config) (snapshot, error) {
 		c0.Detail += fmt.Sprintf("; %d rows finished in the last %s without JetStream: an instance runs without nats in RELAY_TARGETS", amqpOnly, relay.DualWriteLookback)
 	}
 	s.conds = append(s.conds, c0)
+
+	cp, err := relaydPhases(ctx, cfg)
+	if err != nil {
+		return s, fmt.Errorf("cutover: %w", err)
+	}
+	s.conds = append(s.conds, cp)
 
 	if cfg.Queue != "" {
 		c := Condition{Name: CondQueue}

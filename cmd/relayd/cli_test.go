@@ -31,7 +31,7 @@ var helps = [][]string{
 	{"--help"}, {"run", "--help"}, {"migrate", "--help"}, {"status", "--help"},
 	{"backfill", "--help"}, {"cutover", "check", "--help"}, {"verify", "--help"},
 	{"outbox", "--help"}, {"outbox", "parked", "--help"}, {"outbox", "retry", "--help"},
-	{"version", "--help"}, {"tail", "--help"},
+	{"version", "--help"}, {"tail", "--help"}, {"phase", "--help"}, {"phase", "set", "--help"},
 }
 
 func TestVersion(t *testing.T) {
@@ -119,6 +119,9 @@ func TestBadFlagsPointToHelp(t *testing.T) {
 		{[]string{"version", "--bogus"}, "not defined: --bogus"},
 		{[]string{"outbox", "parked", "--bogus"}, "not defined: --bogus"},
 		{[]string{"outbox", "retry", "--bogus"}, "not defined: --bogus"},
+		{[]string{"phase", "--bogus"}, "not defined: --bogus"},
+		{[]string{"phase", "set", "dual", "--bogus"}, "not defined: --bogus"},
+		{[]string{"phase", "--reason", "x"}, "not defined: --reason"},
 		// Each subcommand has its own flags.
 		{[]string{"outbox", "retry", "--all", "--limit", "5"}, "not defined: --limit"},
 		{[]string{"outbox", "parked", "--all"}, "not defined: --all"},
@@ -152,6 +155,7 @@ func TestStrayArgumentsRefused(t *testing.T) {
 		{"backfill", "--queue", "q", "extra"}, {"cutover", "check", "--consumer", "c", "extra"},
 		{"verify", "extra"}, {"outbox", "parked", "extra"}, {"outbox", "retry", "--all", "extra"},
 		{"version", "extra"}, {"migrate", "up", "extra"}, {"help", "extra"}, {"tail", "extra"},
+		{"phase", "show", "extra"}, {"phase", "set", "dual", "extra"},
 	} {
 		code, out, errOut := runCLI(t, base(), args...)
 		want := `unexpected argument "` + args[len(args)-1] + `"`
@@ -219,7 +223,7 @@ func TestJSONUnits(t *testing.T) {
 			walk(path+"."+f.Name, f.Type)
 		}
 	}
-	for _, v := range []any{relay.TargetStats{}, relay.ParkedRow{}, backfill.Summary{}, cutover.Result{}, verify.Report{}, migrationJSON{}} {
+	for _, v := range []any{relay.TargetStats{}, relay.ParkedRow{}, backfill.Summary{}, cutover.Result{}, verify.Report{}, migrationJSON{}, phaseState{}} {
 		walk(reflect.TypeOf(v).String(), reflect.TypeOf(v))
 	}
 	// And the figures are there, in seconds.
@@ -250,6 +254,7 @@ func TestConnectTimeoutFlag(t *testing.T) {
 		{"status", "--connect-timeout", "0s"}, {"outbox", "parked", "--connect-timeout", "-1s"},
 		{"outbox", "retry", "--all", "--connect-timeout", "0s"}, {"verify", "--connect-timeout", "0s"},
 		{"cutover", "check", "--consumer", "c", "--connect-timeout", "0s"},
+		{"phase", "--connect-timeout", "0s"}, {"phase", "set", "amqp", "--connect-timeout", "0s"},
 	} {
 		if code, _, errOut := runCLI(t, base(), args...); code != exitUsage || !strings.Contains(errOut, "--connect-timeout must be a positive duration") {
 			t.Errorf("relayd %v: exit %d, %q", args, code, errOut)

@@ -29,7 +29,8 @@ const (
 var commands = []struct{ name, what string }{
 	{"run", "relay until SIGINT/SIGTERM (a second signal exits at once)"},
 	{"migrate [up|status]", "create or upgrade the outbox table (or list its migrations)"},
-	{"status", "how far behind each target is"},
+	{"status", "how far behind each target is, the phase and the running relays"},
+	{"phase [show|set]", "the migration phase the relays share: show it, or set it (amqp, dual, nats)"},
 	{"backfill", "move a legacy RabbitMQ queue into the JetStream stream, exactly once"},
 	{"cutover check", "may consumers switch to JetStream exclusively?"},
 	{"verify", "check the stream against the outbox's record (exit 1 if anything is missing or duplicated)"},
@@ -74,6 +75,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdMigrate(args[1:], stdout, stderr, env)
 	case "status":
 		return cmdStatus(args[1:], stdout, stderr, env)
+	case "phase":
+		return cmdPhase(args[1:], stdout, stderr, env)
 	case "backfill":
 		return cmdBackfill(args[1:], stdout, stderr, env)
 	case "cutover":

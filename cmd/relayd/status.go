@@ -19,6 +19,8 @@ for it; every target when nothing has been relayed yet), how far the relay
 is behind: rows pending, the lag (age of the oldest pending row by the
 database clock), the oldest pending row, rows waiting for a retry, parked
 rows, keys held by a parked row (their later rows wait) and the last error.
+Then the migration phase the relays share (relayd phase) and the running
+relays, each with the phase it runs and whether RELAY_TARGETS pins it.
 The shell's RELAY_TARGETS is not read: it need not be the relays'.
 Needs only RELAY_DATABASE_URL (and RELAY_OUTBOX_TABLE). Exit status 0 when
 the figures were read, whatever they say; 1 when Postgres could not be read.
@@ -65,8 +67,15 @@ func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		log.Error("read status", "error", err.Error())
 		return exitFailure
 	}
+	// An outbox not migrated to the phase tables still gets its figures.
+	ps, err := readPhaseState(ctx, pool, cfg.table, false)
+	if err != nil && !notMigrated(err) {
+		log.Error("read status", "error", err.Error())
+		return exitFailure
+	}
+	phaseMissing := err != nil
 	if *asJSON {
-		return printJSON(stdout, map[string]any{"table": cfg.table.String(), "targets": stats})
+		return printJSON(stdout, map[string]any{"table": cfg.table.String(), "targets": stats, "phase": ps.Phase, "relays": ps.Relays})
 	}
 	fmt.Fprintf(stdout, "outbox %s\n\n", cfg.table)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -87,5 +96,11 @@ func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", s.Target, pending, s.Lag.Round(time.Millisecond), oldest, s.Retrying, s.Parked, s.HeldKeys, lastErr)
 	}
 	tw.Flush()
+	fmt.Fprintln(stdout)
+	if phaseMissing {
+		fmt.Fprintln(stdout, "phase  unknown: the outbox has no phase tables yet (relayd migrate adds them)")
+		return exitOK
+	}
+	printPhase(stdout, ps)
 	return exitOK
 }

@@ -6,8 +6,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -97,5 +99,59 @@ func TestJSONReports(t *testing.T) {
 		if err := dec.Decode(tc.into); code != exitOK || err != nil {
 			t.Errorf("relayd %v: exit %d, %v\n%s\n%s", tc.args, code, err, out, errOut)
 		}
+	}
+}
+
+// status also prints the table's phase and the running relays, each with
+// its phase and whether it is pinned, in text and in --json.
+func TestStatusPhaseAndRelays(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	env := map[string]string{"RELAY_DATABASE_URL": testenv.DatabaseURL(t), "RELAY_OUTBOX_TABLE": table.String()}
+	if out := mustRun(t, env, "status"); !strings.Contains(out, "phase  "+phaseNotSet) || !strings.Contains(out, "no relay reports its phase") {
+		t.Errorf("status, no phase, no relay:\n%s", out)
+	}
+	if _, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.Dual, ChangedBy: "a@h"}, "", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := phase.Beat(ctx, pool, table, phase.Instance{Instance: "h9:99", Phase: phase.NATS, Pinned: true, Version: "v3", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	out := mustRun(t, env, "status")
+	if !strings.Contains(out, "TARGET") || !strings.Contains(out, "phase  dual (runbook step 1, dual write)") {
+		t.Errorf("status: want the targets and the phase:\n%s", out)
+	}
+	found := false
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) > 3 && f[0] == "h9:99" {
+			found = f[1] == "nats" && f[2] == "yes" && strings.Contains(line, "not the table's phase")
+		}
+	}
+	if !found {
+		t.Errorf("status: want h9:99 in nats, pinned, flagged:\n%s", out)
+	}
+	var doc struct {
+		Targets []relay.TargetStats `json:"targets"`
+		Phase   *struct {
+			Phase phase.Name `json:"phase"`
+		} `json:"phase"`
+		Relays []struct {
+			Instance string     `json:"instance"`
+			Phase    phase.Name `json:"phase"`
+			Pinned   bool       `json:"pinned"`
+			Differs  bool       `json:"differs"`
+		} `json:"relays"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, env, "status", "--json")), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Targets) == 0 || doc.Phase == nil || doc.Phase.Phase != phase.Dual || len(doc.Relays) != 1 ||
+		doc.Relays[0].Instance != "h9:99" || doc.Relays[0].Phase != phase.NATS || !doc.Relays[0].Pinned || !doc.Relays[0].Differs {
+		t.Errorf("status --json: %+v", doc)
 	}
 }

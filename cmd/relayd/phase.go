@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sethvargo/go-envconfig"
+
+	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/schema"
+)
+
+const phaseHelp = `Usage: relayd phase [show] [--history] [--json] [--connect-timeout D]
+       relayd phase set amqp|dual|nats [flags]   (see relayd phase set --help)
+
+Prints the migration phase the relays of this outbox share: amqp (runbook
+step 0, legacy only), dual (step 1, dual write) or nats (step 4, new only),
+when and by whom it was set and why; then the running relays, each with the
+phase it runs, whether RELAY_TARGETS pins it (a pinned relay does not
+follow the table) and when it last reported, flagging those whose phase is
+not the table's. Needs only RELAY_DATABASE_URL (and RELAY_OUTBOX_TABLE).
+Exit status 0 when it was read, 1 when Postgres could not be read.
+
+  --history             list every change of the phase, oldest first
+  --json                one JSON document, for scripts
+` + connectTimeoutHelp
+
+// stepNames are the runbook's names of the phases (docs/migration.md).
+var stepNames = map[phase.Name]string{phase.AMQP: "legacy only", phase.Dual: "dual write", phase.NATS: "new only"}
+
+// describe is a phase with its runbook step: "dual (runbook step 1, dual write)".
+func describe(n phase.Name) string {
+	return fmt.Sprintf("%s (runbook step %d, %s)", n, n.Step(), stepNames[n])
+}
+
+// phaseNotSet is what the relays do while no phase is set.
+const phaseNotSet = "not set: each relay runs its RELAY_TARGETS (default amqp,nats)"
+
+// phaseJSON is the table's phase in --json; null while none is set.
+type phaseJSON struct {
+	phase.Change
+	Step int `json:"step"`
+}
+
+// relayJSON is a running relay in --json.
+type relayJSON struct {
+	phase.Instance
+	SeenAgoSeconds float64 `json:"seen_ago_seconds"`
+	// Differs: its phase is not the table's (false while none is set).
+	Differs bool `json:"differs"`
+}
+
+// phaseState is what phase show and status print of the phase.
+type phaseState struct {
+	Phase   *phaseJSON     `json:"phase"`
+	Relays  []relayJSON    `json:"relays"`
+	History []phase.Change `json:"history,omitempty"`
+}
+
+// readPhaseState reads the table's phase, the running relays and, with
+// history, every change.
+func readPhaseState(ctx context.Context, db *pgxpool.Pool, table schema.Table, history bool) (phaseState, error) {
+	st := phaseState{Relays: []relayJSON{}}
+	c, set, err := phase.Read(ctx, db, table)
+	if err != nil {
+		return st, err
+	}
+	if set {
+		st.Phase = &phaseJSON{Change: c, Step: c.Phase.Step()}
+	}
+	running, err := phase.Running(ctx, db, table)
+	if err != nil {
+		return st, err
+	}
+	for _, in := range running {
+		st.Relays = append(st.Relays, relayJSON{Instance: in, SeenAgoSeconds: in.Age.Seconds(), Differs: set && in.Phase != c.Phase})
+	}
+	if history {
+		if st.History, err = phase.History(ctx, db, table); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// notMigrated says whether err is a missing table: an outbox migrated
+// before the phase tables (relayd migrate adds them).
+func notMigrated(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
+
+func cmdPhase(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+	if len(args) > 0 && args[0] == "set" {
+		return cmdPhaseSet(args[1:], stdout, stderr, env)
+	}
+	if len(args) > 0 && args[0] == "show" {
+		args = args[1:]
+	} else if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		fmt.Fprintf(stderr, "relayd phase: unknown subcommand %q: want show or set (see relayd phase --help)\n", args[0])
+		return exitUsage
+	}
+	fs := flag.NewFlagSet("phase", flag.ContinueOnError)
+	history := fs.Bool("history", false, "list every change")
+	asJSON := fs.Bool("json", false, "print JSON")
+	connectTimeout := connectTimeoutFlag(fs)
+	if code, done := parseFlags(fs, args, stdout, stderr, phaseHelp); done {
+		return code
+	}
+	if !checkConnectTimeout("phase", *connectTimeout, stderr) {
+		return exitUsage
+	}
+	ss, code := openSession(stderr, env, 2, false, *connectTimeout)
+	if ss == nil {
+		return code
+	}
+	defer ss.close()
+	st, err := readPhaseState(ss.ctx, ss.pool, ss.cfg.table, *history)
+	if err != nil {
+		if notMigrated(err) {
+			err = fmt.Errorf("%w (the outbox has no phase tables yet: run relayd migrate)", err)
+		}
+		ss.log.Error("read the phase", "error", err.Error())
+		return exitFailure
+	}
+	if *asJSON {
+		return printJSON(stdout, struct {
+			Table string `json:"table"`
+			phaseState
+		}{ss.cfg.table.String(), st})
+	}
+	fmt.Fprintf(stdout, "outbox %s\n", ss.cfg.table)
+	printPhase(stdout, st)
+	if *history {
+		printHistory(stdout, st.History)
+	}
+	return exitOK
+}
+
+// printPhase writes the table's phase and the running relays.
+func printPhase(w io.Writer, st phaseState) {
+	if st.Phase == nil {
+		fmt.Fprintf(w, "phase  %s\n", phaseNotSet)
+	} else {
+		p := st.Phase
+		fmt.Fprintf(w, "phase  %s\n", describe(p.Phase))
+		fmt.Fprintf(w, "set    %s by %s", p.ChangedAt.UTC().Format(time.RFC3339), p.ChangedBy)
+		if p.Reason != "" {
+			fmt.Fprintf(w, ": %s", p.Reason)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w)
+	if len(st.Relays) == 0 {
+		fmt.Fprintln(w, "no relay reports its phase (none running, or relays from before the phase table)")
+		return
+	}
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RELAY\tPHASE\tPINNED\tVERSION\tSEEN\t")
+	differ := 0
+	for _, r := range st.Relays {
+		pinned, note := "no", ""
+		if r.Pinned {
+			pinned = "yes"
+		}
+		if r.Differs {
+			differ++
+			note = "<- not the table's phase (" + string(st.Phase.Phase) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%s\n", r.Instance.Instance, r.Phase, pinned, r.Version, r.Age.Round(100*time.Millisecond), note)
+	}
+	tw.Flush()
+	for line := range strings.Lines(b.String()) { // the note column pads the others
+		fmt.Fprintln(w, strings.TrimRight(line, " \n"))
+	}
+	if differ > 0 {
+		fmt.Fprintf(w, "\n%d of %d relays do not run the table's phase: a pinned one keeps its RELAY_TARGETS (unset it and restart); one that follows the table switches within %s\n",
+			differ, len(st.Relays), phase.BeatEvery)
+	}
+}
+
+// printHistory writes every change, oldest first.
+func printHistory(w io.Writer, h []phase.Change) {
+	fmt.Fprintln(w, "\nhistory (oldest first)")
+	if len(h) == 0 {
+		fmt.Fprintln(w, "no change recorded")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHANGED AT\tPHASE\tBY\tFORCED\tREASON")
+	for _, c := range h {
+		forced, reason := "-", c.Reason
+		if c.Forced {
+			forced = "forced"
+		}
+		if reason == "" {
+			reason = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.ChangedAt.UTC().Format(time.RFC3339), c.Phase, c.ChangedBy, forced, reason)
+	}
+	tw.Flush()
+}
