@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/relayd/relayd/cutover"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/phase"
 )
@@ -69,12 +72,17 @@ func TestRelaysFollowTheSharedPhase(t *testing.T) {
 	if got := scrapeBy(t, pinnedAddr, "relayd_phase", "phase"); got["amqp"] != 1 || got["dual"] != 0 {
 		t.Errorf("pinned relay: relayd_phase %v, want amqp", got)
 	}
-	check := exec.Command(relaydBin, "cutover", "check", "--consumer", "none", "--queue", e.queue, "--quiet-period", "1s")
-	check.Env = e.relayEnv()
-	out, err := check.CombinedOutput()
-	name := fmt.Sprintf(":%d", pinned.cmd.Process.Pid)
-	if err == nil || !strings.Contains(string(out), name) {
-		t.Errorf("cutover check with a relay pinned to amqp: %v, want a failure naming it (%s):\n%s", err, name, out)
+	st, err := e.js.Stream(context.Background(), e.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CreateOrUpdateConsumer(context.Background(), jetstream.ConsumerConfig{Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := e.relayd("cutover", "check", "--consumer", "billing", "--queue", e.queue, "--quiet-period", "1s")
+	name := fmt.Sprintf(":%d runs amqp (pinned by RELAY_TARGETS)", pinned.cmd.Process.Pid)
+	if code != 1 || !strings.Contains(out, cutover.CondPhases) || !strings.Contains(out, name) {
+		t.Errorf("cutover check with a relay pinned to amqp: exit %d, want 1 and %s naming it (%s):\n%s%s", code, cutover.CondPhases, name, out, errOut)
 	}
 	if code := pinned.stop(30 * time.Second); code != 0 {
 		t.Fatalf("pinned relay exit %d", code)
