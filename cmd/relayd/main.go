@@ -31,6 +31,7 @@ var commands = []struct{ name, what string }{
 	{"migrate [up|status]", "create or upgrade the outbox table (or list its migrations)"},
 	{"status", "how far behind each target is"},
 	{"backfill", "move a legacy RabbitMQ queue into the JetStream stream, exactly once"},
+	{"replay", "roll back: publish to the legacy exchange what the stream got while RabbitMQ did not"},
 	{"cutover check", "may consumers switch to JetStream exclusively?"},
 	{"verify", "check the stream against the outbox's record (exit 1 if anything is missing or duplicated)"},
 	{"outbox parked", "list parked rows"},
@@ -76,6 +77,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdStatus(args[1:], stdout, stderr, env)
 	case "backfill":
 		return cmdBackfill(args[1:], stdout, stderr, env)
+	case "replay":
+		return cmdReplay(args[1:], stdout, stderr, env)
 	case "cutover":
 		return cmdCutover(args[1:], stdout, stderr, env)
 	case "verify":
