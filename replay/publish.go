@@ -62,4 +62,3 @@ func (r *runner) publish(ctx context.Context, b *batch) {
 		idx = again
 	}
 }
-

@@ -23,8 +23,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/relayd/relayd/internal/outboxsql"
-	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/relay"
 )
 
 // Summary is what a run did.

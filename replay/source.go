@@ -60,7 +60,7 @@ func firstAfter(ctx context.Context, stream jetstream.Stream, t time.Time) (uint
 // source reads the window's messages in stream order through an ordered
 // consumer, which recreates itself from the next sequence after a hiccup.
 type source struct {
- stream jetstream.Stream
+	stream jetstream.Stream
 	cons   jetstream.Consumer
 	it     jetstream.MessagesContext
 	to     uint64
