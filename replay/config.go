@@ -70,7 +70,7 @@ type Config struct {
 const (
 	DefaultRate      = 2000
 	DefaultBatchSize = 500
-	DefaultInFlight  = 4
+	DefaultInFlight  = 8
 )
 
 func (c *Config) applyDefaults() error {
