@@ -260,3 +260,52 @@ func TestReplayWithoutANATSPeriod(t *testing.T) {
 		t.Fatalf("replay without a nats period: %v, want exit 1 saying so:\n%s", err, out)
 	}
 }
+
+// A message RabbitMQ returns unroutable fails the run (exit 1) with the
+// position recorded before it; once a queue is bound for it, the rerun
+// resumes there and everything arrives.
+func TestReplayStopsAtAnUnroutableMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var ids []string
+	for i := range 20 {
+		topic := "orders.a"
+		if i == 10 {
+			topic = "unbound.x"
+		}
+		id := fmt.Sprintf("m-%02d", i)
+		ids = append(ids, id)
+		m := &nats.Msg{Subject: e.prefix + topic, Data: []byte(id), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+		if _, err := e.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := e.replayCmd("--from-seq", "1").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "returned unroutable") {
+		t.Fatalf("replay of an unroutable message: %v, want exit 1 saying it was returned:\n%s", err, out)
+	}
+	if s := decodeReplay(t, out); s.Record.Position != 10 || s.Failed != 1 || s.Finished {
+		t.Fatalf("failed run: position %d, %d failed, finished %v; want 10, 1, unfinished", s.Record.Position, s.Failed, s.Finished)
+	}
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(e.queue, "unbound.#", e.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+	if out, err := e.replayCmd().CombinedOutput(); err != nil {
+		t.Fatalf("rerun: %v\n%s", err, out)
+	}
+	got, _ := e.drainQueue(time.Second)
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	// Those after the returned one were confirmed, not recorded: sent again.
+	if missing, extra, dupes := tally(want, got); missing > 0 || extra > 0 || dupes > 9 {
+		t.Errorf("legacy queue: %d missing, %d extra, %d duplicates (at most the 9 after the returned one)", missing, extra, dupes)
+	}
+}
