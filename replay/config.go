@@ -15,11 +15,9 @@ import (
 	"github.com/relayd/relayd/schema"
 )
 
-// Publisher is what a run needs of relayd's RabbitMQ sink (amqpsink.Sink),
-// with relay.Sink's contract: results[i] is nil only when RabbitMQ confirmed
-// msgs[i] without returning it; an error wrapping relay.ErrUnavailable or
-// relay.ErrOutOfRoom is worth trying again, any other is the message's
-// failure. Safe for concurrent use.
+// Publisher is relayd's RabbitMQ sink (amqpsink.Sink), with relay.Sink's
+// contract: results[i] nil only when RabbitMQ confirmed msgs[i] unreturned;
+// relay.ErrUnavailable or ErrOutOfRoom: try again; any other: refused.
 type Publisher interface {
 	Publish(ctx context.Context, msgs []*relay.Message, results []error)
 }

@@ -19,12 +19,9 @@ func transient(err error) bool {
 	return errors.Is(err, relay.ErrUnavailable) || errors.Is(err, relay.ErrOutOfRoom)
 }
 
-// publish sends b's messages to RabbitMQ and waits for their confirms. A
-// message whose outcome is unknown is sent again with the same message id
-// (the sink waits for a publish still in flight on its connection rather
-// than queue a second copy) until ctx is done; one refused (returned,
-// nacked, permanent) keeps its error. Each try has PublishTimeout, not
-// tied to ctx, so a stopping run still hears the confirms of what it sent.
+// publish sends b's messages and waits for their confirms, sending those
+// with an unknown outcome again (same message id) until ctx is done. Each try
+// has its own timeout, so a stopping run still hears what it sent confirmed.
 func (r *runner) publish(ctx context.Context, b *batch) {
 	var idx []int
 	for i, it := range b.items {
