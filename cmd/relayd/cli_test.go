@@ -15,6 +15,7 @@ import (
 	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/cutover"
 	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/replay"
 	"github.com/relayd/relayd/verify"
 )
 
@@ -31,7 +32,7 @@ var helps = [][]string{
 	{"--help"}, {"run", "--help"}, {"migrate", "--help"}, {"status", "--help"},
 	{"backfill", "--help"}, {"cutover", "check", "--help"}, {"verify", "--help"},
 	{"outbox", "--help"}, {"outbox", "parked", "--help"}, {"outbox", "retry", "--help"},
-	{"version", "--help"}, {"tail", "--help"}, {"phase", "--help"}, {"phase", "set", "--help"},
+	{"version", "--help"}, {"tail", "--help"}, {"phase", "--help"}, {"phase", "set", "--help"}, {"replay", "--help"},
 }
 
 func TestVersion(t *testing.T) {
@@ -116,6 +117,7 @@ func TestBadFlagsPointToHelp(t *testing.T) {
 		{[]string{"backfill", "--bogus"}, "not defined: --bogus"},
 		{[]string{"cutover", "check", "--bogus"}, "not defined: --bogus"},
 		{[]string{"verify", "--bogus"}, "not defined: --bogus"},
+		{[]string{"replay", "--bogus"}, "not defined: --bogus"},
 		{[]string{"version", "--bogus"}, "not defined: --bogus"},
 		{[]string{"outbox", "parked", "--bogus"}, "not defined: --bogus"},
 		{[]string{"outbox", "retry", "--bogus"}, "not defined: --bogus"},
@@ -154,7 +156,7 @@ func TestStrayArgumentsRefused(t *testing.T) {
 		{"run", "now"}, {"status", "amqp"}, {"status", "--json", "extra"},
 		{"backfill", "--queue", "q", "extra"}, {"cutover", "check", "--consumer", "c", "extra"},
 		{"verify", "extra"}, {"outbox", "parked", "extra"}, {"outbox", "retry", "--all", "extra"},
-		{"version", "extra"}, {"migrate", "up", "extra"}, {"help", "extra"}, {"tail", "extra"},
+		{"version", "extra"}, {"migrate", "up", "extra"}, {"help", "extra"}, {"tail", "extra"}, {"replay", "extra"},
 		{"phase", "show", "extra"}, {"phase", "set", "dual", "extra"},
 	} {
 		code, out, errOut := runCLI(t, base(), args...)
@@ -223,7 +225,7 @@ func TestJSONUnits(t *testing.T) {
 			walk(path+"."+f.Name, f.Type)
 		}
 	}
-	for _, v := range []any{relay.TargetStats{}, relay.ParkedRow{}, backfill.Summary{}, cutover.Result{}, verify.Report{}, migrationJSON{}, phaseState{}} {
+	for _, v := range []any{relay.TargetStats{}, relay.ParkedRow{}, backfill.Summary{}, cutover.Result{}, verify.Report{}, migrationJSON{}, phaseState{}, replay.Summary{}} {
 		walk(reflect.TypeOf(v).String(), reflect.TypeOf(v))
 	}
 	// And the figures are there, in seconds.

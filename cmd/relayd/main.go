@@ -32,6 +32,7 @@ var commands = []struct{ name, what string }{
 	{"status", "how far behind each target is, the phase and the running relays"},
 	{"phase [show|set]", "the migration phase the relays share: show it, or set it (amqp, dual, nats)"},
 	{"backfill", "move a legacy RabbitMQ queue into the JetStream stream, exactly once"},
+	{"replay", "roll back: publish to the legacy exchange what the stream got while RabbitMQ did not"},
 	{"cutover check", "may consumers switch to JetStream exclusively?"},
 	{"verify", "check the stream against the outbox's record (exit 1 if anything is missing or duplicated)"},
 	{"outbox parked", "list parked rows"},
@@ -79,6 +80,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdPhase(args[1:], stdout, stderr, env)
 	case "backfill":
 		return cmdBackfill(args[1:], stdout, stderr, env)
+	case "replay":
+		return cmdReplay(args[1:], stdout, stderr, env)
 	case "cutover":
 		return cmdCutover(args[1:], stdout, stderr, env)
 	case "verify":

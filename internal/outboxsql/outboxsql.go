@@ -80,6 +80,13 @@ type Statements struct {
 	// The shared phase and the running relays (package phase).
 	PhaseRead, PhaseLock, PhaseSet, PhaseHistory           string
 	InstanceBeat, InstanceLeave, InstancesPrune, Instances string
+
+	// `relayd replay`: what RabbitMQ has, and the run's record (package
+	// replay).
+	ReplayDelivered, ReplayOwed, ReplayBackfilled string
+	ReplayLock, ReplayUnlock                      string
+	ReplayUnfinished, ReplayOverlap, ReplayStart  string
+	ReplayAdvance, ReplayAbandon                  string
 }
 
 // Stats is the SQL for one target's backlog figures, in the order
@@ -127,6 +134,7 @@ func render(t schema.Table) *Statements {
 	d := tableData{
 		Table: t.Ident(), Delivered: t.Delivered(), Backfilled: t.Backfilled(),
 		Phase: t.Side("phase"), PhaseHistory: t.Side("phase_history"), Instances: t.Side("instances"),
+		Replay:     t.Side("replay"),
 		ExactLimit: ExactLimit, ActiveWindow: ActiveWindow,
 	}
 	perTarget := func(name string) ByTarget[string] {
@@ -163,6 +171,16 @@ func render(t schema.Table) *Statements {
 		InstanceLeave:            exec("InstanceLeave", d),
 		InstancesPrune:           exec("InstancesPrune", d),
 		Instances:                exec("Instances", d),
+		ReplayDelivered:          exec("ReplayDelivered", d),
+		ReplayOwed:               exec("ReplayOwed", d),
+		ReplayBackfilled:         exec("ReplayBackfilled", d),
+		ReplayLock:               exec("ReplayLock", d),
+		ReplayUnlock:             exec("ReplayUnlock", d),
+		ReplayUnfinished:         exec("ReplayUnfinished", d),
+		ReplayOverlap:            exec("ReplayOverlap", d),
+		ReplayStart:              exec("ReplayStart", d),
+		ReplayAdvance:            exec("ReplayAdvance", d),
+		ReplayAbandon:            exec("ReplayAbandon", d),
 	}
 }
 
@@ -180,6 +198,7 @@ func exec(name string, data any) string {
 type tableData struct {
 	Table, Delivered, Backfilled   string
 	Phase, PhaseHistory, Instances string
+	Replay                         string
 	ExactLimit, ActiveWindow       int
 }
 

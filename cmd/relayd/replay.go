@@ -1,0 +1,221 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/sethvargo/go-envconfig"
+	"golang.org/x/term"
+
+	"github.com/relayd/relayd/replay"
+)
+
+const replayHelp = `Usage: relayd replay [--since T | --from-seq N] [--to-seq N] [--rate R] [--restart] [--dry-run] [--json]
+
+Rolls the migration back: publishes to the legacy exchange (RELAY_AMQP_EXCHANGE)
+the messages the stream (RELAY_NATS_STREAM) got while RabbitMQ did not, with
+the relay's message-id, headers and routing key (the subject less
+RELAY_NATS_SUBJECT_PREFIX), confirmed, persistent and mandatory: a message
+RabbitMQ returns unroutable stops the run (exit 1).
+
+The window is by default the outbox's latest nats-only period, from its phase
+history, widened by 1m each side (to the stream's last sequence if the
+period goes on). Messages RabbitMQ has are skipped: in <table>_delivered with
+amqp_delivered_at, in the outbox delivered to it or owed to it, or moved by
+the backfill (<table>_backfilled). Messages without a Nats-Msg-Id are counted
+and skipped.
+
+Progress is recorded in <table>_replay: a rerun after a crash or SIGINT
+resumes the unfinished run from the sequence up to which everything was
+confirmed or skipped. While a run is unfinished, other window flags are
+refused unless --restart. Set the phase to dual (or amqp) first: replay
+refuses to run while it is nats.
+
+Uses RELAY_DATABASE_URL, RELAY_OUTBOX_TABLE, RELAY_AMQP_URL,
+RELAY_AMQP_EXCHANGE, RELAY_NATS_URL, RELAY_NATS_STREAM and
+RELAY_NATS_SUBJECT_PREFIX.
+
+Exit status: 0 done (or interrupted: rerun to continue), 1 failed, 2 bad usage.
+
+Flags:
+`
+
+type replayFlags struct {
+	req                     replay.Request
+	rate                    float64
+	restart, dryRun, asJSON bool
+	connectTimeout          time.Duration
+}
+
+func cmdReplay(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+	f, code, ok := parseReplayFlags(args, stdout, stderr)
+	if !ok {
+		return code
+	}
+	if !amqpURLOK(env, stderr) {
+		return exitUsage
+	}
+	ss, code := openSession(stderr, env, 4, true, f.connectTimeout)
+	if ss == nil {
+		return code
+	}
+	defer ss.close()
+	return runReplay(ss, f, stdout, stderr)
+}
+
+func parseReplayFlags(args []string, stdout, stderr io.Writer) (f replayFlags, code int, ok bool) {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	since := fs.String("since", "", "replay from this time: RFC 3339, or a duration meaning that long ago (default: the latest nats-only period)")
+	fs.Uint64Var(&f.req.FromSeq, "from-seq", 0, "replay from this stream sequence")
+	fs.Uint64Var(&f.req.ToSeq, "to-seq", 0, "replay up to this stream sequence (default: the period's end, or the stream's last)")
+	fs.Float64Var(&f.rate, "rate", replay.DefaultRate, "at most R messages per second")
+	fs.BoolVar(&f.restart, "restart", false, "abandon an unfinished run, or replay sequences a finished run did")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "count what would be sent and skipped; publish and record nothing")
+	fs.BoolVar(&f.asJSON, "json", false, "print the summary as JSON")
+	connectTimeout := connectTimeoutFlag(fs)
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, replayHelp)); done {
+		return f, code, false
+	}
+	f.connectTimeout = *connectTimeout
+	if *since != "" {
+		t, err := parseWhen(*since, time.Now())
+		if err != nil {
+			fmt.Fprintf(stderr, "relayd replay: --since: %v\n", err)
+			return f, exitUsage, false
+		}
+		f.req.Since = t
+	}
+	switch {
+	case !f.req.Since.IsZero() && f.req.FromSeq > 0:
+		fmt.Fprintln(stderr, "relayd replay: --since and --from-seq exclude each other: give one")
+	case f.req.ToSeq > 0 && f.req.FromSeq > f.req.ToSeq:
+		fmt.Fprintf(stderr, "relayd replay: --from-seq %d is past --to-seq %d\n", f.req.FromSeq, f.req.ToSeq)
+	case !(f.rate > 0):
+		fmt.Fprintf(stderr, "relayd replay: --rate %v is out of range: want more than 0\n", f.rate)
+	case !checkConnectTimeout("replay", f.connectTimeout, stderr):
+	default:
+		return f, 0, true
+	}
+	return f, exitUsage, false
+}
+
+func runReplay(ss *session, f replayFlags, stdout, stderr io.Writer) int {
+	cfg, log, ctx := ss.cfg, ss.log, ss.ctx
+	if err := checkSchema(ctx, cfg, ss.pool, log); err != nil {
+		log.Error("replay", "error", err.Error())
+		return exitFailure
+	}
+	rc := replay.Config{
+		DB: ss.pool, Table: cfg.table, JS: ss.js, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix,
+		Exchange: cfg.AMQPExchange, Request: f.req, Restart: f.restart, DryRun: f.dryRun, Rate: f.rate,
+		PublishTimeout: cfg.PublishTimeout, Logger: log,
+	}
+	if !f.dryRun {
+		sink, closeSink, err := openAMQPSink(ctx, cfg, log)
+		if err != nil {
+			log.Error("replay: connect to rabbitmq", "error", err.Error())
+			return exitFailure
+		}
+		defer closeSink()
+		rc.Sink = sink
+	}
+	rep := newReplayReporter(stderr, log)
+	rc.OnProgress = rep.update
+	sum, err := replay.Run(ctx, rc)
+	rep.finish()
+	interrupted := errors.Is(err, ctx.Err()) && ctx.Err() != nil
+	if err != nil && !interrupted {
+		log.Error("replay failed", "error", err.Error())
+		if sum.Record.ID != 0 || sum.Read > 0 {
+			printReplay(stdout, sum, f.asJSON)
+		}
+		return exitFailure
+	}
+	if interrupted {
+		log.Info("replay interrupted: rerun to continue where it stopped")
+	}
+	printReplay(stdout, sum, f.asJSON)
+	return exitOK
+}
+
+func printReplay(w io.Writer, s replay.Summary, asJSON bool) {
+	if asJSON {
+		printJSON(w, s)
+		return
+	}
+	r := s.Record
+	title := fmt.Sprintf("replay run %d: stream %s to exchange %s", r.ID, r.Stream, r.Exchange)
+	if s.DryRun {
+		title = fmt.Sprintf("replay (dry run: nothing was published or recorded; figures are what a run would do): stream %s to exchange %s", r.Stream, r.Exchange)
+	}
+	fmt.Fprintln(w, title)
+	fmt.Fprintf(w, "  window:         %s, sequences %d..%d\n", r.Request, r.FromSeq, r.ToSeq)
+	state := "unfinished: rerun to continue"
+	switch {
+	case s.AlreadyDone:
+		state = "already replayed by this run: nothing to do"
+	case s.Finished:
+		state = "finished"
+	}
+	if s.Resumed {
+		state += " (resumed)"
+	}
+	fmt.Fprintf(w, "  position:       %d (%s)\n", r.Position, state)
+	fmt.Fprintf(w, "  read:           %d\n  sent:           %d\n", s.Read, s.Sent)
+	fmt.Fprintf(w, "  skipped:        %d delivered, %d backfilled, %d owed by the relays\n", s.SkippedDelivered, s.SkippedBackfilled, s.SkippedOwed)
+	fmt.Fprintf(w, "  without id:     %d\n  other subjects: %d\n  failed:         %d\n", s.WithoutID, s.OtherSubject, s.Failed)
+	fmt.Fprintf(w, "  rate:           %.0f msg/s\n  duration:       %s\n", s.Rate, s.Duration.Round(time.Millisecond))
+}
+
+// replayReporter shows progress: a bar over the window's sequences on a
+// terminal, a log line every 5 s otherwise.
+type replayReporter struct {
+	mu      sync.Mutex
+	bar     *progressbar.ProgressBar
+	log     *slog.Logger
+	logNext time.Time
+}
+
+func newReplayReporter(w io.Writer, log *slog.Logger) *replayReporter {
+	r := &replayReporter{log: log, logNext: time.Now().Add(5 * time.Second)}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		r.bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("replay"),
+			progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("msg"),
+			progressbar.OptionSetPredictTime(true), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+	}
+	return r
+}
+
+func (r *replayReporter) update(p replay.Progress) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	done := int64(0)
+	if p.Position >= p.FromSeq {
+		done = int64(p.Position - p.FromSeq + 1)
+	}
+	if r.bar != nil {
+		if total := int64(p.ToSeq) - int64(p.FromSeq) + 1; total > 0 && r.bar.GetMax64() != total {
+			r.bar.ChangeMax64(total)
+		}
+		r.bar.Set64(done) //nolint:errcheck // display only
+		return
+	}
+	if now := time.Now(); now.After(r.logNext) {
+		r.logNext = now.Add(5 * time.Second)
+		r.log.Info("replay progress", "position", p.Position, "to_seq", p.ToSeq, "sent", p.Sent,
+			"skipped", p.Skipped(), "rate", fmt.Sprintf("%.0f/s", p.Rate))
+	}
+}
+
+func (r *replayReporter) finish() {
+	if r.bar != nil {
+		r.bar.Finish() //nolint:errcheck // display only
+	}
+}

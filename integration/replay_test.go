@@ -1,0 +1,311 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/outbox"
+	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/replay"
+)
+
+// replayCmd is `relayd replay --json` for this test's outbox, stream and
+// exchange.
+func (e *env) replayCmd(args ...string) *exec.Cmd {
+	cmd := exec.Command(relaydBin, append([]string{"replay", "--json"}, args...)...)
+	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=")
+	dieWithTest(cmd)
+	return cmd
+}
+
+func decodeReplay(t *testing.T, out []byte) replay.Summary {
+	t.Helper()
+	var s replay.Summary
+	start := strings.Index(string(out), "{\n")
+	if start < 0 {
+		t.Fatalf("no JSON summary in output:\n%s", out)
+	}
+	if err := json.NewDecoder(strings.NewReader(string(out[start:]))).Decode(&s); err != nil {
+		t.Fatalf("summary: %v\n%s", err, out)
+	}
+	return s
+}
+
+func (e *env) setPhase(to, from phase.Name, fromSet bool) {
+	e.t.Helper()
+	c := phase.Change{Phase: to, ChangedBy: "test", Reason: "rollback drill"}
+	if _, err := phase.Set(context.Background(), e.pool, e.table, c, from, fromSet); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// replayRecord reads the test's unfinished replay run: its position and
+// sent count; ok false when none is unfinished.
+func (e *env) replayRecord() (fromSeq, position, sent int64, ok bool) {
+	e.t.Helper()
+	err := e.pool.QueryRow(context.Background(), `SELECT from_seq, position, sent FROM `+e.table.Side("replay")+
+		` WHERE finished_at IS NULL`).Scan(&fromSeq, &position, &sent)
+	if err != nil {
+		return 0, 0, 0, false
+	}
+	return fromSeq, position, sent, true
+}
+
+// amqpMsg is what the drill checks of each message the legacy queue got.
+type amqpMsg struct {
+	routingKey, tenant string
+}
+
+// drainQueue reads the test's queue until it has been empty for quiet: each
+// message id with what it came with, and how many times.
+func (e *env) drainQueue(quiet time.Duration) (map[string]int, map[string]amqpMsg) {
+	e.t.Helper()
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	deliveries, err := ch.Consume(e.queue, "", true, false, false, false, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ids, props := map[string]int{}, map[string]amqpMsg{}
+	for {
+		select {
+		case d := <-deliveries:
+			ids[d.MessageId]++
+			tenant, _ := d.Headers["tenant"].(string)
+			props[d.MessageId] = amqpMsg{routingKey: d.RoutingKey, tenant: tenant}
+		case <-time.After(quiet):
+			if n, _ := e.queueDepth(e.queue); n == 0 {
+				return ids, props
+			}
+		}
+	}
+}
+
+// The rollback drill: dual write delivers 500 rows to both brokers; the
+// phase goes to nats and 5,000 rows reach JetStream only (with, beside them,
+// 10 messages the backfill moved from the legacy queue and one without a
+// Nats-Msg-Id); the phase goes back to dual. A dry run publishes nothing;
+// `relayd replay` is SIGKILLed mid-run and rerun: the legacy queue gets each
+// of the 5,000 once (a copy more only within the documented bound: the
+// batches in flight), with its routing key and headers, and nothing else.
+func TestReplayRollbackDrill(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	write := func(n int, topic string) []string {
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Topic: topic, Headers: map[string]string{"tenant": "acme"}, Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}
+		}
+		ids, err := e.writer.Write(ctx, e.pool, msgs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+
+	// Dual write: these reach RabbitMQ and must not be replayed.
+	e.setPhase(phase.Dual, "", false)
+	dualIDs := write(500, "orders.dual")
+	r := e.startRelay("relay-dual", "RELAY_TARGETS=amqp,nats")
+	e.waitDelivered(30 * time.Second)
+	r.stop(30 * time.Second)
+	before, _ := e.drainQueue(time.Second)
+	if len(before) != 500 {
+		t.Fatalf("dual write put %d ids in the legacy queue, want 500", len(before))
+	}
+
+	// Nats only.
+	e.setPhase(phase.NATS, phase.Dual, true)
+	r = e.startRelay("relay-nats", "RELAY_TARGETS=nats")
+	natsIDs := write(5000, "orders.nats")
+	testenv.Eventually(t, 60*time.Second, func() bool { total, _, n := e.counts(); return n == total }, "nats-only rows not delivered")
+	r.stop(30 * time.Second)
+	// What the backfill moved from the legacy queue, and a message without
+	// an id, in the stream meanwhile.
+	b := &nats.Msg{Header: nats.Header{}}
+	for i := range 10 {
+		id := fmt.Sprintf("legacy-%02d", i)
+		b = &nats.Msg{Subject: e.prefix + "orders.legacy", Data: []byte(id), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+		if _, err := e.js.PublishMsg(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.pool.Exec(ctx, `INSERT INTO `+e.table.Backfilled()+` (message_id, queue) VALUES ($1, 'legacy')`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.js.Publish(ctx, e.prefix+"orders.anonymous", []byte("no id")); err != nil {
+		t.Fatal(err)
+	}
+
+	// A replay while the phase is still nats is refused.
+	if out, err := e.replayCmd().CombinedOutput(); err == nil || !strings.Contains(string(out), "phase is nats") {
+		t.Fatalf("replay in the nats phase: %v, want exit 1 saying so:\n%s", err, out)
+	}
+	e.setPhase(phase.Dual, phase.NATS, true)
+
+	// The dry run counts and changes nothing.
+	out, err := e.replayCmd("--dry-run").CombinedOutput()
+	if err != nil {
+		t.Fatalf("dry run: %v\n%s", err, out)
+	}
+	dry := decodeReplay(t, out)
+	if !dry.DryRun || dry.Sent != 5000 || dry.SkippedDelivered != 500 || dry.SkippedBackfilled != 10 || dry.WithoutID != 1 || !dry.Finished {
+		t.Errorf("dry run counted %+v: want 5000 to send, 500 delivered, 10 backfilled and 1 without id skipped", dry.Counts)
+	}
+	if n, _ := e.queueDepth(e.queue); n != 0 {
+		t.Fatalf("the dry run published %d messages", n)
+	}
+	var runs int
+	e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Side("replay")).Scan(&runs)
+	if runs != 0 {
+		t.Fatalf("the dry run recorded %d runs", runs)
+	}
+
+	// The run, SIGKILLed once it recorded progress, and the rerun.
+	first := e.replayCmd("--rate", "2000")
+	firstOut := &syncBuffer{}
+	first.Stdout, first.Stderr = firstOut, firstOut
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- first.Wait() }()
+	var killedAt, killedSent int64
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		from, pos, sent, ok := e.replayRecord()
+		killedAt, killedSent = pos, sent
+		return ok && pos > from && sent >= 1000
+	}, "the replay recorded no progress:\n%s", firstOut)
+	first.Process.Kill()
+	<-done
+	t.Logf("replay SIGKILLed with its record at sequence %d, %d sent", killedAt, killedSent)
+	if _, _, _, ok := e.replayRecord(); !ok {
+		t.Fatalf("the killed run is not unfinished:\n%s", firstOut)
+	}
+	// Another window while it is unfinished is refused.
+	if out, err := e.replayCmd("--from-seq", "1").CombinedOutput(); err == nil || !strings.Contains(string(out), "--restart") {
+		t.Fatalf("a new window over an unfinished run: %v, want exit 1 naming --restart:\n%s", err, out)
+	}
+	out, err = e.replayCmd("--rate", "20000").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rerun: %v\n%s", err, out)
+	}
+	sum := decodeReplay(t, out)
+	t.Logf("rerun: %+v", sum)
+	if !sum.Resumed || !sum.Finished || sum.Failed != 0 {
+		t.Errorf("rerun: resumed %v, finished %v, failed %d; want a finished resumption", sum.Resumed, sum.Finished, sum.Failed)
+	}
+	if got := sum.Record.Sent; got < 5000 {
+		t.Errorf("the record says %d sent, want at least 5000", got)
+	}
+
+	ids, props := e.drainQueue(time.Second)
+	want := map[string]bool{}
+	for _, id := range natsIDs {
+		want[id] = true
+	}
+	missing, extra, dupes := tally(want, ids)
+	// A SIGKILL re-sends at most what was confirmed and not yet recorded:
+	// the batches in flight (docs/migration.md).
+	bound := replay.DefaultInFlight * min(replay.DefaultBatchSize, 2000/10)
+	t.Logf("legacy queue: %d ids, %d missing, %d extra, %d duplicates (bound %d)", len(ids), missing, extra, dupes, bound)
+	if missing > 0 || extra > 0 || dupes > bound {
+		t.Errorf("legacy queue after the replay: %d missing, %d not nats-only rows, %d duplicates (bound %d)", missing, extra, dupes, bound)
+	}
+	for _, id := range natsIDs {
+		if p := props[id]; p.routingKey != "orders.nats" || p.tenant != "acme" {
+			t.Fatalf("replayed %s came with routing key %q, tenant header %q; want orders.nats, acme", id, p.routingKey, p.tenant)
+		}
+	}
+	for _, id := range dualIDs {
+		if ids[id] > 0 {
+			t.Fatalf("dual-written row %s was replayed", id)
+		}
+	}
+
+	// Once finished, the same window again is nothing to do.
+	out, err = e.replayCmd().CombinedOutput()
+	if err != nil {
+		t.Fatalf("replay after the finished run: %v\n%s", err, out)
+	}
+	if again := decodeReplay(t, out); !again.AlreadyDone || again.Sent != 0 {
+		t.Errorf("replay after the finished run: %+v, want already done, nothing sent", again)
+	}
+	if n, _ := e.queueDepth(e.queue); n != 0 {
+		t.Errorf("replay after the finished run published %d messages", n)
+	}
+}
+
+// With no nats-only period in the history and no window flags, replay exits
+// 1 saying so.
+func TestReplayWithoutANATSPeriod(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.setPhase(phase.Dual, "", false)
+	out, err := e.replayCmd().CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "no nats-only period") {
+		t.Fatalf("replay without a nats period: %v, want exit 1 saying so:\n%s", err, out)
+	}
+}
+
+// A message RabbitMQ returns unroutable fails the run (exit 1) with the
+// position recorded before it; once a queue is bound for it, the rerun
+// resumes there and everything arrives.
+func TestReplayStopsAtAnUnroutableMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var ids []string
+	for i := range 20 {
+		topic := "orders.a"
+		if i == 10 {
+			topic = "unbound.x"
+		}
+		id := fmt.Sprintf("m-%02d", i)
+		ids = append(ids, id)
+		m := &nats.Msg{Subject: e.prefix + topic, Data: []byte(id), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+		if _, err := e.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := e.replayCmd("--from-seq", "1").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "returned unroutable") {
+		t.Fatalf("replay of an unroutable message: %v, want exit 1 saying it was returned:\n%s", err, out)
+	}
+	if s := decodeReplay(t, out); s.Record.Position != 10 || s.Failed != 1 || s.Finished {
+		t.Fatalf("failed run: position %d, %d failed, finished %v; want 10, 1, unfinished", s.Record.Position, s.Failed, s.Finished)
+	}
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(e.queue, "unbound.#", e.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+	if out, err := e.replayCmd().CombinedOutput(); err != nil {
+		t.Fatalf("rerun: %v\n%s", err, out)
+	}
+	got, _ := e.drainQueue(time.Second)
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	// Those after the returned one were confirmed, not recorded: sent again.
+	if missing, extra, dupes := tally(want, got); missing > 0 || extra > 0 || dupes > 9 {
+		t.Errorf("legacy queue: %d missing, %d extra, %d duplicates (at most the 9 after the returned one)", missing, extra, dupes)
+	}
+}

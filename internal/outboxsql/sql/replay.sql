@@ -1,0 +1,68 @@
+-- `relayd replay`: the lookups of what RabbitMQ has or will get, and the
+-- run's progress record (package replay; migration 00009).
+
+-- ReplayDelivered: of message ids $1 (uuids, as text), those RabbitMQ
+-- confirmed, in the delivered table: the predicate repeats the message_id
+-- index's (amqp_sent AND nats_delivered_at IS NOT NULL), so the lookup stays
+-- on it; amqp_delivered_at implies amqp_sent.
+{{define "ReplayDelivered"}}
+SELECT message_id::text FROM {{.Delivered}}
+WHERE message_id = ANY($1::text[]::uuid[]) AND amqp_sent AND nats_delivered_at IS NOT NULL
+  AND amqp_delivered_at IS NOT NULL
+{{end}}
+
+-- ReplayOwed: of message ids $1 (uuids, as text), those still in the outbox
+-- that RabbitMQ has, or is owed by the relays (they will send it
+-- themselves): the outbox's unique message_id index.
+{{define "ReplayOwed"}}
+SELECT message_id::text FROM {{.Table}}
+WHERE message_id = ANY($1::text[]::uuid[])
+  AND (amqp_delivered_at IS NOT NULL OR (amqp_parked_at IS NULL AND done_at IS NULL))
+{{end}}
+
+-- ReplayBackfilled: of message ids $1 (every id, as text), those the
+-- backfill moved from the legacy queue: RabbitMQ had them first.
+{{define "ReplayBackfilled"}}SELECT message_id FROM {{.Backfilled}} WHERE message_id = ANY($1::text[]){{end}}
+
+-- ReplayLock: held by the session of the running replay, so two runs never
+-- publish at once; a crashed run's session lets it go.
+{{define "ReplayLock"}}SELECT pg_try_advisory_lock('{{.Replay}}'::regclass::oid::bigint){{end}}
+
+-- ReplayUnlock releases ReplayLock.
+{{define "ReplayUnlock"}}SELECT pg_advisory_unlock('{{.Replay}}'::regclass::oid::bigint){{end}}
+
+{{define "replayCols"}}id, stream, exchange, request, window_start, window_end, from_seq, to_seq, position,
+	sent, skipped_delivered, skipped_backfilled, skipped_owed, without_id, other_subject,
+	started_at, updated_at, finished_at, abandoned{{end}}
+
+-- ReplayUnfinished: the run not finished, if any.
+{{define "ReplayUnfinished"}}SELECT {{template "replayCols"}} FROM {{.Replay}} WHERE finished_at IS NULL{{end}}
+
+-- ReplayOverlap: the latest finished run (not abandoned) of stream $1 whose
+-- sequences overlap $2..$3.
+{{define "ReplayOverlap"}}
+SELECT {{template "replayCols"}} FROM {{.Replay}}
+WHERE finished_at IS NOT NULL AND NOT abandoned AND stream = $1 AND from_seq <= $3 AND to_seq >= $2
+ORDER BY id DESC LIMIT 1
+{{end}}
+
+-- ReplayStart: a new run: $1 stream, $2 exchange, $3 request, $4 window
+-- start, $5 window end, $6 from seq, $7 to seq; nothing done yet.
+{{define "ReplayStart"}}
+INSERT INTO {{.Replay}} (stream, exchange, request, window_start, window_end, from_seq, to_seq, position)
+VALUES ($1, $2, $3, $4, $5, $6::bigint, $7::bigint, $6::bigint - 1)
+RETURNING {{template "replayCols"}}
+{{end}}
+
+-- ReplayAdvance: run $1 is done up to sequence $2; $3..$8 are added to its
+-- counts (sent, skipped delivered, backfilled, owed, without id, other
+-- subject); $9 finishes it.
+{{define "ReplayAdvance"}}
+UPDATE {{.Replay}} SET position = greatest(position, $2), sent = sent + $3, skipped_delivered = skipped_delivered + $4,
+	skipped_backfilled = skipped_backfilled + $5, skipped_owed = skipped_owed + $6, without_id = without_id + $7,
+	other_subject = other_subject + $8, updated_at = now(), finished_at = CASE WHEN $9::boolean THEN now() END
+WHERE id = $1 AND finished_at IS NULL
+{{end}}
+
+-- ReplayAbandon: --restart gives up the unfinished run.
+{{define "ReplayAbandon"}}UPDATE {{.Replay}} SET finished_at = now(), abandoned = true, updated_at = now() WHERE finished_at IS NULL{{end}}

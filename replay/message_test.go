@@ -1,0 +1,89 @@
+package replay
+
+import (
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/relay/amqpsink"
+)
+
+// asNATS builds the JetStream message the relay's nats target publishes for
+// m (relay/natssink): the headers, then Nats-Msg-Id and Nats-Expected-Stream.
+func asNATS(prefix string, m *relay.Message) *nats.Msg {
+	msg := &nats.Msg{Subject: prefix + m.Topic, Data: m.Payload, Header: nats.Header{}}
+	for k, v := range m.Headers {
+		msg.Header[k] = []string{v}
+	}
+	msg.Header[jetstream.MsgIDHeader] = []string{m.MessageID}
+	msg.Header[jetstream.ExpectedStreamHeader] = []string{"OUTBOX"}
+	return msg
+}
+
+func TestToAMQP(t *testing.T) {
+	stored := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	row := &relay.Message{MessageID: "6f1c7a4e-0b55-4a8e-9d0e-3f3f8c2a9b10", Topic: "orders.placed",
+		Headers: map[string]string{"content-type": "application/json", "Correlation-Id": "c-1", "tenant": "acme",
+			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		Payload: []byte(`{"n":1}`)}
+	bare := &relay.Message{MessageID: "legacy-000001", Topic: "test.x", Payload: []byte("x")}
+	noID := asNATS("outbox.", bare)
+	delete(noID.Header, jetstream.MsgIDHeader)
+	for _, tc := range []struct {
+		name     string
+		msg      *nats.Msg
+		prefix   string
+		want     *relay.Message
+		wantSkip skip
+	}{
+		{"a relayed row: its id, topic and headers, no Nats-* ones", asNATS("outbox.", row), "outbox.", row, send},
+		{"no headers but the id", asNATS("outbox.", bare), "outbox.", bare, send},
+		{"empty prefix", asNATS("", row), "", row, send},
+		{"without Nats-Msg-Id", noID, "outbox.", nil, skipWithoutID},
+		{"outside the prefix", asNATS("other.", row), "outbox.", nil, skipOtherSubject},
+		{"the prefix alone is no topic", &nats.Msg{Subject: "outbox.", Header: nats.Header{jetstream.MsgIDHeader: {"x"}}}, "outbox.", nil, skipOtherSubject},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := toAMQP(tc.msg.Subject, tc.msg.Header, tc.msg.Data, stored, tc.prefix)
+			if why != tc.wantSkip {
+				t.Fatalf("skip %q, want %q", why, tc.wantSkip)
+			}
+			if tc.want == nil {
+				if got != nil {
+					t.Fatalf("got a message for a skipped one: %+v", got)
+				}
+				return
+			}
+			if got.MessageID != tc.want.MessageID || got.Topic != tc.want.Topic || string(got.Payload) != string(tc.want.Payload) ||
+				!maps.Equal(got.Headers, tc.want.Headers) || !got.CreatedAt.Equal(stored) {
+				t.Errorf("toAMQP:\n got %+v\nwant %+v (created at %s)", got, tc.want, stored)
+			}
+		})
+	}
+}
+
+// The replayed message is what the relay's RabbitMQ target would have
+// published for the row: the same AMQP properties.
+func TestReplayedPublishingIsTheRelays(t *testing.T) {
+	stored := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	row := &relay.Message{MessageID: "6f1c7a4e-0b55-4a8e-9d0e-3f3f8c2a9b10", Topic: "orders.placed",
+		Headers: map[string]string{"content-type": "application/json", "correlation-id": "c-1", "tenant": "acme"},
+		Payload: []byte(`{"n":1}`), CreatedAt: stored}
+	n := asNATS("outbox.", row)
+	got, _ := toAMQP(n.Subject, n.Header, n.Data, stored, "outbox.")
+	a, b := amqpsink.Publishing(row), amqpsink.Publishing(got)
+	if a.MessageId != b.MessageId || a.ContentType != b.ContentType || a.CorrelationId != b.CorrelationId ||
+		a.DeliveryMode != b.DeliveryMode || !a.Timestamp.Equal(b.Timestamp) || string(a.Body) != string(b.Body) ||
+		len(a.Headers) != len(b.Headers) {
+		t.Fatalf("replayed publishing differs from the relay's:\n got %+v\nwant %+v", b, a)
+	}
+	for k, v := range a.Headers {
+		if b.Headers[k] != v {
+			t.Errorf("header %s = %v, want %v", k, b.Headers[k], v)
+		}
+	}
+}

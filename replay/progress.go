@@ -1,0 +1,157 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/internal/outboxsql"
+)
+
+// Record is a run as <table>_replay keeps it: its window, and the sequence
+// up to which every message is confirmed by RabbitMQ or skipped.
+type Record struct {
+	ID          int64      `json:"id"`
+	Stream      string     `json:"stream"`
+	Exchange    string     `json:"exchange"`
+	Request     string     `json:"request"` // Window.Key
+	WindowStart *time.Time `json:"window_start,omitempty"`
+	WindowEnd   *time.Time `json:"window_end,omitempty"`
+	FromSeq     uint64     `json:"from_seq"`
+	ToSeq       uint64     `json:"to_seq"`
+	Position    uint64     `json:"position"`
+	Counts
+	StartedAt  time.Time  `json:"started_at"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	Abandoned  bool       `json:"abandoned,omitempty"`
+}
+
+// Counts are what happened to the messages read.
+type Counts struct {
+	Sent              int64 `json:"sent"`               // confirmed by RabbitMQ (dry run: would be sent)
+	SkippedDelivered  int64 `json:"skipped_delivered"`  // the delivered record says RabbitMQ has it
+	SkippedBackfilled int64 `json:"skipped_backfilled"` // moved by the backfill from the legacy queue
+	SkippedOwed       int64 `json:"skipped_owed"`       // in the outbox: RabbitMQ has it, or the relays will send it
+	WithoutID         int64 `json:"without_id"`         // no Nats-Msg-Id: skipped
+	OtherSubject      int64 `json:"other_subject"`      // not under RELAY_NATS_SUBJECT_PREFIX: skipped
+}
+
+func (c *Counts) add(why skip) {
+	switch why {
+	case send:
+		c.Sent++
+	case skipDelivered:
+		c.SkippedDelivered++
+	case skipBackfilled:
+		c.SkippedBackfilled++
+	case skipOwed:
+		c.SkippedOwed++
+	case skipWithoutID:
+		c.WithoutID++
+	case skipOtherSubject:
+		c.OtherSubject++
+	}
+}
+
+func (c *Counts) plus(o Counts) {
+	c.Sent += o.Sent
+	c.SkippedDelivered += o.SkippedDelivered
+	c.SkippedBackfilled += o.SkippedBackfilled
+	c.SkippedOwed += o.SkippedOwed
+	c.WithoutID += o.WithoutID
+	c.OtherSubject += o.OtherSubject
+}
+
+// Skipped is every message read and not sent.
+func (c Counts) Skipped() int64 {
+	return c.SkippedDelivered + c.SkippedBackfilled + c.SkippedOwed + c.WithoutID + c.OtherSubject
+}
+
+// records reads and writes the runs of one table.
+type records struct {
+	db *pgxpool.Pool
+	q  *outboxsql.Statements
+}
+
+func scanRecord(row pgx.Row) (Record, error) {
+	var r Record
+	var from, to, pos int64
+	err := row.Scan(&r.ID, &r.Stream, &r.Exchange, &r.Request, &r.WindowStart, &r.WindowEnd, &from, &to, &pos,
+		&r.Sent, &r.SkippedDelivered, &r.SkippedBackfilled, &r.SkippedOwed, &r.WithoutID, &r.OtherSubject,
+		&r.StartedAt, &r.UpdatedAt, &r.FinishedAt, &r.Abandoned)
+	r.FromSeq, r.ToSeq, r.Position = uint64(max(from, 0)), uint64(max(to, 0)), uint64(max(pos, 0))
+	return r, err
+}
+
+// one reads the run q returns; ok is false when there is none.
+func (s records) one(ctx context.Context, q string, args ...any) (Record, bool, error) {
+	r, err := scanRecord(s.db.QueryRow(ctx, q, args...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, false, nil
+	}
+	if err != nil {
+		return Record{}, false, fmt.Errorf("read the replay record: %w", err)
+	}
+	return r, true, nil
+}
+
+func (s records) unfinished(ctx context.Context) (Record, bool, error) {
+	return s.one(ctx, s.q.ReplayUnfinished)
+}
+
+func (s records) overlapping(ctx context.Context, stream string, from, to uint64) (Record, bool, error) {
+	return s.one(ctx, s.q.ReplayOverlap, stream, int64(from), int64(to))
+}
+
+func (s records) start(ctx context.Context, r Record) (Record, error) {
+	out, err := scanRecord(s.db.QueryRow(ctx, s.q.ReplayStart, r.Stream, r.Exchange, r.Request,
+		r.WindowStart, r.WindowEnd, int64(r.FromSeq), int64(r.ToSeq)))
+	if err != nil {
+		return Record{}, fmt.Errorf("record the replay run: %w", err)
+	}
+	return out, nil
+}
+
+// advance records that run id is done up to position, adding c to its
+// counts; finish closes it.
+func (s records) advance(ctx context.Context, id int64, position uint64, c Counts, finish bool) error {
+	_, err := s.db.Exec(ctx, s.q.ReplayAdvance, id, int64(position), c.Sent, c.SkippedDelivered,
+		c.SkippedBackfilled, c.SkippedOwed, c.WithoutID, c.OtherSubject, finish)
+	if err != nil {
+		return fmt.Errorf("record the replay's position: %w", err)
+	}
+	return nil
+}
+
+func (s records) abandon(ctx context.Context) error {
+	if _, err := s.db.Exec(ctx, s.q.ReplayAbandon); err != nil {
+		return fmt.Errorf("abandon the unfinished replay: %w", err)
+	}
+	return nil
+}
+
+// lock takes the replay's session lock on a connection of its own, held
+// until release; ok is false when another run holds it.
+func (s records) lock(ctx context.Context) (release func(), ok bool, err error) {
+	conn, err := s.db.Acquire(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := conn.QueryRow(ctx, s.q.ReplayLock).Scan(&ok); err != nil || !ok {
+		conn.Release()
+		return nil, false, err
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, s.q.ReplayUnlock); err != nil {
+			conn.Conn().Close(ctx) //nolint:errcheck // closing the session releases the lock
+		}
+		conn.Release()
+	}, true, nil
+}

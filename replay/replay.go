@@ -1,0 +1,191 @@
+// Package replay exists for the rollback of the migration from RabbitMQ to
+// JetStream (relayd replay): after the nats-only phase, it publishes to the
+// legacy exchange the messages the stream got while RabbitMQ did not, so
+// the legacy consumers can come back without a gap.
+//
+// It reads the stream in order from a window (by default the table's latest
+// nats-only period, from its phase history), skips what RabbitMQ already has
+// (the outbox's delivered record, the backfill's record), and publishes the
+// rest through relayd's RabbitMQ sink: confirmed, persistent, mandatory, the
+// same message id, headers and routing key the relay would have sent. The
+// run's record in Postgres keeps the sequence up to which every message is
+// confirmed or skipped, so a rerun after a crash resumes there.
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/relay"
+)
+
+// Summary is what a run did.
+type Summary struct {
+	Record          Record        `json:"run"` // the run's record after it (zero in a dry run of a new window)
+	Resumed         bool          `json:"resumed"`
+	Read            int64         `json:"read"` // messages read this time
+	Counts                        // this time's, recorded (dry run: counted)
+	Failed          int64         `json:"failed"` // refused by RabbitMQ (returned, nacked, permanent): the run stops
+	Finished        bool          `json:"finished"`
+	AlreadyDone     bool          `json:"already_done,omitempty"` // a finished run had this window: nothing sent
+	DryRun          bool          `json:"dry_run"`
+	Duration        time.Duration `json:"-"`
+	DurationSeconds float64       `json:"duration_seconds"`
+	Rate            float64       `json:"rate_per_second"` // messages read per second
+}
+
+// Progress is a snapshot of a run.
+type Progress struct {
+	FromSeq, ToSeq, Position uint64
+	Summary
+}
+
+// ErrRunning: another replay of the table holds its lock.
+var ErrRunning = errors.New("another relayd replay of this outbox is running")
+
+// ErrPhaseNATS: the table is still in the nats-only phase; the relays would
+// send nothing new to RabbitMQ and would finish the rows it owes without it.
+var ErrPhaseNATS = errors.New("the outbox's phase is nats: set it to dual (or amqp) first, then replay")
+
+// ErrFailed: RabbitMQ refused a message (returned it unroutable, nacked it,
+// or it can never be published as it is). The run stops there.
+var ErrFailed = errors.New("RabbitMQ refused a message")
+
+// UnfinishedError: a run is unfinished and the request asks for another
+// window.
+type UnfinishedError struct{ Run Record }
+
+func (e *UnfinishedError) Error() string {
+	return fmt.Sprintf("replay run %d (%s, at sequence %d of %d..%d) is unfinished: rerun without window flags to resume it, or with --restart to abandon it",
+		e.Run.ID, e.Run.Request, e.Run.Position, e.Run.FromSeq, e.Run.ToSeq)
+}
+
+// OverlapError: a finished run already replayed some of the window's
+// sequences; replaying them again would duplicate them on RabbitMQ.
+type OverlapError struct{ Run Record }
+
+func (e *OverlapError) Error() string {
+	return fmt.Sprintf("replay run %d already replayed sequences %d..%d of stream %s: give a window after them, or --restart to replay them again",
+		e.Run.ID, e.Run.FromSeq, e.Run.ToSeq, e.Run.Stream)
+}
+
+// item is one message of the window.
+type item struct {
+	seq  uint64
+	msg  *relay.Message // nil when skipped before the lookup
+	skip skip
+	err  error // the publish's verdict
+}
+
+// batch is consecutive items, published together.
+type batch struct {
+	items []item
+	done  chan struct{}
+}
+
+type runner struct {
+	cfg     Config
+	log     *slog.Logger
+	rec     records
+	limiter *rate.Limiter
+	start   time.Time
+
+	mu       sync.Mutex
+	sum      Summary
+	run      Record
+	warnNext time.Time
+}
+
+// Run replays the window and returns what it did. Cancelling ctx stops
+// reading; the batches sent wait for their confirms (PublishTimeout), the
+// position is recorded, and the summary comes with ctx's error.
+func Run(ctx context.Context, cfg Config) (Summary, error) {
+	if err := cfg.applyDefaults(); err != nil {
+		return Summary{}, err
+	}
+	r := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(),
+		rec:     records{db: cfg.DB, q: outboxsql.For(cfg.Table)},
+		limiter: rate.NewLimiter(rate.Limit(cfg.Rate), cfg.BatchSize)}
+	r.sum.DryRun = cfg.DryRun
+	release, ok, err := r.rec.lock(ctx)
+	if err != nil {
+		return Summary{}, fmt.Errorf("take the replay lock: %w", err)
+	}
+	if !ok {
+		return Summary{}, ErrRunning
+	}
+	defer release()
+	if err := r.checkPhase(ctx); err != nil {
+		return Summary{}, err
+	}
+	stream, err := cfg.JS.Stream(ctx, cfg.Stream)
+	if err != nil {
+		return Summary{}, fmt.Errorf("stream %s: %w", cfg.Stream, err)
+	}
+	window, err := r.choose(ctx, stream)
+	if err != nil || r.sum.AlreadyDone {
+		return r.finish(), err
+	}
+	r.log.Info("replay: window", "run", r.run.ID, "request", r.run.Request, "from_seq", r.run.FromSeq,
+		"to_seq", r.run.ToSeq, "position", r.run.Position, "resumed", r.sum.Resumed, "dry_run", cfg.DryRun)
+	err = r.replay(ctx, stream, window)
+	return r.finish(), err
+}
+
+// checkPhase refuses a run while the table is in the nats-only phase (a dry
+// run only warns).
+func (r *runner) checkPhase(ctx context.Context) error {
+	c, ok, err := phase.Read(ctx, r.cfg.DB, r.cfg.Table)
+	if err != nil || !ok || c.Phase != phase.NATS {
+		return err
+	}
+	if r.cfg.DryRun {
+		r.log.Warn("replay: " + ErrPhaseNATS.Error())
+		return nil
+	}
+	return ErrPhaseNATS
+}
+
+func (r *runner) finish() Summary {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.sum
+	s.Record = r.run
+	s.Duration = time.Since(r.start)
+	s.DurationSeconds = s.Duration.Seconds()
+	if sec := s.Duration.Seconds(); sec > 0 {
+		s.Rate = float64(s.Read) / sec
+	}
+	return s
+}
+
+// progress reports a snapshot to OnProgress.
+func (r *runner) progress() {
+	if r.cfg.OnProgress == nil {
+		return
+	}
+	s := r.finish()
+	r.cfg.OnProgress(Progress{FromSeq: s.Record.FromSeq, ToSeq: s.Record.ToSeq, Position: s.Record.Position, Summary: s})
+}
+
+// warn logs at most every 30 s.
+func (r *runner) warn(msg string, args ...any) {
+	r.mu.Lock()
+	now := time.Now()
+	ok := now.After(r.warnNext)
+	if ok {
+		r.warnNext = now.Add(30 * time.Second)
+	}
+	r.mu.Unlock()
+	if ok {
+		r.log.Warn(msg, args...)
+	}
+}
