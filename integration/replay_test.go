@@ -40,14 +40,6 @@ func decodeReplay(t *testing.T, out []byte) replay.Summary {
 	return s
 }
 
-func (e *env) setPhase(to, from phase.Name, fromSet bool) {
-	e.t.Helper()
-	c := phase.Change{Phase: to, ChangedBy: "test", Reason: "rollback drill"}
-	if _, err := phase.Set(context.Background(), e.pool, e.table, c, from, fromSet); err != nil {
-		e.t.Fatal(err)
-	}
-}
-
 // replayRecord reads the test's unfinished replay run: its position and
 // sent count; ok false when none is unfinished.
 func (e *env) replayRecord() (fromSeq, position, sent int64, ok bool) {
@@ -117,22 +109,23 @@ func TestReplayRollbackDrill(t *testing.T) {
 	}
 
 	// Dual write: these reach RabbitMQ and must not be replayed.
-	e.setPhase(phase.Dual, "", false)
+	// One relay follows `relayd phase set` through the drill, never
+	// restarted.
+	e.setTablePhase(phase.Dual)
+	e.startRelay("relay")
+	e.waitInstances(1, phase.Dual)
 	dualIDs := write(500, "orders.dual")
-	r := e.startRelay("relay-dual", "RELAY_TARGETS=amqp,nats")
 	e.waitDelivered(30 * time.Second)
-	r.stop(30 * time.Second)
 	before, _ := e.drainQueue(time.Second)
 	if len(before) != 500 {
 		t.Fatalf("dual write put %d ids in the legacy queue, want 500", len(before))
 	}
 
 	// Nats only.
-	e.setPhase(phase.NATS, phase.Dual, true)
-	r = e.startRelay("relay-nats", "RELAY_TARGETS=nats")
+	e.setTablePhase(phase.NATS)
+	e.waitInstances(1, phase.NATS)
 	natsIDs := write(5000, "orders.nats")
 	testenv.Eventually(t, 60*time.Second, func() bool { total, _, n := e.counts(); return n == total }, "nats-only rows not delivered")
-	r.stop(30 * time.Second)
 	// What the backfill moved from the legacy queue, and a message without
 	// an id, in the stream meanwhile.
 	b := &nats.Msg{Header: nats.Header{}}
@@ -154,7 +147,8 @@ func TestReplayRollbackDrill(t *testing.T) {
 	if out, err := e.replayCmd().CombinedOutput(); err == nil || !strings.Contains(string(out), "phase is nats") {
 		t.Fatalf("replay in the nats phase: %v, want exit 1 saying so:\n%s", err, out)
 	}
-	e.setPhase(phase.Dual, phase.NATS, true)
+	e.setTablePhase(phase.Dual)
+	e.waitInstances(1, phase.Dual)
 
 	// The dry run counts and changes nothing.
 	out, err := e.replayCmd("--dry-run").CombinedOutput()
@@ -254,7 +248,7 @@ func TestReplayRollbackDrill(t *testing.T) {
 func TestReplayWithoutANATSPeriod(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.setPhase(phase.Dual, "", false)
+	e.setTablePhase(phase.Dual)
 	out, err := e.replayCmd().CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "no nats-only period") {
 		t.Fatalf("replay without a nats period: %v, want exit 1 saying so:\n%s", err, out)
