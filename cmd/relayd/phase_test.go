@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sethvargo/go-envconfig"
+
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/schema"
@@ -172,18 +174,28 @@ func TestPhaseSetRecords(t *testing.T) {
 }
 
 // A change made between phase set's read and its record fails it: nothing
-// of its own is recorded. Not parallel: phaseSetHook is the package's.
+// of its own is recorded.
 func TestPhaseSetConflict(t *testing.T) {
+	t.Parallel()
 	env, table, history := phaseSetup(t)
 	pool := testenv.Pool(t)
 	mustRun(t, env, "phase", "set", "dual", "--by", "a@h")
-	phaseSetHook = func() {
-		if _, err := phase.Set(context.Background(), pool, table, phase.Change{Phase: phase.AMQP, ChangedBy: "other@h"}, phase.Dual, true); err != nil {
-			t.Error(err)
-		}
+	read, _, err := phase.Read(context.Background(), pool, table)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { phaseSetHook = nil })
-	code, out, errOut := runCLI(t, env, "phase", "set", "nats", "--force", "--by", "b@h")
+	// Another change, after phase set read the phase and before it records.
+	if _, err := phase.Set(context.Background(), pool, table, phase.Change{Phase: phase.AMQP, ChangedBy: "other@h"}, phase.Dual, true); err != nil {
+		t.Fatal(err)
+	}
+	var errBuf, outBuf strings.Builder
+	ss, code := openSession(&errBuf, envconfig.MapLookuper(env), 2, false, 0)
+	if ss == nil {
+		t.Fatalf("session: exit %d: %s", code, errBuf.String())
+	}
+	defer ss.close()
+	code = recordPhase(ss, phaseSetArgs{to: phase.NATS, force: true, by: "b@h"}, read, true, &outBuf, &errBuf)
+	out, errOut := outBuf.String(), errBuf.String()
 	if code != exitFailure || !strings.Contains(errOut, "not recorded: ") || !strings.Contains(errOut, "it is amqp now") || strings.Contains(out, "recorded at") {
 		t.Errorf("phase set with a change meanwhile: exit %d, %q, %q; want 1 saying it is amqp now", code, out, errOut)
 	}

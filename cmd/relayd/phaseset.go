@@ -44,10 +44,6 @@ type phaseSetArgs struct {
 	cutoverArgs // for a move to nats
 }
 
-// phaseSetHook, when set (tests only), runs between the check and the
-// change, to make a change of its own meanwhile.
-var phaseSetHook func()
-
 func cmdPhaseSet(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	a, code, done := parsePhaseSetArgs(args, stdout, stderr, env)
 	if done {
@@ -72,9 +68,13 @@ func cmdPhaseSet(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	if check && !cutoverHolds(ss, a.cutoverArgs, stdout, stderr) {
 		return exitFailure
 	}
-	if phaseSetHook != nil {
-		phaseSetHook()
-	}
+	return recordPhase(ss, a, before, set, stdout, stderr)
+}
+
+// recordPhase records the move from before (set: a phase was set), unless
+// another change came since, and says what follows from it.
+func recordPhase(ss *session, a phaseSetArgs, before phase.Change, set bool, stdout, stderr io.Writer) int {
+	ctx, pool, table := ss.ctx, ss.pool, ss.cfg.table
 	change := phase.Change{Phase: a.to, ChangedBy: a.by, Reason: a.reason, Forced: a.to == phase.NATS && a.force}
 	at, err := phase.Set(ctx, pool, table, change, before.Phase, set)
 	if errors.Is(err, phase.ErrChanged) {
