@@ -8,16 +8,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/schollz/progressbar/v3"
 	"github.com/sethvargo/go-envconfig"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/term"
 
 	"github.com/relayd/relayd/backfill"
 )
@@ -239,47 +236,25 @@ func printSummary(w io.Writer, s backfill.Summary, asJSON bool) {
 // reporter shows progress: a bar on a terminal, a log line every 5 s
 // otherwise, and the relayd_backfill_* metrics.
 type reporter struct {
-	mu      sync.Mutex
-	last    backfill.Progress
-	bar     *progressbar.ProgressBar
-	log     *slog.Logger
-	logNext time.Time
+	mu   sync.Mutex
+	last backfill.Progress
+	line progressLine
 }
 
 func newReporter(w io.Writer, log *slog.Logger) *reporter {
-	r := &reporter{log: log, logNext: time.Now().Add(5 * time.Second)}
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		r.bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("backfill"),
-			progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("msg"),
-			progressbar.OptionSetPredictTime(true), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
-	}
-	return r
+	return &reporter{line: newProgressLine(w, log, "backfill")}
 }
 
 func (r *reporter) update(p backfill.Progress) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last = p
-	if r.bar != nil {
-		if p.QueueDepthAtStart > 0 && r.bar.GetMax64() != p.QueueDepthAtStart {
-			r.bar.ChangeMax64(p.QueueDepthAtStart)
-		}
-		r.bar.Set64(p.Handled()) //nolint:errcheck // display only
-		return
-	}
-	if now := time.Now(); now.After(r.logNext) {
-		r.logNext = now.Add(5 * time.Second)
-		r.log.Info("backfill progress", "handled", p.Handled(), "queue_depth_at_start", p.QueueDepthAtStart,
-			"moved", p.Moved, "already_delivered", p.AlreadyDelivered, "dead_lettered", p.DeadLettered,
-			"rate", fmt.Sprintf("%.0f/s", p.Rate))
-	}
+	r.line.show(p.Handled(), p.QueueDepthAtStart, "handled", p.Handled(), "queue_depth_at_start", p.QueueDepthAtStart,
+		"moved", p.Moved, "already_delivered", p.AlreadyDelivered, "dead_lettered", p.DeadLettered,
+		"rate", fmt.Sprintf("%.0f/s", p.Rate))
 }
 
-func (r *reporter) finish() {
-	if r.bar != nil {
-		r.bar.Finish() //nolint:errcheck // display only
-	}
-}
+func (r *reporter) finish() { r.line.finish() }
 
 func (r *reporter) register(reg prometheus.Registerer) {
 	get := func(f func(backfill.Progress) int64) func() float64 {

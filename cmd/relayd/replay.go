@@ -6,13 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/sethvargo/go-envconfig"
-	"golang.org/x/term"
 
 	"github.com/relayd/relayd/replay"
 )
@@ -177,20 +174,12 @@ func printReplay(w io.Writer, s replay.Summary, asJSON bool) {
 // replayReporter shows progress: a bar over the window's sequences on a
 // terminal, a log line every 5 s otherwise.
 type replayReporter struct {
-	mu      sync.Mutex
-	bar     *progressbar.ProgressBar
-	log     *slog.Logger
-	logNext time.Time
+	mu   sync.Mutex
+	line progressLine
 }
 
 func newReplayReporter(w io.Writer, log *slog.Logger) *replayReporter {
-	r := &replayReporter{log: log, logNext: time.Now().Add(5 * time.Second)}
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		r.bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("replay"),
-			progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("msg"),
-			progressbar.OptionSetPredictTime(true), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
-	}
-	return r
+	return &replayReporter{line: newProgressLine(w, log, "replay")}
 }
 
 func (r *replayReporter) update(p replay.Progress) {
@@ -200,22 +189,8 @@ func (r *replayReporter) update(p replay.Progress) {
 	if p.Position >= p.FromSeq {
 		done = int64(p.Position - p.FromSeq + 1)
 	}
-	if r.bar != nil {
-		if total := int64(p.ToSeq) - int64(p.FromSeq) + 1; total > 0 && r.bar.GetMax64() != total {
-			r.bar.ChangeMax64(total)
-		}
-		r.bar.Set64(done) //nolint:errcheck // display only
-		return
-	}
-	if now := time.Now(); now.After(r.logNext) {
-		r.logNext = now.Add(5 * time.Second)
-		r.log.Info("replay progress", "position", p.Position, "to_seq", p.ToSeq, "sent", p.Sent,
-			"skipped", p.Skipped(), "rate", fmt.Sprintf("%.0f/s", p.Rate))
-	}
+	r.line.show(done, int64(p.ToSeq)-int64(p.FromSeq)+1, "position", p.Position, "to_seq", p.ToSeq, "sent", p.Sent,
+		"skipped", p.Skipped(), "rate", fmt.Sprintf("%.0f/s", p.Rate))
 }
 
-func (r *replayReporter) finish() {
-	if r.bar != nil {
-		r.bar.Finish() //nolint:errcheck // display only
-	}
-}
+func (r *replayReporter) finish() { r.line.finish() }
