@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,7 +60,7 @@ func TestRabbitMQClusterNodeLoss(t *testing.T) {
 		t.Fatalf("relayd did not connect to the first node (%s):\n%s", victimAt, out)
 	}
 	load := startFaultLoad(e, 2, 0, 10, 10*time.Millisecond, faultSeed(t))
-	bf, bfOut, bfDone := startClusterBackfill(t, e, legacyQ)
+	bf, bfOut, bfDone := e.startBackfill(t, "", "--queue", legacyQ, "--rate", "500") // slow, so the kill comes mid-run; the last --queue counts
 	testenv.Eventually(t, 30*time.Second, func() bool { _, a, n := e.counts(); return a > 300 && n > 300 }, "no progress before the kill")
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.subjectCount(e.prefix+"legacy.old") >= 300 },
 		"the backfill moved nothing before the kill:\n%v", lazyString(bfOut.String))
@@ -158,24 +157,6 @@ func declareQuorum(t *testing.T, rawURL, exchange, queue, key string, args amqp.
 	if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// startClusterBackfill starts `relayd backfill` of queue, at 500 messages a
-// second so that the kill comes mid-run.
-func startClusterBackfill(t *testing.T, e *env, queue string) (*exec.Cmd, *syncBuffer, <-chan error) {
-	t.Helper()
-	cmd := exec.Command(relaydBin, "backfill", "--queue", queue, "--json", "--rate", "500")
-	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=")
-	dieWithTest(cmd)
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() { cmd.Process.Kill() })
-	return cmd, out, done
 }
 
 // subjectCount is how many messages the stream holds on subject.
