@@ -116,11 +116,18 @@ func (r *Relay) listen(ctx context.Context) {
 	}
 }
 
+// listenConnectWait bounds the listener's connect: at least 10 s, and long
+// enough for each host of a multi-host URL to get its connect timeout.
+func listenConnectWait(cc *pgconn.Config) time.Duration {
+	return max(10*time.Second, time.Duration(1+len(cc.Fallbacks))*cc.ConnectTimeout)
+}
+
 // listenOnce listens on one connection until it fails, holding the wake
 // lock on it while the relay is idle; listened says whether LISTEN took.
 func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened bool, err error) {
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conn, err := pgx.ConnectConfig(cctx, r.pool.Config().ConnConfig.Copy())
+	cc := r.pool.Config().ConnConfig.Copy()
+	cctx, cancel := context.WithTimeout(ctx, listenConnectWait(&cc.Config))
+	conn, err := pgx.ConnectConfig(cctx, cc)
 	cancel()
 	if err != nil {
 		return false, fmt.Errorf("listen: connect: %w", err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -271,4 +272,24 @@ func TestNotifyHeardWhateverTheSpellingOfTheTable(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return wakeLockHolder(t, pool, f.table) != 0 }, "no idle LISTEN connection")
 	f.insert(1, "orders.created")
 	testenv.Eventually(t, 5*time.Second, func() bool { return f.countDone() == 1 }, "row not delivered after its NOTIFY (poll interval 1h)")
+}
+
+// Each host of a multi-host URL gets its connect timeout before the
+// listener's connect gives up.
+func TestListenConnectWait(t *testing.T) {
+	for _, tc := range []struct {
+		hosts   int
+		timeout time.Duration
+		want    time.Duration
+	}{
+		{1, 0, 10 * time.Second},
+		{1, 3 * time.Second, 10 * time.Second},
+		{3, 3 * time.Second, 10 * time.Second},
+		{5, 3 * time.Second, 15 * time.Second},
+	} {
+		cc := &pgconn.Config{ConnectTimeout: tc.timeout, Fallbacks: make([]*pgconn.FallbackConfig, tc.hosts-1)}
+		if got := listenConnectWait(cc); got != tc.want {
+			t.Errorf("%d hosts of %v: %v, want %v", tc.hosts, tc.timeout, got, tc.want)
+		}
+	}
 }
