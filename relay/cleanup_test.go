@@ -96,6 +96,26 @@ func TestPhaseAMQPLeavesRowsJetStreamOwes(t *testing.T) {
 	}
 }
 
+// A relay still in nats only, by its RELAY_TARGETS or before it read the
+// change, finishes no stranded row once the table's phase is set to
+// another: the relays in dual write still send those rows to RabbitMQ.
+func TestStrandedRowsStayOnceTheTableLeavesNATS(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ids := f.insert(1, "orders.created")
+	f.setRow(ids[0], "nats_delivered_at = now(), amqp_retry_at = now() + interval '1 hour'")
+	if _, err := f.pool.Exec(context.Background(), `INSERT INTO `+f.table.Side("phase")+` (phase, changed_by) VALUES ('dual', 'test')`); err != nil {
+		t.Fatal(err)
+	}
+	r, _, _ := f.start(Config{Sinks: []Sink{newFake(TargetNATS)}, CleanupInterval: time.Hour})
+	if err := r.CleanupOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.state(ids[0]); s.done || !s.natsDelivered {
+		t.Fatalf("row %+v, want still in the outbox, owed to RabbitMQ", s)
+	}
+}
+
 // The record of delivered ids older than Retention is deleted, and so are
 // rows marked done in the outbox before migration 00005; others stay.
 func TestCleanupKeepsRetention(t *testing.T) {

@@ -58,6 +58,9 @@ func cmdPhaseSet(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	ctx, pool, table := ss.ctx, ss.pool, ss.cfg.table
 	before, set, err := phase.Read(ctx, pool, table)
 	if err != nil {
+		if notMigrated(err) {
+			err = fmt.Errorf("%w (the outbox has no phase tables yet: run relayd migrate)", err)
+		}
 		ss.log.Error("read the phase", "error", err.Error())
 		return exitFailure
 	}

@@ -83,7 +83,9 @@ var errShutdownTimeout = errors.New("in-flight batches did not finish within REL
 // serve runs the relay until ctx is done and its in-flight batches have
 // finished, or RELAY_SHUTDOWN_TIMEOUT has passed.
 func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerProvider) error {
-	pool, err := connectPostgres(ctx, cfg, int32(cfg.Workers+4), log)
+	// A connection per worker, and one each for the cleanup, late confirms,
+	// stats, /readyz, the phase read and the instance report.
+	pool, err := connectPostgres(ctx, cfg, int32(cfg.Workers+6), log)
 	if err != nil {
 		return err
 	}

@@ -45,13 +45,16 @@ RETURNING o.id, o.amqp_delivered_at IS NOT NULL, o.nats_delivered_at IS NOT NULL
 -- Finish moves the rows JetStream has (the nats-only phase) out of the next
 -- slice of the outbox in id order, past $1, at most $2 rows: the primary
 -- key's order, never a scan of the whole backlog. It returns the slice's
--- last id, its rows, and the rows moved.
+-- last id, its rows, and the rows moved. It moves nothing once the table's
+-- phase is set to another: a relay that has not read the change yet would
+-- finish rows the relays in dual write still send RabbitMQ.
 {{define "Finish"}}
 WITH slice AS MATERIALIZED (
 	SELECT id FROM {{.Table}} WHERE id > $1 ORDER BY id LIMIT $2
 ), del AS (
 	DELETE FROM {{.Table}} o WHERE o.id IN (
 		SELECT id FROM {{.Table}} WHERE id IN (SELECT id FROM slice) AND nats_delivered_at IS NOT NULL AND done_at IS NULL
+		  AND NOT EXISTS (SELECT 1 FROM {{.Phase}} WHERE phase <> 'nats')
 		FOR UPDATE SKIP LOCKED)
 	RETURNING o.message_id, o.id, o.amqp_delivered_at, o.nats_delivered_at,
 		{{template "amqpSent"}} AS amqp_sent
