@@ -31,6 +31,7 @@ func (s PhaseState) Mismatch() bool { return s.Table != nil && !slices.Equal(s.R
 // phaseState is the relay's current phase and the table's, as last read.
 // Each batch reads the phase once, at its start, and finishes under it.
 type phaseState struct {
+	read    chan struct{} // closed once the table's phase was read, or tried
 	mu      sync.Mutex
 	running phase
 	table   []Target
@@ -52,17 +53,23 @@ func (r *Relay) Phase() PhaseState {
 	return PhaseState{Running: r.phase.running.targets(), Table: slices.Clone(r.phase.table), Pinned: r.cfg.Pinned}
 }
 
+// PhaseRead is closed once the relay has tried its first read of the
+// table's phase (at once without Config.Phase): from then on Phase says
+// what its batches run.
+func (r *Relay) PhaseRead() <-chan struct{} { return r.phase.read }
+
 // followPhase reads the table's phase every PhaseInterval until ctx is
 // done; first a read at once, so the first batches run in the table's phase.
-func (r *Relay) followPhase(ctx context.Context, first chan<- struct{}) {
+func (r *Relay) followPhase(ctx context.Context) {
 	errs := errlog.New(r.log, "read the shared phase")
 	t := time.NewTicker(r.cfg.PhaseInterval)
 	defer t.Stop()
+	first := true
 	for {
 		r.readPhase(ctx, errs)
-		if first != nil {
-			close(first)
-			first = nil
+		if first {
+			close(r.phase.read)
+			first = false
 		}
 		select {
 		case <-ctx.Done():

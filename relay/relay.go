@@ -101,7 +101,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 			lc.OnLateConfirm(r.onLateConfirm(t))
 		}
 	}
-	r.phase.running = phaseOf(cfg.Targets)
+	r.phase.running, r.phase.read = phaseOf(cfg.Targets), make(chan struct{})
+	if cfg.Phase == nil {
+		close(r.phase.read)
+	}
 	return r, nil
 }
 
@@ -114,10 +117,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	go func() { defer close(lateDone); r.recordLate(stopLate) }()
 	var wg sync.WaitGroup
 	if r.cfg.Phase != nil {
-		first := make(chan struct{})
 		wg.Add(1)
-		go func() { defer wg.Done(); r.followPhase(ctx, first) }()
-		<-first
+		go func() { defer wg.Done(); r.followPhase(ctx) }()
+		<-r.phase.read
 	}
 	wg.Add(2 + r.cfg.Workers)
 	go func() { defer wg.Done(); r.listen(ctx) }()

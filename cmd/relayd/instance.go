@@ -30,6 +30,11 @@ func instanceName() string {
 // status` and `cutover check` see every running relay's phase.
 func reportInstance(ctx context.Context, pool *pgxpool.Pool, table schema.Table, r *relay.Relay, log *slog.Logger) {
 	in := phase.Instance{Instance: instanceName(), Version: version, StartedAt: time.Now()}
+	select { // not the phase the relay starts in, but the one it runs
+	case <-r.PhaseRead():
+	case <-ctx.Done():
+		return
+	}
 	errs := errlog.New(log, "report this relay's phase")
 	t := time.NewTicker(phase.BeatEvery)
 	defer t.Stop()
