@@ -9,6 +9,7 @@ import (
 
 	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/relay"
 )
 
 // The position advances only from the one this run last recorded: a run
@@ -66,5 +67,41 @@ func TestAdvanceComparesThePosition(t *testing.T) {
 				t.Errorf("record at %d, %d sent; want %d, %d", pos, sent, tc.wantPos, tc.wantPos)
 			}
 		})
+	}
+}
+
+// A run whose record another replay moved stops reading at its next batch,
+// with ErrAdvanced, and records nothing more.
+func TestSettleStopsWhenAnotherReplayAdvanced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	rec := records{db: pool, q: outboxsql.For(table)}
+	run, err := rec.start(ctx, Record{Stream: "S", Exchange: "X", Request: "from-seq=1", FromSeq: 1, ToSeq: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.advance(ctx, run.ID, 0, 6, Counts{Sent: 6}, false); err != nil { // the other replay
+		t.Fatal(err)
+	}
+	r := &runner{cfg: Config{DB: pool, Table: table}, log: slog.New(slog.DiscardHandler), rec: rec, run: run}
+	b := &batch{done: make(chan struct{})}
+	for s := uint64(1); s <= 3; s++ {
+		b.items = append(b.items, item{seq: s, msg: &relay.Message{MessageID: "m"}})
+	}
+	close(b.done)
+	sent, sem := make(chan *batch, 1), make(chan struct{}, 1)
+	sem <- struct{}{}
+	sent <- b
+	close(sent)
+	stopped := false
+	res := r.settle(ctx, sent, sem, func() { stopped = true })
+	if !errors.Is(res.err, ErrAdvanced) || !res.stopped || !stopped {
+		t.Fatalf("settle: %v, stopped %v, reading stopped %v; want ErrAdvanced, both stopped", res.err, res.stopped, stopped)
+	}
+	var pos int64
+	if err := pool.QueryRow(ctx, `SELECT position FROM `+table.Side("replay")).Scan(&pos); err != nil || pos != 6 {
+		t.Errorf("record at %d (%v), want the other replay's 6", pos, err)
 	}
 }

@@ -187,10 +187,9 @@ func (r *runner) complete() error {
 	return nil
 }
 
-// record writes the position, expected being the one last recorded, trying
-// again for a while when Postgres fails: what is confirmed and not recorded
-// is sent again by a rerun. It does not end with the run's context, so a
-// stopping run keeps what it confirmed.
+// record moves the position from expected (the one last recorded) to pos,
+// trying again while Postgres fails, past the run's context: what is
+// confirmed and not recorded is sent again by a rerun.
 func (r *runner) record(expected, pos uint64, c Counts, finish bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -53,11 +53,10 @@ type Window struct {
 }
 
 // Plan makes r definite against the phase history (oldest first): a start
-// not given is the latest nats-only period's start less Margin, or stranded
-// less Margin when earlier; an end not given is that period's end plus
-// Margin, when the start came from it and it has ended. stranded is the
-// earliest nats_delivered_at of the rows finished in the period without
-// RabbitMQ (zero: none): JetStream got them before the period.
+// not given is the earlier of the latest nats-only period's start and
+// stranded (the rows it finished without RabbitMQ: JetStream got them
+// early; zero: none), less Margin; an end not given is that period's end
+// plus Margin, when the start came from it and it has ended.
 func Plan(r Request, history []phase.Change, stranded time.Time) (Window, error) {
 	if err := r.check(); err != nil {
 		return Window{}, err

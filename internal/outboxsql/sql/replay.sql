@@ -24,10 +24,9 @@ WHERE message_id = ANY($1::text[]::uuid[])
 -- backfill moved from the legacy queue: RabbitMQ had them first.
 {{define "ReplayBackfilled"}}SELECT message_id FROM {{.Backfilled}} WHERE message_id = ANY($1::text[]){{end}}
 
--- ReplayStranded: the earliest nats_delivered_at of the rows that finished
--- in the nats-only period from $1 to $2 (NULL: it goes on) without RabbitMQ:
--- rows it still owed at the move to nats, which JetStream got early. A range
--- of the primary key (done_at, id): only the period's rows are read.
+-- ReplayStranded: the earliest nats_delivered_at of the rows finished without
+-- RabbitMQ in the nats-only period $1..$2 (NULL: it goes on), which JetStream
+-- got early; a range of the primary key (done_at, id): the period's rows only.
 {{define "ReplayStranded"}}
 SELECT min(nats_delivered_at) FROM {{.Delivered}}
 WHERE done_at >= $1::timestamptz AND done_at < coalesce($2::timestamptz, 'infinity')
@@ -64,10 +63,9 @@ VALUES ($1, $2, $3, $4, $5, $6::bigint, $7::bigint, $6::bigint - 1)
 RETURNING {{template "replayCols"}}
 {{end}}
 
--- ReplayAdvance: run $1, last recorded at sequence $10, is done up to
--- sequence $2; $3..$9 are added to its counts (sent, skipped delivered,
--- backfilled, owed, without id, other subject, failed permanent); $11
--- finishes it. No row updated: another replay moved the run meanwhile.
+-- ReplayAdvance: run $1, if still at $10 (else another replay moved it), is
+-- done up to $2; $3..$9 are added to its counts (sent, skipped delivered,
+-- backfilled, owed, without id, other subject, failed permanent); $11 finishes it.
 {{define "ReplayAdvance"}}
 UPDATE {{.Replay}} SET position = $2, sent = sent + $3, skipped_delivered = skipped_delivered + $4,
 	skipped_backfilled = skipped_backfilled + $5, skipped_owed = skipped_owed + $6, without_id = without_id + $7,
