@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -301,5 +302,94 @@ func TestReplayStopsAtAnUnroutableMessage(t *testing.T) {
 	// Those after the returned one were confirmed, not recorded: sent again.
 	if missing, extra, dupes := tally(want, got); missing > 0 || extra > 0 || dupes > 9 {
 		t.Errorf("legacy queue: %d missing, %d extra, %d duplicates (at most the 9 after the returned one)", missing, extra, dupes)
+	}
+}
+
+// Rows RabbitMQ still owed at the move to nats (in retry, or parked for
+// amqp) reached JetStream during dual write, long before the period, and the
+// cleanup finished them in it: a default run starts its window at them. The
+// period is put after the stream's messages with explicit times.
+func TestReplayStrandedAtTheMoveToNATS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.setTablePhase(phase.Dual)
+	publish := func(id string) time.Time {
+		m := &nats.Msg{Subject: e.prefix + "orders.stranded", Data: []byte(id), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+		if _, err := e.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		return time.Now() // the relay records nats_delivered_at after the PubAck
+	}
+	stranded, dual := uuid.NewString(), uuid.NewString()
+	dualAt := publish(dual)
+	strandedAt := publish(stranded)
+	natsAt, dualAgainAt := strandedAt.Add(3*time.Minute), strandedAt.Add(10*time.Minute)
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{`INSERT INTO ` + e.table.Delivered() + ` (done_at, id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent) VALUES
+			($1, 1, $2, $1, $1, true), ($3, 2, $4, NULL, $5, true)`,
+			[]any{dualAt, dual, natsAt.Add(time.Second), stranded, strandedAt}},
+		{`INSERT INTO ` + e.table.Side("phase_history") + ` (phase, changed_at, changed_by) VALUES ('nats', $1, 'test'), ('dual', $2, 'test')`,
+			[]any{natsAt, dualAgainAt}},
+	} {
+		if _, err := e.pool.Exec(ctx, q.sql, q.args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := e.replayCmd().CombinedOutput()
+	if err != nil {
+		t.Fatalf("replay: %v\n%s", err, out)
+	}
+	sum := decodeReplay(t, out)
+	if sum.Sent != 1 || sum.SkippedDelivered != 1 || !sum.Finished {
+		t.Errorf("replay: %+v (window %s), want the stranded row sent, the dual-written one skipped", sum.Counts, sum.Record.Request)
+	}
+	got, _ := e.drainQueue(time.Second)
+	if len(got) != 1 || got[stranded] != 1 {
+		t.Errorf("legacy queue got %v, want %s once", got, stranded)
+	}
+}
+
+// A message RabbitMQ can never take (a routing key over 255 bytes) is what
+// the relay would park: the run logs it, counts it failed_permanent, and
+// goes on to the end.
+func TestReplayPassesOverAMessageRabbitMQCanNeverTake(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	want := map[string]bool{}
+	for i := range 6 {
+		topic, id := "orders.a", fmt.Sprintf("m-%02d", i)
+		if i == 2 {
+			topic = "orders." + strings.Repeat("x", 300)
+		} else {
+			want[id] = true
+		}
+		m := &nats.Msg{Subject: e.prefix + topic, Data: []byte(id), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+		if _, err := e.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := e.replayCmd("--from-seq", "1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("replay: %v, want exit 0\n%s", err, out)
+	}
+	s := decodeReplay(t, out)
+	if s.FailedPermanent != 1 || s.Record.FailedPermanent != 1 || s.Sent != 5 || s.Failed != 0 || !s.Finished || s.Record.Position != 6 {
+		t.Errorf("replay: %+v, finished %v, position %d; want 5 sent, 1 failed permanent, finished at 6", s.Counts, s.Finished, s.Record.Position)
+	}
+	if !strings.Contains(string(out), "m-02") || !strings.Contains(string(out), "routing key longer than 255 bytes") {
+		t.Errorf("the log does not name m-02 and why:\n%s", out)
+	}
+	var recorded int64
+	if err := e.pool.QueryRow(ctx, `SELECT failed_permanent FROM `+e.table.Side("replay")).Scan(&recorded); err != nil || recorded != 1 {
+		t.Errorf("recorded failed_permanent %d (%v), want 1", recorded, err)
+	}
+	got, _ := e.drainQueue(time.Second)
+	if missing, extra, dupes := tally(want, got); missing > 0 || extra > 0 || dupes > 0 {
+		t.Errorf("legacy queue: %d missing, %d extra, %d duplicates", missing, extra, dupes)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/phase"
 )
 
 // Record is a run as <table>_replay keeps it: its window, and the sequence
@@ -39,6 +40,7 @@ type Counts struct {
 	SkippedOwed       int64 `json:"skipped_owed"`       // in the outbox: RabbitMQ has it, or the relays will send it
 	WithoutID         int64 `json:"without_id"`         // no Nats-Msg-Id: skipped
 	OtherSubject      int64 `json:"other_subject"`      // not under RELAY_NATS_SUBJECT_PREFIX: skipped
+	FailedPermanent   int64 `json:"failed_permanent"`   // RabbitMQ can never take it as it is: logged, passed over
 }
 
 func (c *Counts) add(why skip) {
@@ -65,6 +67,7 @@ func (c *Counts) plus(o Counts) {
 	c.SkippedOwed += o.SkippedOwed
 	c.WithoutID += o.WithoutID
 	c.OtherSubject += o.OtherSubject
+	c.FailedPermanent += o.FailedPermanent
 }
 
 // Skipped is every message read and not sent.
@@ -83,7 +86,7 @@ func scanRecord(row pgx.Row) (Record, error) {
 	var from, to, pos int64
 	err := row.Scan(&r.ID, &r.Stream, &r.Exchange, &r.Request, &r.WindowStart, &r.WindowEnd, &from, &to, &pos,
 		&r.Sent, &r.SkippedDelivered, &r.SkippedBackfilled, &r.SkippedOwed, &r.WithoutID, &r.OtherSubject,
-		&r.StartedAt, &r.UpdatedAt, &r.FinishedAt, &r.Abandoned)
+		&r.FailedPermanent, &r.StartedAt, &r.UpdatedAt, &r.FinishedAt, &r.Abandoned)
 	r.FromSeq, r.ToSeq, r.Position = uint64(max(from, 0)), uint64(max(to, 0)), uint64(max(pos, 0))
 	return r, err
 }
@@ -117,15 +120,40 @@ func (s records) start(ctx context.Context, r Record) (Record, error) {
 	return out, nil
 }
 
-// advance records that run id is done up to position, adding c to its
-// counts; finish closes it.
-func (s records) advance(ctx context.Context, id int64, position uint64, c Counts, finish bool) error {
-	_, err := s.db.Exec(ctx, s.q.ReplayAdvance, id, int64(position), c.Sent, c.SkippedDelivered,
-		c.SkippedBackfilled, c.SkippedOwed, c.WithoutID, c.OtherSubject, finish)
+// ErrAdvanced: the run's record is not at the position this run last
+// recorded. Another replay moved it (this one's session lock was lost with
+// its connection), so both may be publishing the same sequences.
+var ErrAdvanced = errors.New("another relayd replay advanced this run: stopping")
+
+// advance records that run id, last recorded at expected, is done up to
+// position, adding c to its counts; finish closes it.
+func (s records) advance(ctx context.Context, id int64, expected, position uint64, c Counts, finish bool) error {
+	tag, err := s.db.Exec(ctx, s.q.ReplayAdvance, id, int64(position), c.Sent, c.SkippedDelivered,
+		c.SkippedBackfilled, c.SkippedOwed, c.WithoutID, c.OtherSubject, c.FailedPermanent, int64(expected), finish)
 	if err != nil {
 		return fmt.Errorf("record the replay's position: %w", err)
 	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: run %d is no longer unfinished at sequence %d", ErrAdvanced, id, expected)
+	}
 	return nil
+}
+
+// stranded is the earliest nats_delivered_at of the rows that finished in
+// period p without RabbitMQ; ok is false when there is none.
+func (s records) stranded(ctx context.Context, p phase.Period) (t time.Time, ok bool, err error) {
+	var end *time.Time
+	if !p.End.IsZero() {
+		end = &p.End
+	}
+	var earliest *time.Time
+	if err := s.db.QueryRow(ctx, s.q.ReplayStranded, p.Start, end).Scan(&earliest); err != nil {
+		return time.Time{}, false, fmt.Errorf("read the rows finished without RabbitMQ: %w", err)
+	}
+	if earliest == nil {
+		return time.Time{}, false, nil
+	}
+	return *earliest, true, nil
 }
 
 func (s records) abandon(ctx context.Context) error {

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,7 +34,7 @@ type Summary struct {
 	Resumed         bool          `json:"resumed"`
 	Read            int64         `json:"read"` // messages read this time
 	Counts                        // this time's, recorded (dry run: counted)
-	Failed          int64         `json:"failed"` // refused by RabbitMQ (returned, nacked, permanent): the run stops
+	Failed          int64         `json:"failed"` // refused by RabbitMQ (returned, nacked): the run stops; permanent ones are in Counts
 	Finished        bool          `json:"finished"`
 	AlreadyDone     bool          `json:"already_done,omitempty"` // a finished run had this window: nothing sent
 	DryRun          bool          `json:"dry_run"`
@@ -55,8 +56,14 @@ var ErrRunning = errors.New("another relayd replay of this outbox is running")
 // send nothing new to RabbitMQ and would finish the rows it owes without it.
 var ErrPhaseNATS = errors.New("the outbox's phase is nats: set it to dual (or amqp) first, then replay")
 
-// ErrFailed: RabbitMQ refused a message (returned it unroutable, nacked it,
-// or it can never be published as it is). The run stops there.
+// ErrRelayNATS: a running relay runs the nats phase (pinned with
+// RELAY_TARGETS=nats, or not yet following the table's phase): it would
+// keep finishing rows on JetStream only, after the window's end.
+var ErrRelayNATS = errors.New("a running relay still runs the nats phase")
+
+// ErrFailed: RabbitMQ refused a message (returned it unroutable, or nacked
+// it). The run stops there. One it can never take (a *relay.PermanentError)
+// is counted as failed_permanent and passed over instead.
 var ErrFailed = errors.New("RabbitMQ refused a message")
 
 // UnfinishedError: a run is unfinished and the request asks for another
@@ -140,18 +147,48 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	return r.finish(), err
 }
 
-// checkPhase refuses a run while the table is in the nats-only phase (a dry
-// run only warns).
+// checkPhase refuses a run while the table is in the nats-only phase, or a
+// running relay runs it (a dry run only warns).
 func (r *runner) checkPhase(ctx context.Context) error {
+	var errs []error
 	c, ok, err := phase.Read(ctx, r.cfg.DB, r.cfg.Table)
-	if err != nil || !ok || c.Phase != phase.NATS {
+	if err != nil {
 		return err
 	}
-	if r.cfg.DryRun {
-		r.log.Warn("replay: " + ErrPhaseNATS.Error())
+	if ok && c.Phase == phase.NATS {
+		errs = append(errs, ErrPhaseNATS)
+	}
+	running, err := phase.Running(ctx, r.cfg.DB, r.cfg.Table)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, in := range running {
+		if in.Phase == phase.NATS {
+			names = append(names, in.Instance+pinnedNote(in))
+		}
+	}
+	if len(names) > 0 {
+		errs = append(errs, fmt.Errorf("%w: %s: stop them, or let them follow the table's phase, then replay",
+			ErrRelayNATS, strings.Join(names, ", ")))
+	}
+	if len(errs) == 0 {
 		return nil
 	}
-	return ErrPhaseNATS
+	if r.cfg.DryRun {
+		for _, err := range errs {
+			r.log.Warn("replay: " + err.Error())
+		}
+		return nil
+	}
+	return errors.Join(errs...)
+}
+
+func pinnedNote(in phase.Instance) string {
+	if in.Pinned {
+		return " (pinned by RELAY_TARGETS)"
+	}
+	return ""
 }
 
 func (r *runner) finish() Summary {

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,7 +25,7 @@ func (r *runner) choose(ctx context.Context, stream jetstream.Stream) (end time.
 	}
 	if ok && !r.cfg.Restart {
 		if !r.cfg.Request.IsZero() {
-			w, err := Plan(r.cfg.Request, history)
+			w, err := r.plan(ctx, history)
 			if err != nil || w.Key() != unfinished.Request {
 				return time.Time{}, &UnfinishedError{Run: unfinished}
 			}
@@ -33,15 +34,11 @@ func (r *runner) choose(ctx context.Context, stream jetstream.Stream) (end time.
 		return endOf(unfinished), nil
 	}
 	if ok {
-		r.log.Warn("replay: --restart: abandoning the unfinished run", "run", unfinished.ID, "request", unfinished.Request,
-			"position", unfinished.Position, "to_seq", unfinished.ToSeq)
-		if !r.cfg.DryRun {
-			if err := r.rec.abandon(ctx); err != nil {
-				return time.Time{}, err
-			}
+		if err := r.abandon(ctx, unfinished); err != nil {
+			return time.Time{}, err
 		}
 	}
-	w, err := Plan(r.cfg.Request, history)
+	w, err := r.plan(ctx, history)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -74,6 +71,41 @@ func (r *runner) choose(ctx context.Context, stream jetstream.Stream) (end time.
 		return time.Time{}, err
 	}
 	return w.End, nil
+}
+
+// plan is Plan with the rows of the latest nats-only period that finished
+// without RabbitMQ, read when the start is to come from the history.
+func (r *runner) plan(ctx context.Context, history []phase.Change) (Window, error) {
+	var stranded time.Time
+	if p, ok := phase.LastPeriod(history, phase.NATS); ok && r.cfg.Request.Since.IsZero() && r.cfg.Request.FromSeq == 0 {
+		t, found, err := r.rec.stranded(ctx, p)
+		if err != nil {
+			return Window{}, err
+		}
+		if found && t.Before(p.Start) {
+			stranded = t
+			r.log.Info("replay: rows RabbitMQ was owed at the move to nats reached JetStream before the period: the window starts earlier",
+				"period_start", p.Start, "earliest_nats_delivered_at", t)
+		}
+	}
+	return Plan(r.cfg.Request, history, stranded)
+}
+
+// abandon gives up the unfinished run for --restart. The sequences it
+// settled are not remembered: a window over them sends them again.
+func (r *runner) abandon(ctx context.Context, run Record) error {
+	args := []any{"run", run.ID, "request", run.Request, "position", run.Position, "to_seq", run.ToSeq}
+	if run.Position >= run.FromSeq {
+		settled := run.Position - run.FromSeq + 1
+		r.log.Warn(fmt.Sprintf("replay: --restart abandons run %d, which had settled %d sequences (%d..%d): a window over them sends what it sent of them again",
+			run.ID, settled, run.FromSeq, run.Position), append(args, "settled", settled)...)
+	} else {
+		r.log.Warn("replay: --restart: abandoning the unfinished run", args...)
+	}
+	if r.cfg.DryRun {
+		return nil
+	}
+	return r.rec.abandon(ctx)
 }
 
 func endOf(r Record) time.Time {

@@ -2,12 +2,14 @@ package replay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/relayd/relayd/internal/backoff"
+	"github.com/relayd/relayd/relay"
 )
 
 // replay reads the run's window from its position and publishes it,
@@ -115,6 +117,14 @@ func (r *runner) settle(ctx context.Context, sent <-chan *batch, sem <-chan stru
 		var c Counts
 		pos := uint64(0)
 		for _, it := range b.items {
+			if it.skip == send && relay.IsPermanent(it.err) {
+				// The relay would park such a row: pass it over, settled.
+				r.log.Error("replay: RabbitMQ can never take this message: passed over", "seq", it.seq,
+					"message_id", it.msg.MessageID, "reason", it.err.Error())
+				c.FailedPermanent++
+				pos = it.seq
+				continue
+			}
 			if it.skip == send && it.err != nil {
 				res.stopped = true
 				if !transient(it.err) {
@@ -133,7 +143,7 @@ func (r *runner) settle(ctx context.Context, sent <-chan *batch, sem <-chan stru
 			continue
 		}
 		if !r.cfg.DryRun {
-			if err := r.record(pos, c, false); err != nil {
+			if err := r.record(r.run.Position, pos, c, false); err != nil {
 				res.err, res.stopped = err, true
 				stopReading()
 				continue
@@ -153,7 +163,7 @@ func (r *runner) countFailed(b *batch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, it := range b.items {
-		if it.skip == send && it.err != nil && !transient(it.err) {
+		if it.skip == send && it.err != nil && !transient(it.err) && !relay.IsPermanent(it.err) {
 			r.sum.Failed++
 		}
 	}
@@ -162,7 +172,7 @@ func (r *runner) countFailed(b *batch) {
 // complete closes the run: its whole window is confirmed or skipped.
 func (r *runner) complete() error {
 	if !r.cfg.DryRun {
-		if err := r.record(r.run.Position, Counts{}, true); err != nil {
+		if err := r.record(r.run.Position, r.run.Position, Counts{}, true); err != nil {
 			return err
 		}
 	}
@@ -177,17 +187,17 @@ func (r *runner) complete() error {
 	return nil
 }
 
-// record writes the position, trying again for a while when Postgres fails:
-// what is confirmed and not recorded is sent again by a rerun. It does not
-// end with the run's context, so a stopping run keeps what it confirmed.
-func (r *runner) record(pos uint64, c Counts, finish bool) error {
+// record moves the position from expected (the one last recorded) to pos,
+// trying again while Postgres fails, past the run's context: what is
+// confirmed and not recorded is sent again by a rerun.
+func (r *runner) record(expected, pos uint64, c Counts, finish bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	wait := retryBackoff.Next(0)
 	for {
-		err := r.rec.advance(ctx, r.run.ID, pos, c, finish)
-		if err == nil {
-			return nil
+		err := r.rec.advance(ctx, r.run.ID, expected, pos, c, finish)
+		if err == nil || errors.Is(err, ErrAdvanced) {
+			return err
 		}
 		r.warn("replay: recording the position failed; trying again", "error", err.Error())
 		if !backoff.Sleep(ctx, wait) {

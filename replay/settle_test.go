@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 
 	"github.com/relayd/relayd/internal/outboxsql"
@@ -21,17 +22,22 @@ func TestSettleRecordsAContiguousPrefix(t *testing.T) {
 	pool := testenv.Pool(t)
 	table := testenv.Outbox(t, pool)
 	for _, tc := range []struct {
-		name    string
-		fail    error // the verdict on sequence 5
-		wantErr error
-		wantPos int64
+		name     string
+		fail     error // the verdict on sequence 5
+		wantErr  error
+		wantPos  int64
+		wantSent int64
+		wantPerm int64
+		stops    bool
 	}{
-		{"all confirmed", nil, nil, 9},
-		{"returned unroutable: the run fails there", amqpsink.ErrReturned, ErrFailed, 4},
-		{"unknown when the run stopped", relay.Unavailable(errors.New("connection lost")), nil, 4},
+		{"all confirmed", nil, nil, 9, 8, 0, false},
+		{"returned unroutable: the run fails there", amqpsink.ErrReturned, ErrFailed, 4, 3, 0, true},
+		{"nacked: the run fails there", amqpsink.ErrNacked, ErrFailed, 4, 3, 0, true},
+		{"unknown when the run stopped", relay.Unavailable(errors.New("connection lost")), nil, 4, 3, 0, true},
+		{"never takeable: counted, passed over", relay.Permanent("amqp: routing key longer than 255 bytes"), nil, 9, 7, 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &runner{cfg: Config{DB: pool, Table: table}, rec: records{db: pool, q: outboxsql.For(table)}}
+			r := &runner{cfg: Config{DB: pool, Table: table}, log: slog.New(slog.DiscardHandler), rec: records{db: pool, q: outboxsql.For(table)}}
 			if _, err := pool.Exec(ctx, `DELETE FROM `+table.Side("replay")); err != nil {
 				t.Fatal(err)
 			}
@@ -66,15 +72,19 @@ func TestSettleRecordsAContiguousPrefix(t *testing.T) {
 			if !errors.Is(res.err, tc.wantErr) || (res.err == nil && tc.wantErr != nil) {
 				t.Fatalf("settle error %v, want %v", res.err, tc.wantErr)
 			}
-			if stopped != (tc.fail != nil) || res.stopped != (tc.fail != nil) {
-				t.Errorf("reading stopped %v, settle stopped %v; want %v", stopped, res.stopped, tc.fail != nil)
+			if stopped != tc.stops || res.stopped != tc.stops {
+				t.Errorf("reading stopped %v, settle stopped %v; want %v", stopped, res.stopped, tc.stops)
 			}
-			var pos, nSent, noID int64
-			if err := pool.QueryRow(ctx, `SELECT position, sent, without_id FROM `+table.Side("replay")).Scan(&pos, &nSent, &noID); err != nil {
+			var pos, nSent, noID, perm int64
+			if err := pool.QueryRow(ctx, `SELECT position, sent, without_id, failed_permanent FROM `+table.Side("replay")).Scan(&pos, &nSent, &noID, &perm); err != nil {
 				t.Fatal(err)
 			}
-			if pos != tc.wantPos || nSent != tc.wantPos-1 || noID != 1 {
-				t.Errorf("recorded position %d, %d sent, %d without id; want %d, %d, 1", pos, nSent, noID, tc.wantPos, tc.wantPos-1)
+			if pos != tc.wantPos || nSent != tc.wantSent || noID != 1 || perm != tc.wantPerm {
+				t.Errorf("recorded position %d, %d sent, %d without id, %d failed permanent; want %d, %d, 1, %d",
+					pos, nSent, noID, perm, tc.wantPos, tc.wantSent, tc.wantPerm)
+			}
+			if r.sum.FailedPermanent != tc.wantPerm || r.sum.Failed != map[bool]int64{true: 1}[tc.wantErr != nil] {
+				t.Errorf("summary: %d failed permanent, %d failed", r.sum.FailedPermanent, r.sum.Failed)
 			}
 		})
 	}

@@ -53,10 +53,11 @@ type Window struct {
 }
 
 // Plan makes r definite against the phase history (oldest first): a start
-// not given is the latest nats-only period's start less Margin; an end not
-// given is that period's end plus Margin, when the start came from it and it
-// has ended.
-func Plan(r Request, history []phase.Change) (Window, error) {
+// not given is the earlier of the latest nats-only period's start and
+// stranded (the rows it finished without RabbitMQ: JetStream got them
+// early; zero: none), less Margin; an end not given is that period's end
+// plus Margin, when the start came from it and it has ended.
+func Plan(r Request, history []phase.Change, stranded time.Time) (Window, error) {
 	if err := r.check(); err != nil {
 		return Window{}, err
 	}
@@ -72,6 +73,9 @@ func Plan(r Request, history []phase.Change) (Window, error) {
 			return Window{}, ErrNoPeriod
 		}
 		w.Source, w.Start = "phase", p.Start.Add(-Margin)
+		if !stranded.IsZero() && stranded.Add(-Margin).Before(w.Start) {
+			w.Start = stranded.Add(-Margin)
+		}
 		if r.ToSeq == 0 {
 			if p.End.IsZero() {
 				w.Ongoing = true

@@ -46,9 +46,40 @@ func TestPlan(t *testing.T) {
 		{"--to-seq without a start or a period", Request{ToSeq: 5}, nil, Window{}, ErrNoPeriod},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Plan(tc.req, tc.history)
+			got, err := Plan(tc.req, tc.history, time.Time{})
 			if !errors.Is(err, tc.wantErr) {
 				t.Fatalf("Plan error %v, want %v", err, tc.wantErr)
+			}
+			if got != tc.want {
+				t.Errorf("Plan:\n got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Rows RabbitMQ was owed at the move to nats reached JetStream before the
+// period: the default window starts at the earliest of them, less Margin.
+func TestPlanStranded(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	ended := []phase.Change{{Phase: phase.Dual, ChangedAt: at(0)}, {Phase: phase.NATS, ChangedAt: at(60)}, {Phase: phase.Dual, ChangedAt: at(90)}}
+	for _, tc := range []struct {
+		name     string
+		req      Request
+		stranded time.Time
+		want     Window
+	}{
+		{"none", Request{}, time.Time{}, Window{Source: "phase", Start: at(59), End: at(91)}},
+		{"long before the period: the start moves to it", Request{}, at(15), Window{Source: "phase", Start: at(14), End: at(91)}},
+		{"after the period's start: its start stays", Request{}, at(60).Add(30 * time.Second), Window{Source: "phase", Start: at(59), End: at(91)}},
+		{"with --to-seq", Request{ToSeq: 9}, at(15), Window{Source: "phase", Start: at(14), ToSeq: 9}},
+		{"--since is the operator's", Request{Since: at(40)}, at(15), Window{Source: "since", Start: at(40)}},
+		{"--from-seq is the operator's", Request{FromSeq: 3}, at(15), Window{Source: "seq", FromSeq: 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Plan(tc.req, ended, tc.stranded)
+			if err != nil {
+				t.Fatal(err)
 			}
 			if got != tc.want {
 				t.Errorf("Plan:\n got %+v\nwant %+v", got, tc.want)
@@ -62,7 +93,7 @@ func TestPlanRefusesContradictions(t *testing.T) {
 		{Since: time.Now(), FromSeq: 3},
 		{FromSeq: 30, ToSeq: 20},
 	} {
-		if _, err := Plan(req, nil); err == nil {
+		if _, err := Plan(req, nil, time.Time{}); err == nil {
 			t.Errorf("Plan(%+v) took it", req)
 		}
 	}

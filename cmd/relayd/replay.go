@@ -20,11 +20,14 @@ Rolls the migration back: publishes to the legacy exchange (RELAY_AMQP_EXCHANGE)
 the messages the stream (RELAY_NATS_STREAM) got while RabbitMQ did not, with
 the relay's message-id, headers and routing key (the subject less
 RELAY_NATS_SUBJECT_PREFIX), confirmed, persistent and mandatory: a message
-RabbitMQ returns unroutable stops the run (exit 1).
+RabbitMQ returns unroutable or nacks stops the run (exit 1); one it can never
+take (a routing key over 255 bytes, headers it refuses) is logged, counted as
+failed_permanent and passed over.
 
 The window is by default the outbox's latest nats-only period, from its phase
 history, widened by 1m each side (to the stream's last sequence if the
-period goes on). Messages RabbitMQ has are skipped: in <table>_delivered with
+period goes on), and started earlier when rows RabbitMQ was owed at the move
+to nats reached JetStream before it. Messages RabbitMQ has are skipped: in <table>_delivered with
 amqp_delivered_at, in the outbox delivered to it or owed to it, or moved by
 the backfill (<table>_backfilled). Messages without a Nats-Msg-Id are counted
 and skipped.
@@ -33,7 +36,8 @@ Progress is recorded in <table>_replay: a rerun after a crash or SIGINT
 resumes the unfinished run from the sequence up to which everything was
 confirmed or skipped. While a run is unfinished, other window flags are
 refused unless --restart. Set the phase to dual (or amqp) first: replay
-refuses to run while it is nats.
+refuses to run while it is nats, or while a running relay still runs nats
+(pinned with RELAY_TARGETS=nats).
 
 Uses RELAY_DATABASE_URL, RELAY_OUTBOX_TABLE, RELAY_AMQP_URL,
 RELAY_AMQP_EXCHANGE, RELAY_NATS_URL, RELAY_NATS_STREAM and
@@ -167,7 +171,8 @@ func printReplay(w io.Writer, s replay.Summary, asJSON bool) {
 	fmt.Fprintf(w, "  position:       %d (%s)\n", r.Position, state)
 	fmt.Fprintf(w, "  read:           %d\n  sent:           %d\n", s.Read, s.Sent)
 	fmt.Fprintf(w, "  skipped:        %d delivered, %d backfilled, %d owed by the relays\n", s.SkippedDelivered, s.SkippedBackfilled, s.SkippedOwed)
-	fmt.Fprintf(w, "  without id:     %d\n  other subjects: %d\n  failed:         %d\n", s.WithoutID, s.OtherSubject, s.Failed)
+	fmt.Fprintf(w, "  without id:     %d\n  other subjects: %d\n", s.WithoutID, s.OtherSubject)
+	fmt.Fprintf(w, "  failed:         %d (the run stops), %d permanent (RabbitMQ can never take them: logged, passed over)\n", s.Failed, s.FailedPermanent)
 	fmt.Fprintf(w, "  rate:           %.0f msg/s\n  duration:       %s\n", s.Rate, s.Duration.Round(time.Millisecond))
 }
 

@@ -84,6 +84,7 @@ type Statements struct {
 	// `relayd replay`: what RabbitMQ has, and the run's record (package
 	// replay).
 	ReplayDelivered, ReplayOwed, ReplayBackfilled string
+	ReplayStranded                                string
 	ReplayLock, ReplayUnlock                      string
 	ReplayUnfinished, ReplayOverlap, ReplayStart  string
 	ReplayAdvance, ReplayAbandon                  string
@@ -174,6 +175,7 @@ func render(t schema.Table) *Statements {
 		ReplayDelivered:          exec("ReplayDelivered", d),
 		ReplayOwed:               exec("ReplayOwed", d),
 		ReplayBackfilled:         exec("ReplayBackfilled", d),
+		ReplayStranded:           exec("ReplayStranded", d),
 		ReplayLock:               exec("ReplayLock", d),
 		ReplayUnlock:             exec("ReplayUnlock", d),
 		ReplayUnfinished:         exec("ReplayUnfinished", d),

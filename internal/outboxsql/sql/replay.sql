@@ -24,6 +24,15 @@ WHERE message_id = ANY($1::text[]::uuid[])
 -- backfill moved from the legacy queue: RabbitMQ had them first.
 {{define "ReplayBackfilled"}}SELECT message_id FROM {{.Backfilled}} WHERE message_id = ANY($1::text[]){{end}}
 
+-- ReplayStranded: the earliest nats_delivered_at of the rows finished without
+-- RabbitMQ in the nats-only period $1..$2 (NULL: it goes on), which JetStream
+-- got early; a range of the primary key (done_at, id): the period's rows only.
+{{define "ReplayStranded"}}
+SELECT min(nats_delivered_at) FROM {{.Delivered}}
+WHERE done_at >= $1::timestamptz AND done_at < coalesce($2::timestamptz, 'infinity')
+  AND amqp_delivered_at IS NULL AND nats_delivered_at IS NOT NULL
+{{end}}
+
 -- ReplayLock: held by the session of the running replay, so two runs never
 -- publish at once; a crashed run's session lets it go.
 {{define "ReplayLock"}}SELECT pg_try_advisory_lock('{{.Replay}}'::regclass::oid::bigint){{end}}
@@ -32,7 +41,7 @@ WHERE message_id = ANY($1::text[]::uuid[])
 {{define "ReplayUnlock"}}SELECT pg_advisory_unlock('{{.Replay}}'::regclass::oid::bigint){{end}}
 
 {{define "replayCols"}}id, stream, exchange, request, window_start, window_end, from_seq, to_seq, position,
-	sent, skipped_delivered, skipped_backfilled, skipped_owed, without_id, other_subject,
+	sent, skipped_delivered, skipped_backfilled, skipped_owed, without_id, other_subject, failed_permanent,
 	started_at, updated_at, finished_at, abandoned{{end}}
 
 -- ReplayUnfinished: the run not finished, if any.
@@ -54,14 +63,15 @@ VALUES ($1, $2, $3, $4, $5, $6::bigint, $7::bigint, $6::bigint - 1)
 RETURNING {{template "replayCols"}}
 {{end}}
 
--- ReplayAdvance: run $1 is done up to sequence $2; $3..$8 are added to its
--- counts (sent, skipped delivered, backfilled, owed, without id, other
--- subject); $9 finishes it.
+-- ReplayAdvance: run $1, if still at $10 (else another replay moved it), is
+-- done up to $2; $3..$9 are added to its counts (sent, skipped delivered,
+-- backfilled, owed, without id, other subject, failed permanent); $11 finishes it.
 {{define "ReplayAdvance"}}
-UPDATE {{.Replay}} SET position = greatest(position, $2), sent = sent + $3, skipped_delivered = skipped_delivered + $4,
+UPDATE {{.Replay}} SET position = $2, sent = sent + $3, skipped_delivered = skipped_delivered + $4,
 	skipped_backfilled = skipped_backfilled + $5, skipped_owed = skipped_owed + $6, without_id = without_id + $7,
-	other_subject = other_subject + $8, updated_at = now(), finished_at = CASE WHEN $9::boolean THEN now() END
-WHERE id = $1 AND finished_at IS NULL
+	other_subject = other_subject + $8, failed_permanent = failed_permanent + $9, updated_at = now(),
+	finished_at = CASE WHEN $11::boolean THEN now() END
+WHERE id = $1 AND position = $10 AND finished_at IS NULL
 {{end}}
 
 -- ReplayAbandon: --restart gives up the unfinished run.

@@ -1,0 +1,107 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/relay"
+)
+
+// The position advances only from the one this run last recorded: a run
+// whose lock was lost learns that another replay moved the record, and
+// stops at once rather than try again.
+func TestAdvanceComparesThePosition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	rec := records{db: pool, q: outboxsql.For(table)}
+	for _, tc := range []struct {
+		name     string
+		expected uint64 // the run's record is at 10
+		finished bool   // another replay finished or abandoned it
+		wantErr  error
+		wantPos  int64
+	}{
+		{"at the recorded position", 10, false, nil, 20},
+		{"stale: another replay advanced it", 4, false, ErrAdvanced, 10},
+		{"ahead of the record", 15, false, ErrAdvanced, 10},
+		{"finished meanwhile", 10, true, ErrAdvanced, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := pool.Exec(ctx, `DELETE FROM `+table.Side("replay")); err != nil {
+				t.Fatal(err)
+			}
+			run, err := rec.start(ctx, Record{Stream: "S", Exchange: "X", Request: "from-seq=1", FromSeq: 1, ToSeq: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rec.advance(ctx, run.ID, 0, 10, Counts{Sent: 10}, false); err != nil {
+				t.Fatal(err)
+			}
+			if tc.finished {
+				if err := rec.abandon(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			run.Position = tc.expected
+			r := &runner{cfg: Config{DB: pool, Table: table}, log: slog.New(slog.DiscardHandler), rec: rec, run: run}
+			start := time.Now()
+			err = r.record(tc.expected, 20, Counts{Sent: 10}, false)
+			if !errors.Is(err, tc.wantErr) || (err != nil && tc.wantErr == nil) {
+				t.Fatalf("record: %v, want %v", err, tc.wantErr)
+			}
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("record took %s: it tried again after a lost compare", took)
+			}
+			var pos, sent int64
+			if err := pool.QueryRow(ctx, `SELECT position, sent FROM `+table.Side("replay")+` WHERE id = $1`, run.ID).Scan(&pos, &sent); err != nil {
+				t.Fatal(err)
+			}
+			if pos != tc.wantPos || sent != tc.wantPos {
+				t.Errorf("record at %d, %d sent; want %d, %d", pos, sent, tc.wantPos, tc.wantPos)
+			}
+		})
+	}
+}
+
+// A run whose record another replay moved stops reading at its next batch,
+// with ErrAdvanced, and records nothing more.
+func TestSettleStopsWhenAnotherReplayAdvanced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	rec := records{db: pool, q: outboxsql.For(table)}
+	run, err := rec.start(ctx, Record{Stream: "S", Exchange: "X", Request: "from-seq=1", FromSeq: 1, ToSeq: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.advance(ctx, run.ID, 0, 6, Counts{Sent: 6}, false); err != nil { // the other replay
+		t.Fatal(err)
+	}
+	r := &runner{cfg: Config{DB: pool, Table: table}, log: slog.New(slog.DiscardHandler), rec: rec, run: run}
+	b := &batch{done: make(chan struct{})}
+	for s := uint64(1); s <= 3; s++ {
+		b.items = append(b.items, item{seq: s, msg: &relay.Message{MessageID: "m"}})
+	}
+	close(b.done)
+	sent, sem := make(chan *batch, 1), make(chan struct{}, 1)
+	sem <- struct{}{}
+	sent <- b
+	close(sent)
+	stopped := false
+	res := r.settle(ctx, sent, sem, func() { stopped = true })
+	if !errors.Is(res.err, ErrAdvanced) || !res.stopped || !stopped {
+		t.Fatalf("settle: %v, stopped %v, reading stopped %v; want ErrAdvanced, both stopped", res.err, res.stopped, stopped)
+	}
+	var pos int64
+	if err := pool.QueryRow(ctx, `SELECT position FROM `+table.Side("replay")).Scan(&pos); err != nil || pos != 6 {
+		t.Errorf("record at %d (%v), want the other replay's 6", pos, err)
+	}
+}

@@ -1,0 +1,58 @@
+package replay
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/internal/testenv"
+)
+
+// --restart forgets what the abandoned run settled: when it had settled
+// sequences, the warning says how many and that a window over them sends
+// them again.
+func TestRestartWarnsOfWhatItSendsAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	rec := records{db: pool, q: outboxsql.For(table)}
+	for _, tc := range []struct {
+		name     string
+		position uint64 // the run covers 101..400
+		want     string // "": no such warning
+	}{
+		{"settled some", 250, "had settled 150 sequences (101..250): a window over them sends what it sent of them again"},
+		{"settled all", 400, "had settled 300 sequences (101..400)"},
+		{"settled none", 100, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := pool.Exec(ctx, `DELETE FROM `+table.Side("replay")); err != nil {
+				t.Fatal(err)
+			}
+			run, err := rec.start(ctx, Record{Stream: "S", Exchange: "X", Request: "from-seq=101", FromSeq: 101, ToSeq: 400})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.position > 100 {
+				if err := rec.advance(ctx, run.ID, 100, tc.position, Counts{Sent: int64(tc.position - 100)}, false); err != nil {
+					t.Fatal(err)
+				}
+				run.Position = tc.position
+			}
+			var logged strings.Builder
+			r := &runner{cfg: Config{DB: pool, Table: table, Restart: true}, log: slog.New(slog.NewTextHandler(&logged, nil)), rec: rec}
+			if err := r.abandon(ctx, run); err != nil {
+				t.Fatal(err)
+			}
+			if got := logged.String(); (tc.want == "") == strings.Contains(got, "had settled") || !strings.Contains(got, tc.want) {
+				t.Errorf("warning:\n%s\nwant one with %q", got, tc.want)
+			}
+			if _, ok, err := rec.unfinished(ctx); err != nil || ok {
+				t.Errorf("after abandon: unfinished %v, %v; want none", ok, err)
+			}
+		})
+	}
+}

@@ -1,0 +1,93 @@
+package replay
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/phase"
+)
+
+// The rows a period strands are those that finished in it without RabbitMQ;
+// the earliest JetStream delivery among them is the window's start.
+func TestStranded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	t0 := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	for i, row := range []struct {
+		done, amqp, nats *time.Time
+	}{
+		{done: ptr(at(61)), nats: ptr(at(20))},                   // stranded at the move: the earliest in the period
+		{done: ptr(at(62)), nats: ptr(at(40))},                   // stranded, later
+		{done: ptr(at(63)), amqp: ptr(at(10)), nats: ptr(at(5))}, // RabbitMQ has it
+		{done: ptr(at(30)), nats: ptr(at(1))},                    // finished before the period
+		{done: ptr(at(95)), nats: ptr(at(2))},                    // finished after it
+		{done: ptr(at(64)), amqp: ptr(at(64))},                   // never on JetStream
+	} {
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent)
+			VALUES ($1, $2, $3, $4, $5, $6)`, row.done, i+1, uuid.NewString(), row.amqp, row.nats, row.amqp != nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := records{db: pool, q: outboxsql.For(table)}
+	for _, tc := range []struct {
+		name   string
+		period phase.Period
+		want   time.Time // zero: none
+	}{
+		{"an ended period", phase.Period{Start: at(60), End: at(90)}, at(20)},
+		{"an ongoing period reads to now", phase.Period{Start: at(60)}, at(2)},
+		{"a period without such rows", phase.Period{Start: at(0), End: at(29)}, time.Time{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok, err := rec.stranded(ctx, tc.period)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != !tc.want.IsZero() || !got.Equal(tc.want) {
+				t.Errorf("stranded = %s, %v; want %s", got, ok, tc.want)
+			}
+		})
+	}
+}
+
+// The read is a range of the delivered table's primary key: only the
+// period's rows, however long the record.
+func TestStrandedUsesThePrimaryKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	var plan strings.Builder
+	rows, err := tx.Query(ctx, "EXPLAIN "+outboxsql.For(table).ReplayStranded, time.Now().Add(-time.Hour), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		rows.Scan(&line) //nolint:errcheck // read below
+		plan.WriteString(line + "\n")
+	}
+	rows.Close()
+	if p := plan.String(); !strings.Contains(p, table.Name+"_delivered_pkey") || !strings.Contains(p, "Index Cond: ((done_at >=") {
+		t.Errorf("ReplayStranded is not a range of %s_delivered_pkey:\n%s", table.Name, p)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
