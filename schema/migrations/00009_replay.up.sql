@@ -20,6 +20,9 @@ CREATE TABLE {{.Qualified "replay"}} (
     skipped_owed       bigint      NOT NULL DEFAULT 0,
     without_id         bigint      NOT NULL DEFAULT 0,
     other_subject      bigint      NOT NULL DEFAULT 0,
+    -- Messages RabbitMQ can never take (a routing key over 255 bytes,
+    -- headers it refuses), passed over as the relay would park them.
+    failed_permanent   bigint      NOT NULL DEFAULT 0,
     started_at         timestamptz NOT NULL DEFAULT now(),
     updated_at         timestamptz NOT NULL DEFAULT now(),
     finished_at        timestamptz NULL,

@@ -1,1 +1,0 @@
-ALTER TABLE {{.Qualified "replay"}} DROP COLUMN failed_permanent;
