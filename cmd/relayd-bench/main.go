@@ -16,6 +16,8 @@
 //   - relay latency, open loop: producers committing on a fixed timetable,
 //     commit → received from both brokers, p50/p90/p99/max;
 //   - backfill: a legacy queue moved into the stream by `relayd backfill`;
+//   - replay: what the nats-only phase put in the stream published to the
+//     legacy exchange by `relayd replay`, and its dry run;
 //   - producers: single-row commits/s into a bare table and into the outbox
 //     (no relay draining; after a waiting relay was SIGKILLed), their
 //     latency at a steady rate while relayd relays, and an idle relay's
@@ -59,7 +61,7 @@ type options struct {
 
 	Smoke bool
 	// Only, when set, runs only these sections (ceilings, burndown,
-	// tracing, latency, backfill, producers); ratios to ceilings not
+	// tracing, latency, backfill, replay, producers); ratios to ceilings not
 	// measured are left out.
 	Only map[string]bool
 
@@ -72,6 +74,7 @@ type options struct {
 	BurnKeys        int           // distinct keys of the keyed burn-down runs (0: none)
 	BurnKeyed       []string      // RELAY_TARGETS of the keyed burn-down runs
 	BackfillMsgs    int           // messages in the legacy queue
+	ReplayMsgs      int           // messages the replay publishes
 	LatencyRates    []int         // rows per second, one run each
 	LatencyCommits  int           // commits per second at most; rows per commit follow
 	LatencyWarmup   time.Duration // not measured
@@ -99,6 +102,7 @@ func defaultOptions(smoke bool) options {
 	if smoke {
 		o.CeilingMsgs, o.BurnRows, o.BurnKeyedRows, o.BackfillMsgs = 5000, 5000, 5000, 5000
 		o.LatencyWarmup, o.LatencyDuration = time.Second, 5*time.Second
+		o.ReplayMsgs = 5000
 	} else {
 		// The keyed burn-down and the plain RabbitMQ publish ceiling are
 		// the bench's own additions to what issue #8 asks for, and run
@@ -107,6 +111,7 @@ func defaultOptions(smoke bool) options {
 		// 10 minutes from a clean clone, build included.
 		o.CeilingMsgs, o.BurnRows, o.BurnKeyedRows, o.BackfillMsgs = 200_000, 200_000, 100_000, 200_000
 		o.LatencyWarmup, o.LatencyDuration = 5*time.Second, 60*time.Second
+		o.ReplayMsgs = 50_000
 	}
 	return o
 }
@@ -153,7 +158,8 @@ func parseOptions() (o options, out string) {
 	burnKeys := flag.Int("keys", 1000, "distinct keys of the keyed burn-down runs, spread round-robin over the rows")
 	latencyRates := flag.String("latency-rates", "", `rows per second of the latency runs, space-separated (default "1000 5000")`)
 	latencyCommits := flag.Int("latency-commits", 0, "commits per second at most in the latency runs; rows per commit = rate / this (default 200)")
-	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,tracing,latency,backfill,producers")
+	replayMsgs := flag.Int("replay-msgs", 0, "messages of the replay section (default 50000; with -smoke 5000)")
+	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,tracing,latency,backfill,replay,producers")
 	dbURL := flag.String("database-url", "", "Postgres (default: RELAY_TEST_DATABASE_URL or postgres://root@127.0.0.1:5432/test)")
 	amqpURL := flag.String("amqp-url", "", "RabbitMQ (default: RELAY_TEST_AMQP_URL or amqp://guest:guest@127.0.0.1:5672/)")
 	natsURL := flag.String("nats-url", "", "NATS with JetStream (default: RELAY_TEST_NATS_URL or nats://127.0.0.1:4222)")
@@ -195,6 +201,12 @@ func parseOptions() (o options, out string) {
 		usageExit("-keys: %d is not a positive integer", *burnKeys)
 	}
 	o.BurnKeys = *burnKeys
+	if *replayMsgs < 0 {
+		usageExit("-replay-msgs: %d is not a positive integer", *replayMsgs)
+	}
+	if *replayMsgs > 0 {
+		o.ReplayMsgs = *replayMsgs
+	}
 	if *only != "" {
 		o.Only = onlyFlag(*only)
 	}
@@ -239,7 +251,7 @@ func onlyFlag(s string) map[string]bool {
 	only := map[string]bool{}
 	for _, p := range strings.Split(s, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "ceilings", "burndown", "tracing", "latency", "backfill", "producers":
+		case "ceilings", "burndown", "tracing", "latency", "backfill", "replay", "producers":
 			only[p] = true
 		default:
 			usageExit("-only: unknown section %q", p)
@@ -290,6 +302,7 @@ func run(ctx context.Context, o options) (*Results, error) {
 		{"tracing", b.tracing},
 		{"latency", b.latencies},
 		{"backfill", b.backfillRun},
+		{"replay", b.replayRun},
 		{"producers", b.producers},
 	}
 	for _, s := range steps {

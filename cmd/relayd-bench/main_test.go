@@ -109,6 +109,10 @@ func TestSmoke(t *testing.T) {
 			"p50_ms", "p90_ms", "p99_ms", "max_ms", "achieved_rate_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib")
 	}
 	positive("backfill", doc["backfill"], "messages", "moved", "seconds", "per_second", "cpu_seconds_per_10k_messages", "peak_rss_mib", "ceiling_per_second", "ratio")
+	positive("replay", doc["replay"], "messages", "sent", "received", "seconds", "per_second", "process_seconds", "cpu_seconds_per_10k_messages", "peak_rss_mib", "ceiling_per_second", "ratio")
+	if rp, _ := doc["replay"].(map[string]any); rp != nil {
+		positive("replay dry run", rp["dry_run"], "read", "would_send", "seconds", "per_second", "cpu_seconds_per_10k_messages")
+	}
 	pd, _ := doc["producers"].(map[string]any)
 	runs, _ := pd["runs"].([]any)
 	if len(runs) != len(producerClients) {

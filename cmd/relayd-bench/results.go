@@ -17,6 +17,7 @@ type Results struct {
 	Tracing      *Tracing   `json:"tracing,omitempty"`
 	Latency      []Latency  `json:"latency"`
 	Backfill     *Backfill  `json:"backfill,omitempty"`
+	Replay       *Replay    `json:"replay,omitempty"`
 	Producers    *Producers `json:"producers,omitempty"`
 	PeakRSSMiB   float64    `json:"relayd_peak_rss_mib"` // highest of every relayd process
 	Targets      []Verdict  `json:"targets"`
@@ -144,6 +145,38 @@ type Backfill struct {
 	Ratio            float64   `json:"ratio,omitempty"`
 	Bound            float64   `json:"cpu_bound_ratio,omitempty"` // see cpuBound
 	CPU              *CPUSplit `json:"cpu_core_seconds_per_10k,omitempty"`
+}
+
+// Replay is the `relayd replay` run, and its dry run before it.
+type Replay struct {
+	Messages int    `json:"messages"`
+	Source   string `json:"source"`    // how the stream got them
+	RateFlag int    `json:"rate_flag"` // --rate
+	Sent     int64  `json:"sent"`      // the replay's summary
+	Received int    `json:"received"`  // message ids the legacy queue got, each once
+	// Seconds and Rate are the replay's own summary's (messages read per
+	// second); ProcessSeconds is from process start to exit.
+	Seconds          float64       `json:"seconds"`
+	Rate             float64       `json:"per_second"`
+	ProcessSeconds   float64       `json:"process_seconds"`
+	CPUSecondsPer10k float64       `json:"cpu_seconds_per_10k_messages"`
+	PeakRSSMiB       float64       `json:"peak_rss_mib"`
+	Ceiling          string        `json:"ceiling,omitempty"` // for information: no target
+	CeilingRate      float64       `json:"ceiling_per_second,omitempty"`
+	Ratio            float64       `json:"ratio,omitempty"`
+	CPU              *CPUSplit     `json:"cpu_core_seconds_per_10k,omitempty"`
+	DryRun           *ReplayDryRun `json:"dry_run,omitempty"`
+}
+
+// ReplayDryRun is `relayd replay --dry-run` over the same window: it reads
+// the stream and looks the ids up, and publishes nothing.
+type ReplayDryRun struct {
+	Read             int64   `json:"read"`
+	WouldSend        int64   `json:"would_send"`
+	Seconds          float64 `json:"seconds"`
+	Rate             float64 `json:"per_second"` // its summary's
+	CPUSecondsPer10k float64 `json:"cpu_seconds_per_10k_messages"`
+	PeakRSSMiB       float64 `json:"peak_rss_mib"`
 }
 
 // Producers is what relayd costs the services that write the outbox.

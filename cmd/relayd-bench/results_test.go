@@ -80,3 +80,32 @@ func TestCPUBound(t *testing.T) {
 		t.Errorf("without the consume ceiling's CPU: bound %v and a verdict, want neither", r.Backfill.Bound)
 	}
 }
+
+// TestReplayRow checks the replay's row: its rate set against the RabbitMQ
+// publish ceiling for information, with no target, and the dry run's row.
+func TestReplayRow(t *testing.T) {
+	r := &Results{}
+	r.addCeiling(Ceiling{Key: ceilAMQPRelayd, Rate: 16103})
+	r.Replay = &Replay{Messages: 50000, RateFlag: 1_000_000, Rate: 8145, CPUSecondsPer10k: 0.17, PeakRSSMiB: 48.1,
+		DryRun: &ReplayDryRun{Read: 50000, Rate: 47730, CPUSecondsPer10k: 0.13, PeakRSSMiB: 29}}
+	r.evaluate()
+	if r.Replay.Ratio != 0.51 {
+		t.Errorf("ratio %v, want 0.51 (8,145 / 16,103)", r.Replay.Ratio)
+	}
+	if v := r.verdictFor("replay"); v != nil {
+		t.Errorf("a replay target %+v, want none", *v)
+	}
+	if r.PeakRSSMiB != 48.1 {
+		t.Errorf("peak RSS %v, want the replay's 48.1", r.PeakRSSMiB)
+	}
+	var out bytes.Buffer
+	writeTable(&out, r)
+	for _, want := range []string{
+		"| replay, 50,000 messages the relay put in the stream in the nats-only phase, --rate 1,000,000 | 8,145 msg/s | 0.17 | 48 MiB | – | 16,103/s RabbitMQ publish (relayd's properties) | 0.51 | – | none (for information) |",
+		"| replay --dry-run, the same 50,000 messages | 47,730 msg/s read | 0.13 | 29 MiB | – | – | – | – | – |",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}

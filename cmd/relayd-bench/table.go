@@ -58,9 +58,10 @@ func writeCeilings(w io.Writer, r *Results) {
 	}
 }
 
-// writeRelaydRuns prints the burn-downs and the backfill against their ceilings.
+// writeRelaydRuns prints the burn-downs, the backfill and the replay against
+// their ceilings.
 func writeRelaydRuns(w io.Writer, r *Results) {
-	if len(r.Burndown) > 0 || r.Backfill != nil {
+	if len(r.Burndown) > 0 || r.Backfill != nil || r.Replay != nil {
 		fmt.Fprintf(w, "| relayd | rate | relayd CPU s / 10k | peak RSS | machine CPU busy | ceiling | ratio | CPU bound | target |\n|---|---:|---:|---:|---:|---|---:|---:|---|\n")
 		for _, bd := range r.Burndown {
 			rows, verdict := thousands(float64(bd.Rows))+" rows", fmt.Sprintf("burn-down %s ×%d:", bd.Targets, bd.Instances)
@@ -77,6 +78,15 @@ func writeRelaydRuns(w io.Writer, r *Results) {
 			fmt.Fprintf(w, "| backfill, %s messages | %s msg/s | %.2f | %.0f MiB | %s | %s | %s | %s | %s |\n",
 				thousands(float64(bf.Messages)), thousands(bf.Rate), bf.CPUSecondsPer10k, bf.PeakRSSMiB, busy(bf.CPU),
 				ceilingCell(bf.Ceiling, bf.CeilingRate), ratioCell(bf.Ratio), ratioCell(bf.Bound), targetCell(r.verdictFor("backfill:")))
+		}
+		if rp := r.Replay; rp != nil {
+			fmt.Fprintf(w, "| replay, %s messages the relay put in the stream in the nats-only phase, --rate %s | %s msg/s | %.2f | %.0f MiB | %s | %s | %s | – | none (for information) |\n",
+				thousands(float64(rp.Messages)), thousands(float64(rp.RateFlag)), thousands(rp.Rate), rp.CPUSecondsPer10k, rp.PeakRSSMiB, busy(rp.CPU),
+				ceilingCell(rp.Ceiling, rp.CeilingRate), ratioCell(rp.Ratio))
+			if d := rp.DryRun; d != nil {
+				fmt.Fprintf(w, "| replay --dry-run, the same %s messages | %s msg/s read | %.2f | %.0f MiB | – | – | – | – | – |\n",
+					thousands(float64(d.Read)), thousands(d.Rate), d.CPUSecondsPer10k, d.PeakRSSMiB)
+			}
 		}
 		fmt.Fprintln(w)
 	}

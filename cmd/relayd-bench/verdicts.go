@@ -158,6 +158,17 @@ func (r *Results) evaluate() {
 			}
 		}
 	}
+	if rp := r.Replay; rp != nil {
+		peak = math.Max(peak, rp.PeakRSSMiB)
+		if rp.DryRun != nil {
+			peak = math.Max(peak, rp.DryRun.PeakRSSMiB)
+		}
+		// For information: replay has no target of its own.
+		if c, ok := r.ceiling(ceilAMQPRelayd); ok {
+			rp.Ceiling, rp.CeilingRate = "RabbitMQ publish (relayd's properties)", c.Rate
+			rp.Ratio = round(rp.Rate/c.Rate, 2)
+		}
+	}
 	if p := r.Producers; p != nil {
 		for _, run := range p.Runs {
 			r.verdict(fmt.Sprintf("producers, %d connections: outbox commits/s vs bare", run.Clients), run.Ratio, ">=", 0.9)
