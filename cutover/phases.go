@@ -47,7 +47,7 @@ func relaydPhases(ctx context.Context, cfg Config) (Condition, error) {
 		return Condition{Name: CondPhases, Detail: strings.Join(bad, "; ")}, nil
 	}
 	var parts []string
-	for _, n := range []phase.Name{phase.AMQP, phase.Dual, phase.NATS} {
+	for _, n := range phase.Names {
 		if counts[n] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[n], n))
 		}
