@@ -48,11 +48,13 @@ func TestRelaysFollowTheSharedPhase(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.setTablePhase(phase.AMQP)
+	// Two workers each: four relays of eight would hold half of the shared
+	// Postgres's 100 connections, with other tests running beside this one.
 	for i := range 3 {
-		e.startRelay(fmt.Sprintf("relay-%d", i))
+		e.startRelay(fmt.Sprintf("relay-%d", i), "RELAY_WORKERS=2")
 	}
 	pinnedAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	pinned := e.startRelay("relay-pinned", "RELAY_TARGETS=amqp", "RELAY_METRICS_ADDR="+pinnedAddr)
+	pinned := e.startRelay("relay-pinned", "RELAY_WORKERS=2", "RELAY_TARGETS=amqp", "RELAY_METRICS_ADDR="+pinnedAddr)
 	e.waitInstances(4, phase.AMQP)
 	load := e.startLoad(5, 20*time.Millisecond) // ~250 rows/s
 	produced := func() int { load.mu.Lock(); defer load.mu.Unlock(); return len(load.ids) }
