@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
-	"time"
 
 	"github.com/relayd/relayd/backfill"
 )
@@ -34,47 +32,16 @@ func (b *bench) backfillRun(ctx context.Context, res *Results) error {
 	b.settle(ctx)
 
 	b.logf("backfill: relayd backfill --queue, %s messages", thousands(float64(n)))
-	// No HTTP server for the backfill, unless -relayd-env asks for one
-	// (RELAY_PPROF with a RELAY_METRICS_ADDR, to profile it): the last of
-	// duplicate variables wins.
-	env := cr.relaydEnv("")
-	for i, e := range env {
-		if strings.HasPrefix(e, "RELAY_METRICS_ADDR=") {
-			env[i] = "RELAY_METRICS_ADDR="
-			break
-		}
-	}
-	snap := takeCPUSnap()
-	start := time.Now()
-	p, err := b.start(env, "backfill", "--queue", cr.queue, "--json")
+	r, err := b.runToExit(ctx, cr, n, "backfill", "--queue", cr.queue, "--json")
 	if err != nil {
 		return err
-	}
-	defer p.kill()
-	for !p.exited() {
-		p.sampleHWM()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-p.done:
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	elapsed := time.Since(start)
-	split := cpuSplit(snap, takeCPUSnap(), n)
-	u, err := p.stop()
-	if err != nil {
-		return err
-	}
-	if split != nil {
-		split.Relayd = per10k(u.CPU, n) // the process is gone from /proc by now
 	}
 	var sum backfill.Summary
-	if err := json.Unmarshal([]byte(p.stdout.String()), &sum); err != nil {
-		return fmt.Errorf("backfill summary: %w\n%s", err, p.stdout.String())
+	if err := json.Unmarshal([]byte(r.stdout), &sum); err != nil {
+		return fmt.Errorf("backfill summary: %w\n%s", err, r.stdout)
 	}
 	if sum.Moved != int64(n) {
-		return fmt.Errorf("backfill moved %d of %d messages: %+v\n%s", sum.Moved, n, sum, tail(p.out.String(), 2000))
+		return fmt.Errorf("backfill moved %d of %d messages: %+v\n%s", sum.Moved, n, sum, tail(r.log, 2000))
 	}
 	if got, err := cr.streamMsgs(ctx); err != nil || got != uint64(n) {
 		return fmt.Errorf("stream holds %d messages after the backfill, want %d (%v)", got, n, err)
@@ -82,12 +49,12 @@ func (b *bench) backfillRun(ctx context.Context, res *Results) error {
 	bf := &Backfill{
 		Messages:         n,
 		Moved:            sum.Moved,
-		Seconds:          round(elapsed.Seconds(), 3),
-		Rate:             round(float64(sum.Moved)/elapsed.Seconds(), 0),
+		Seconds:          round(r.elapsed.Seconds(), 3),
+		Rate:             round(float64(sum.Moved)/r.elapsed.Seconds(), 0),
 		ReportedRate:     round(sum.Rate, 0),
-		CPUSecondsPer10k: per10k(u.CPU, n),
-		PeakRSSMiB:       mib(u.PeakRSS),
-		CPU:              split,
+		CPUSecondsPer10k: per10k(r.u.CPU, n),
+		PeakRSSMiB:       mib(r.u.PeakRSS),
+		CPU:              r.split,
 	}
 	b.logf("  %s msg/s (the backfill's own figure: %s msg/s), %.2f CPU s/10k, peak RSS %.0f MiB",
 		thousands(bf.Rate), thousands(bf.ReportedRate), bf.CPUSecondsPer10k, bf.PeakRSSMiB)

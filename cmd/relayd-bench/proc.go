@@ -154,3 +154,53 @@ func tail(s string, n int) string {
 	}
 	return "…" + s[len(s)-n:]
 }
+
+// oneShot is a relayd command run to its exit: its stdout, its log, and
+// what it took.
+type oneShot struct {
+	stdout, log string
+	elapsed     time.Duration // process start to exit
+	u           usage
+	split       *CPUSplit
+}
+
+// runToExit runs relayd with args in the corner's environment, without an
+// HTTP server unless -relayd-env asks for one (RELAY_PPROF with a
+// RELAY_METRICS_ADDR, to profile it: the last of duplicate variables wins),
+// and measures it over n messages.
+func (b *bench) runToExit(ctx context.Context, cr *corner, n int, args ...string) (oneShot, error) {
+	var r oneShot
+	env := cr.relaydEnv("")
+	for i, e := range env {
+		if strings.HasPrefix(e, "RELAY_METRICS_ADDR=") {
+			env[i] = "RELAY_METRICS_ADDR="
+			break
+		}
+	}
+	snap := takeCPUSnap()
+	start := time.Now()
+	p, err := b.start(env, args...)
+	if err != nil {
+		return r, err
+	}
+	defer p.kill()
+	for !p.exited() {
+		p.sampleHWM()
+		select {
+		case <-ctx.Done():
+			return r, ctx.Err()
+		case <-p.done:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	r.elapsed = time.Since(start)
+	r.split = cpuSplit(snap, takeCPUSnap(), n)
+	if r.u, err = p.stop(); err != nil {
+		return r, err
+	}
+	if r.split != nil {
+		r.split.Relayd = per10k(r.u.CPU, n) // the process is gone from /proc by now
+	}
+	r.stdout, r.log = p.stdout.String(), p.out.String()
+	return r, nil
+}

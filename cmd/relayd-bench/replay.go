@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -146,51 +145,21 @@ func (b *bench) relayNATSOnly(ctx context.Context, cr *corner, n int) error {
 	return nil
 }
 
-// replayed is one `relayd replay` process.
+// replayed is one `relayd replay` process and its summary.
 type replayed struct {
-	sum     replay.Summary
-	elapsed time.Duration // process start to exit
-	u       usage
-	split   *CPUSplit
+	oneShot
+	sum replay.Summary
 }
 
 // replayProc runs `relayd replay --json` with args to its exit.
 func (b *bench) replayProc(ctx context.Context, cr *corner, n int, args ...string) (replayed, error) {
 	var r replayed
-	// No HTTP server, unless -relayd-env asks for one (see backfillRun).
-	env := cr.relaydEnv("")
-	for i, e := range env {
-		if strings.HasPrefix(e, "RELAY_METRICS_ADDR=") {
-			env[i] = "RELAY_METRICS_ADDR="
-			break
-		}
-	}
-	snap := takeCPUSnap()
-	start := time.Now()
-	p, err := b.start(env, append([]string{"replay", "--json"}, args...)...)
-	if err != nil {
+	var err error
+	if r.oneShot, err = b.runToExit(ctx, cr, n, append([]string{"replay", "--json"}, args...)...); err != nil {
 		return r, err
 	}
-	defer p.kill()
-	for !p.exited() {
-		p.sampleHWM()
-		select {
-		case <-ctx.Done():
-			return r, ctx.Err()
-		case <-p.done:
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	r.elapsed = time.Since(start)
-	r.split = cpuSplit(snap, takeCPUSnap(), n)
-	if r.u, err = p.stop(); err != nil {
-		return r, err
-	}
-	if r.split != nil {
-		r.split.Relayd = per10k(r.u.CPU, n) // the process is gone from /proc by now
-	}
-	if err := json.Unmarshal([]byte(p.stdout.String()), &r.sum); err != nil {
-		return r, fmt.Errorf("replay summary: %w\n%s", err, p.stdout.String())
+	if err := json.Unmarshal([]byte(r.stdout), &r.sum); err != nil {
+		return r, fmt.Errorf("replay summary: %w\n%s", err, r.stdout)
 	}
 	return r, nil
 }
