@@ -117,11 +117,10 @@ func (r *Relay) takePhase(table []Target) (switched bool, warn string) {
 		p.warned = nil
 		return false, ""
 	}
-	if !r.cfg.Pinned {
-		if missing := r.missingSinks(want); len(missing) == 0 {
-			p.running, p.warned = want, nil
-			return true, ""
-		}
+	missing := r.missingSinks(want)
+	if !r.cfg.Pinned && len(missing) == 0 {
+		p.running, p.warned = want, nil
+		return true, ""
 	}
 	if slices.Equal(p.warned, table) {
 		return false, ""
@@ -130,7 +129,7 @@ func (r *Relay) takePhase(table []Target) (switched bool, warn string) {
 	if r.cfg.Pinned {
 		return false, "RELAY_TARGETS pins this relay to a phase other than the table's: it does not follow `relayd phase set`"
 	}
-	return false, fmt.Sprintf("cannot follow the table's phase: no connection to %v is configured", r.missingSinks(want))
+	return false, fmt.Sprintf("cannot follow the table's phase: no connection to %v is configured", missing)
 }
 
 // missingSinks lists the targets of p the relay has no sink for.
