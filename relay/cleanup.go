@@ -31,14 +31,13 @@ func (r *Relay) cleanup(ctx context.Context) {
 
 // CleanupOnce finishes the next slice's stranded rows (rows JetStream has
 // that RabbitMQ owed before the move to nats only), then deletes, 1000 at a
-// time, the record of delivered ids past retention, the backfill's record
-// of moved ids past retention, and rows marked done in the outbox before
-// migration 00005 past retention; it returns the first error.
+// time, the record of delivered ids and the backfill's record of moved ids
+// past retention; it returns the first error.
 func (r *Relay) CleanupOnce(ctx context.Context) error {
 	// Each step on its own: one that fails does not keep the others from
 	// their work.
 	first := r.finishStranded(ctx)
-	for _, q := range []string{r.store.cleanupDeliveredSQL, r.store.cleanupBackfilledSQL, r.store.cleanupSQL} {
+	for _, q := range []string{r.store.cleanupDeliveredSQL, r.store.cleanupBackfilledSQL} {
 		for {
 			if err := ctx.Err(); err != nil {
 				return err

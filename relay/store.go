@@ -22,7 +22,6 @@ type store struct {
 	// lateSQL marks rows delivered to a target whose confirm came after
 	// their batch gave up waiting.
 	lateSQL              perTarget[string]
-	cleanupSQL           string
 	cleanupDeliveredSQL  string
 	cleanupBackfilledSQL string
 	// finishSQL moves out of the outbox rows JetStream has that no batch
@@ -36,7 +35,6 @@ func newStore(t schema.Table) *store {
 		claimSQL:             s.Claim,
 		recordSQL:            s.Record,
 		lateSQL:              perTarget[string]{AMQP: s.Late.AMQP, NATS: s.Late.NATS},
-		cleanupSQL:           s.Cleanup,
 		cleanupDeliveredSQL:  s.CleanupDelivered,
 		cleanupBackfilledSQL: s.CleanupBackfilled,
 		finishSQL:            s.Finish,

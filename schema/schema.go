@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
+	"testing/fstest"
 	"text/template"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -166,7 +167,8 @@ func (d templateData) Qualified(suffix string) string {
 // files migrations/NNNNN_name.up.sql and NNNNN_name.down.sql in FS, rendered
 // for a [Table] (the templates see .Table, .Name, .Channel, .WakeLock and
 // .Qualified "suffix") and run as goose Go migrations under a Postgres
-// session advisory lock, so instances starting together do not race. The
+// session advisory lock, so instances starting together do not race. A
+// migration whose first line is noTxMarker runs outside a transaction. The
 // outbox's are this package's; package inbox has its own.
 type Migrations struct {
 	FS     fs.FS
@@ -192,13 +194,23 @@ func (m Migrations) render(file string, t Table) (string, error) {
 	return b.String(), nil
 }
 
-// list returns the migrations rendered for t, in version order.
-func (m Migrations) list(t Table) ([]*goose.Migration, error) {
+// rendered is t's migrations: Go functions for those run in a transaction,
+// SQL files for those run outside one. goose runs SQL files on the
+// connection holding its lock; a Go migration outside a transaction would
+// wait for another connection of the pool, which may all be taken by
+// instances waiting for that lock.
+type rendered struct {
+	inTx []*goose.Migration
+	noTx fstest.MapFS
+}
+
+// list returns the migrations rendered for t.
+func (m Migrations) list(t Table) (rendered, error) {
+	r := rendered{noTx: fstest.MapFS{}}
 	entries, err := fs.ReadDir(m.FS, "migrations")
 	if err != nil {
-		return nil, err
+		return r, err
 	}
-	var out []*goose.Migration
 	for _, e := range entries {
 		name := e.Name()
 		if !strings.HasSuffix(name, ".up.sql") {
@@ -206,20 +218,34 @@ func (m Migrations) list(t Table) ([]*goose.Migration, error) {
 		}
 		var version int64
 		if _, err := fmt.Sscanf(name, "%05d_", &version); err != nil {
-			return nil, fmt.Errorf("migration %s: no version prefix", name)
+			return r, fmt.Errorf("migration %s: no version prefix", name)
 		}
 		up, err := m.render(name, t)
 		if err != nil {
-			return nil, err
+			return r, err
 		}
 		down, err := m.render(strings.TrimSuffix(name, ".up.sql")+".down.sql", t)
 		if err != nil {
-			return nil, err
+			return r, err
 		}
-		out = append(out, goose.NewGoMigration(version, execTx(up), execTx(down)))
+		switch {
+		case noTx(up) != noTx(down):
+			return r, fmt.Errorf("migration %s: up and down must both run in a transaction, or neither", name)
+		case noTx(up):
+			src := "-- +goose NO TRANSACTION\n-- +goose Up\n" + up + "\n-- +goose Down\n" + down
+			r.noTx[strings.TrimSuffix(name, ".up.sql")+".sql"] = &fstest.MapFile{Data: []byte(src)}
+		default:
+			r.inTx = append(r.inTx, goose.NewGoMigration(version, execTx(up), execTx(down)))
+		}
 	}
-	return out, nil
+	return r, nil
 }
+
+// noTxMarker, as a migration's first line, runs it outside a transaction,
+// one statement at a time: for CREATE or DROP INDEX CONCURRENTLY.
+const noTxMarker = "-- +relayd no-transaction"
+
+func noTx(q string) bool { return strings.HasPrefix(q, noTxMarker+"\n") }
 
 func execTx(q string) *goose.GoFunc {
 	return &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
@@ -247,10 +273,10 @@ func (m Migrations) Provider(db *sql.DB, t Table, logger *slog.Logger) (*goose.P
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return goose.NewProvider(goose.DialectPostgres, db, nil,
+	return goose.NewProvider(goose.DialectPostgres, db, migs.noTx,
 		goose.WithTableName(t.versionTable()),
 		goose.WithSessionLocker(locker),
-		goose.WithGoMigrations(migs...),
+		goose.WithGoMigrations(migs.inTx...),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithSlog(logger),
 	)

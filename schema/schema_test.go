@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -131,5 +132,17 @@ func TestUpConcurrent(t *testing.T) {
 		if _, err := pool.Exec(ctx, q); err == nil {
 			t.Errorf("%s: accepted, want a constraint error", q)
 		}
+	}
+}
+
+// A migration runs in a transaction or outside one, up and down alike.
+func TestNoTransactionMarkerOnBothSides(t *testing.T) {
+	fsys := fstest.MapFS{
+		"migrations/00001_a.up.sql":   {Data: []byte("-- +relayd no-transaction\nCREATE INDEX CONCURRENTLY i ON {{.Table}} (id);\n")},
+		"migrations/00001_a.down.sql": {Data: []byte("DROP INDEX i;\n")},
+	}
+	_, err := schema.Migrations{FS: fsys}.Provider(nil, schema.Table{Name: "outbox"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "00001_a.up.sql: up and down must both run in a transaction, or neither") {
+		t.Fatalf("up outside a transaction, down in one: %v", err)
 	}
 }

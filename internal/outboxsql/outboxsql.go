@@ -56,7 +56,6 @@ type Statements struct {
 	Finish string
 
 	// Retention.
-	Cleanup           string
 	CleanupDelivered  string
 	CleanupBackfilled string
 
@@ -150,7 +149,6 @@ func render(t schema.Table) *Statements {
 		Record:                   exec("Record", d),
 		Late:                     perTarget("Late"),
 		Finish:                   exec("Finish", d),
-		Cleanup:                  exec("Cleanup", d),
 		CleanupDelivered:         exec("CleanupDelivered", d),
 		CleanupBackfilled:        exec("CleanupBackfilled", d),
 		Stats:                    ByTarget[Stats]{AMQP: stats("amqp"), NATS: stats("nats")},

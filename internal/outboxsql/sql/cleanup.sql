@@ -1,14 +1,6 @@
 -- The cleanups delete, oldest first and at most $2 rows a statement, rows
 -- older than $1 milliseconds, so each statement stays short.
 
--- Cleanup deletes rows marked done in the outbox itself (done_at, written
--- by relayd before migration 00005); rows others lock are skipped.
-{{define "Cleanup"}}
-DELETE FROM {{.Table}} WHERE id IN (
-	SELECT id FROM {{.Table}} WHERE done_at < now() - $1 * interval '1 millisecond'
-	ORDER BY done_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-{{end}}
-
 -- CleanupDelivered trims the record of delivered ids, along its primary key.
 {{define "CleanupDelivered"}}
 DELETE FROM {{.Delivered}} WHERE (done_at, id) IN (
