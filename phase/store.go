@@ -39,18 +39,19 @@ func Read(ctx context.Context, db *pgxpool.Pool, table schema.Table) (c Change, 
 // (another change came first).
 var ErrChanged = errors.New("the phase changed meanwhile")
 
-// Set records c as the table's phase, and in its history, unless the phase
-// now is not from (with fromSet false: unless one was set). It returns the
-// time of the change, by the database's clock.
-func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, from Name, fromSet bool) (time.Time, error) {
+// Set records c as the table's phase, and in its history, unless the
+// table's setting now is not from, as Read returned it (with fromSet false:
+// unless one was set). It returns the time of the change, by the
+// database's clock.
+func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, from Change, fromSet bool) (time.Time, error) {
 	q := outboxsql.For(table)
 	var at time.Time
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q.PhaseLock); err != nil {
 			return err
 		}
-		var now Name
-		err := tx.QueryRow(ctx, q.PhaseRead).Scan(&now, nil, nil, nil)
+		var now Change
+		err := tx.QueryRow(ctx, q.PhaseRead).Scan(&now.Phase, &now.ChangedAt, &now.ChangedBy, nil)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			if fromSet {
@@ -58,8 +59,12 @@ func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, fr
 			}
 		case err != nil:
 			return err
-		case !fromSet || now != from:
-			return fmt.Errorf("%w: it is %s now", ErrChanged, now)
+		case !fromSet || now.Phase != from.Phase:
+			return fmt.Errorf("%w: it is %s now", ErrChanged, now.Phase)
+		case !now.ChangedAt.Equal(from.ChangedAt):
+			// The same phase set again meanwhile (dual, amqp, dual): the
+			// relays ran another phase since the caller's check.
+			return fmt.Errorf("%w: it is %s again, set at %s by %s", ErrChanged, now.Phase, now.ChangedAt.UTC().Format(time.RFC3339Nano), now.ChangedBy)
 		}
 		return tx.QueryRow(ctx, q.PhaseSet, c.Phase, c.ChangedBy, c.Reason, c.Forced).Scan(&at)
 	})

@@ -185,7 +185,7 @@ func TestPhaseSetConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another change, after phase set read the phase and before it records.
-	if _, err := phase.Set(context.Background(), pool, table, phase.Change{Phase: phase.AMQP, ChangedBy: "other@h"}, phase.Dual, true); err != nil {
+	if _, err := phase.Set(context.Background(), pool, table, phase.Change{Phase: phase.AMQP, ChangedBy: "other@h"}, read, true); err != nil {
 		t.Fatal(err)
 	}
 	var errBuf, outBuf strings.Builder
