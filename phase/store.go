@@ -1,12 +1,14 @@
 package phase
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
@@ -46,7 +48,7 @@ var ErrChanged = errors.New("the phase changed meanwhile")
 func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, from Change, fromSet bool) (time.Time, error) {
 	q := outboxsql.For(table)
 	var at time.Time
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := inTx(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q.PhaseLock); err != nil {
 			return err
 		}
@@ -72,6 +74,31 @@ func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, fr
 		return time.Time{}, fmt.Errorf("set the phase of %s: %w", table, err)
 	}
 	return at, nil
+}
+
+// ErrUnknown: Set's commit got no answer (the connection or the session
+// ended meanwhile): the change may or may not be recorded.
+var ErrUnknown = errors.New("no answer from Postgres to the commit")
+
+// inTx runs fn in a transaction and commits it; a commit that fails other
+// than by Postgres's own error (the transaction rolled back) is ErrUnknown.
+func inTx(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+	if err := fn(tx); err != nil {
+		return err
+	}
+	err = tx.Commit(ctx)
+	var pgErr *pgconn.PgError
+	if err == nil || errors.Is(err, pgx.ErrTxCommitRollback) || (errors.As(err, &pgErr) && cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) == "ERROR") {
+		return err
+	}
+	// A FATAL or a lost connection can come after the commit record was
+	// written (a synchronous standby's wait ended by a signal, a failover).
+	return fmt.Errorf("%w: %w", ErrUnknown, err)
 }
 
 // History returns every change of the table's phase, oldest first.

@@ -271,3 +271,49 @@ func TestPhaseUsage(t *testing.T) {
 		}
 	}
 }
+
+// A commit whose answer Postgres never gives (its session ended during the
+// commit, as in a failover) leaves the change unknown: phase set says it may
+// be recorded and where to look, not just that it failed.
+func TestPhaseSetCommitAnswerLost(t *testing.T) {
+	t.Parallel()
+	env, table, _ := phaseSetup(t)
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	mustRun(t, env, "phase", "set", "dual")
+	// A deferred trigger holds the commit of a change until the test ends
+	// that session.
+	app := "relayd-test-commit-" + table.Schema
+	fn := table.Schema + ".hold_commit"
+	if _, err := pool.Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM set_config('application_name', '`+app+`', false); PERFORM pg_sleep(60); RETURN NULL; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT OR UPDATE ON `+table.Side("phase")+`
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+fn+`()`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		code        int
+		out, errOut string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, out, errOut := runCLI(t, env, "phase", "set", "amqp", "--by", "b@h")
+		done <- result{code, out, errOut}
+	}()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+		return err == nil && n > 0
+	}, "the change's commit never reached the trigger")
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("phase set did not return after its session ended")
+	}
+	if r.code != exitFailure || !strings.Contains(r.errOut, "may or may not be recorded") || !strings.Contains(r.errOut, "relayd phase") {
+		t.Errorf("phase set whose commit's answer was lost: exit %d, %q, %q; want 1 saying it may be recorded and to look with relayd phase", r.code, r.out, r.errOut)
+	}
+}

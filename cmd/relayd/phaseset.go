@@ -84,6 +84,10 @@ func recordPhase(ss *session, a phaseSetArgs, before phase.Change, set bool, std
 		fmt.Fprintf(stderr, "relayd phase set: not recorded: %v. Another change came first: see relayd phase --history, and run again if the move still stands.\n", err)
 		return exitFailure
 	}
+	if errors.Is(err, phase.ErrUnknown) {
+		fmt.Fprintf(stderr, "relayd phase set: the move to %s may or may not be recorded (%v). See relayd phase --history, and run again if the phase is not %s.\n", a.to, err, a.to)
+		return exitFailure
+	}
 	if err != nil {
 		ss.log.Error("set the phase", "error", err.Error())
 		return exitFailure
