@@ -11,7 +11,8 @@ import (
 )
 
 // checkDualWrite fails with ErrNotDualWrite when a running relay reports a
-// phase without JetStream, or rows left the outbox without JetStream: at
+// phase without JetStream, the table's phase is amqp, or rows left the
+// outbox without JetStream: at
 // the first check, in the last dualWriteLookback, after the first that
 // reached JetStream; then since the last check. The rows catch relays too
 // old to report their phase.
@@ -31,6 +32,15 @@ func (b *runner) checkDualWrite(ctx context.Context) error {
 			return fmt.Errorf("%w: relayd instance %s runs phase amqp, and the messages it has in flight would reach JetStream by neither it nor the backfill; put it in dual write (%s), then run the backfill",
 				ErrNotDualWrite, in.Instance, how)
 		}
+	}
+	// The relays that follow the table run its phase, those not running yet too.
+	c, set, err := phase.Read(ctx, b.cfg.DB, b.cfg.Table)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if set && c.Phase == phase.AMQP {
+		return fmt.Errorf("%w: the outbox's phase is amqp: the relays that follow it send nothing to JetStream, and the messages they have in flight would reach it by neither them nor the backfill; start dual write (relayd phase set dual), then run the backfill",
+			ErrNotDualWrite)
 	}
 	return b.checkFinishedWithoutNATS(ctx)
 }

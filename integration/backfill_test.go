@@ -812,6 +812,28 @@ func TestBackfillRefusesWhileARelayReportsPhaseAMQP(t *testing.T) {
 	}
 }
 
+// The outbox's phase set to amqp stops the backfill at start, even with no
+// relay running: a relay that starts follows the table into amqp, and the
+// in-flight rows the run would skip as owed to JetStream never reach it.
+func TestBackfillRefusesWhileTheTablesPhaseIsAMQP(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.legacyPublish([]amqp.Publishing{{MessageId: "dw-3", Body: []byte("x"), DeliveryMode: amqp.Persistent}}, "orders.dw")
+	e.setTablePhase(phase.AMQP)
+	out, err := e.backfillWithin(t, 30*time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "relayd phase set dual") {
+		t.Fatalf("backfill with the table in amqp: %v, want exit 1 saying to set the phase to dual:\n%s", err, out)
+	}
+	if n := e.streamCount(); n != 0 {
+		t.Fatalf("%d messages moved by a run that refused to start", n)
+	}
+	e.setTablePhase(phase.Dual)
+	if out, err := e.backfillWithin(t, 30*time.Second); err != nil {
+		t.Fatalf("backfill with the table in dual: %v\n%s", err, out)
+	}
+}
+
 // An instance on RELAY_TARGETS=amqp that had finished nothing lately passes
 // the check at start; once it finishes a row, the run stops (exit 1),
 // within the 30 s between checks.

@@ -1,12 +1,14 @@
 package phase
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
@@ -39,18 +41,19 @@ func Read(ctx context.Context, db *pgxpool.Pool, table schema.Table) (c Change, 
 // (another change came first).
 var ErrChanged = errors.New("the phase changed meanwhile")
 
-// Set records c as the table's phase, and in its history, unless the phase
-// now is not from (with fromSet false: unless one was set). It returns the
-// time of the change, by the database's clock.
-func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, from Name, fromSet bool) (time.Time, error) {
+// Set records c as the table's phase, and in its history, unless the
+// table's setting now is not from, as Read returned it (with fromSet false:
+// unless one was set). It returns the time of the change, by the
+// database's clock.
+func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, from Change, fromSet bool) (time.Time, error) {
 	q := outboxsql.For(table)
 	var at time.Time
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := inTx(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q.PhaseLock); err != nil {
 			return err
 		}
-		var now Name
-		err := tx.QueryRow(ctx, q.PhaseRead).Scan(&now, nil, nil, nil)
+		var now Change
+		err := tx.QueryRow(ctx, q.PhaseRead).Scan(&now.Phase, &now.ChangedAt, &now.ChangedBy, nil)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			if fromSet {
@@ -58,8 +61,12 @@ func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, fr
 			}
 		case err != nil:
 			return err
-		case !fromSet || now != from:
-			return fmt.Errorf("%w: it is %s now", ErrChanged, now)
+		case !fromSet || now.Phase != from.Phase:
+			return fmt.Errorf("%w: it is %s now", ErrChanged, now.Phase)
+		case !now.ChangedAt.Equal(from.ChangedAt):
+			// The same phase set again meanwhile (dual, amqp, dual): the
+			// relays ran another phase since the caller's check.
+			return fmt.Errorf("%w: it is %s again, set at %s by %s", ErrChanged, now.Phase, now.ChangedAt.UTC().Format(time.RFC3339Nano), now.ChangedBy)
 		}
 		return tx.QueryRow(ctx, q.PhaseSet, c.Phase, c.ChangedBy, c.Reason, c.Forced).Scan(&at)
 	})
@@ -67,6 +74,31 @@ func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, fr
 		return time.Time{}, fmt.Errorf("set the phase of %s: %w", table, err)
 	}
 	return at, nil
+}
+
+// ErrUnknown: Set's commit got no answer (the connection or the session
+// ended meanwhile): the change may or may not be recorded.
+var ErrUnknown = errors.New("no answer from Postgres to the commit")
+
+// inTx runs fn in a transaction and commits it; a commit that fails other
+// than by Postgres's own error (the transaction rolled back) is ErrUnknown.
+func inTx(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+	if err := fn(tx); err != nil {
+		return err
+	}
+	err = tx.Commit(ctx)
+	var pgErr *pgconn.PgError
+	if err == nil || errors.Is(err, pgx.ErrTxCommitRollback) || (errors.As(err, &pgErr) && cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) == "ERROR") {
+		return err
+	}
+	// A FATAL or a lost connection can come after the commit record was
+	// written (a synchronous standby's wait ended by a signal, a failover).
+	return fmt.Errorf("%w: %w", ErrUnknown, err)
 }
 
 // History returns every change of the table's phase, oldest first.

@@ -25,7 +25,7 @@ func TestSetReadHistory(t *testing.T) {
 	if _, ok, err := phase.Read(ctx, pool, table); err != nil || ok {
 		t.Fatalf("a new table: Read ok=%v, %v; want not set", ok, err)
 	}
-	at1, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.Dual, ChangedBy: "alice@h", Reason: "start dual write"}, "", false)
+	at1, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.Dual, ChangedBy: "alice@h", Reason: "start dual write"}, phase.Change{}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,12 +40,12 @@ func TestSetReadHistory(t *testing.T) {
 		from    phase.Name
 		fromSet bool
 	}{{"", false}, {phase.AMQP, true}, {phase.NATS, true}} {
-		_, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.NATS, ChangedBy: "bob@h"}, tc.from, tc.fromSet)
+		_, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.NATS, ChangedBy: "bob@h"}, phase.Change{Phase: tc.from}, tc.fromSet)
 		if !errors.Is(err, phase.ErrChanged) {
 			t.Errorf("Set from %q (set %v) while dual: %v, want ErrChanged", tc.from, tc.fromSet, err)
 		}
 	}
-	at2, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.NATS, ChangedBy: "bob@h", Reason: "cutover", Forced: true}, phase.Dual, true)
+	at2, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.NATS, ChangedBy: "bob@h", Reason: "cutover", Forced: true}, c, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +64,43 @@ func TestSetReadHistory(t *testing.T) {
 		return a.Phase == b.Phase && a.ChangedAt.Equal(b.ChangedAt) && a.ChangedBy == b.ChangedBy && a.Reason == b.Reason && a.Forced == b.Forced
 	}) {
 		t.Errorf("History:\n%+v\nwant\n%+v", h, want)
+	}
+}
+
+// Set from a reading of the phase fails once the phase was changed and
+// set back meanwhile (dual, amqp, dual): the relays ran amqp after the
+// caller's check, so its move must not be recorded.
+func TestSetFailsOnThePhaseSetAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	set := func(to phase.Name) {
+		t.Helper()
+		from, ok, err := phase.Read(ctx, pool, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := phase.Set(ctx, pool, table, phase.Change{Phase: to, ChangedBy: "other@h"}, from, ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(phase.Dual)
+	checked, _, err := phase.Read(ctx, pool, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set(phase.AMQP)
+	set(phase.Dual)
+	_, err = phase.Set(ctx, pool, table, phase.Change{Phase: phase.NATS, ChangedBy: "alice@h"}, checked, true)
+	if !errors.Is(err, phase.ErrChanged) {
+		t.Fatalf("Set nats from the dual read before dual, amqp, dual: %v, want ErrChanged", err)
+	}
+	if now, _, _ := phase.Read(ctx, pool, table); now.Phase != phase.Dual {
+		t.Errorf("phase %s after the refused Set, want dual", now.Phase)
 	}
 }
 

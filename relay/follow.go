@@ -31,7 +31,7 @@ func (s PhaseState) Mismatch() bool { return s.Table != nil && !slices.Equal(s.R
 // phaseState is the relay's current phase and the table's, as last read.
 // Each batch reads the phase once, at its start, and finishes under it.
 type phaseState struct {
-	read    chan struct{} // closed once the table's phase was read, or tried
+	read    chan struct{} // closed once the table's phase was read (pinned: tried)
 	mu      sync.Mutex
 	running phase
 	table   []Target
@@ -53,23 +53,29 @@ func (r *Relay) Phase() PhaseState {
 	return PhaseState{Running: r.phase.running.targets(), Table: slices.Clone(r.phase.table), Pinned: r.cfg.Pinned}
 }
 
-// PhaseRead is closed once the relay has tried its first read of the
-// table's phase (at once without Config.Phase): from then on Phase says
-// what its batches run.
+// PhaseRead is closed once the relay has read the table's phase (pinned:
+// tried to; at once without Config.Phase): from then on Phase says what its
+// batches run.
 func (r *Relay) PhaseRead() <-chan struct{} { return r.phase.read }
 
 // followPhase reads the table's phase every PhaseInterval until ctx is
 // done; first a read at once, so the first batches run in the table's phase.
 func (r *Relay) followPhase(ctx context.Context) {
-	errs := errlog.New(r.log, "read the shared phase")
+	errs := errlog.New(r.log, "read the table's phase from Postgres")
 	t := time.NewTicker(r.cfg.PhaseInterval)
 	defer t.Stop()
-	first := true
+	waiting, said := true, false
 	for {
-		r.readPhase(ctx, errs)
-		if first {
+		// A relay that follows claims nothing before it knows the table's
+		// phase: the phase it starts in (both targets) need not be the table's.
+		ok := r.readPhase(ctx, errs)
+		switch {
+		case waiting && (ok || r.cfg.Pinned):
 			close(r.phase.read)
-			first = false
+			waiting = false
+		case waiting && !said && ctx.Err() == nil:
+			r.log.Warn("not claiming until the table's phase is read from Postgres", "phase_table", r.cfg.Table.Side("phase"))
+			said = true
 		}
 		select {
 		case <-ctx.Done():
@@ -79,14 +85,15 @@ func (r *Relay) followPhase(ctx context.Context) {
 	}
 }
 
-// readPhase reads the table's phase and, unless pinned, switches to it.
-func (r *Relay) readPhase(ctx context.Context, errs *errlog.Limiter) {
+// readPhase reads the table's phase and, unless pinned, switches to it; it
+// reports whether the read answered. On an error the relay keeps its phase.
+func (r *Relay) readPhase(ctx context.Context, errs *errlog.Limiter) bool {
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.PhaseInterval+5*time.Second)
 	targets, set, err := r.cfg.Phase.Phase(rctx)
 	cancel()
 	if err != nil {
-		errs.Error(err)
-		return
+		errs.Error(fmt.Errorf("%w (the relay keeps phase %v)", err, r.Phase().Running))
+		return false
 	}
 	errs.OK()
 	if !set {
@@ -102,6 +109,7 @@ func (r *Relay) readPhase(ctx context.Context, errs *errlog.Limiter) {
 		r.log.Error(warn, "running", s.Running, "table", s.Table)
 	}
 	r.cfg.Metrics.Phase(s)
+	return true
 }
 
 // takePhase records the table's phase and switches new batches to it

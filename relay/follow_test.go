@@ -2,8 +2,11 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,4 +190,77 @@ func TestBatchFinishesUnderItsPhase(t *testing.T) {
 	}
 	later := f.insert(10, "orders.created")
 	testenv.Eventually(t, 10*time.Second, func() bool { return n.total() == len(later) }, "rows committed in dual write did not reach JetStream")
+}
+
+// failingPhase fails every read until fails reads have failed, then
+// answers targets.
+type failingPhase struct {
+	mu      sync.Mutex
+	fails   int
+	calls   int
+	targets []Target
+}
+
+func (s *failingPhase) failing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls <= s.fails
+}
+
+func (s *failingPhase) Phase(context.Context) ([]Target, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	if s.calls <= s.fails {
+		return nil, false, errors.New("postgres: connection refused")
+	}
+	return slices.Clone(s.targets), true, nil
+}
+
+// A relay that follows the table and cannot read its phase at start claims
+// nothing until it can: its start phase (both targets) is not the table's
+// (amqp here), and a rolling upgrade must not see a row on both brokers.
+func TestRelayWaitsForTheTablesPhase(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ids := f.insert(20, "orders.created")
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	src := &failingPhase{fails: 5, targets: []Target{TargetAMQP}}
+	var early atomic.Bool
+	r, _, _ := f.startWith(Config{Sinks: []Sink{a, n}, Phase: src, PhaseInterval: 20 * time.Millisecond},
+		func(r *Relay) {
+			r.hooks = &testHooks{claiming: func() {
+				if src.failing() {
+					early.Store(true)
+				}
+			}}
+		})
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == len(ids) }, "rows not done")
+	if early.Load() {
+		t.Error("the relay claimed before it had read the table's phase")
+	}
+	if n.total() != 0 {
+		t.Errorf("JetStream got %d rows while the table's phase is amqp", n.total())
+	}
+	if u := r.Unready(); len(u) != 0 {
+		t.Errorf("Unready after the phase was read: %q", u)
+	}
+}
+
+// While the phase cannot be read, /readyz says so, and Run still stops.
+func TestRelayThatCannotReadThePhaseStops(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	src := &failingPhase{fails: 1 << 30}
+	r, cancel, done := f.start(Config{Sinks: []Sink{newFake(TargetAMQP), newFake(TargetNATS)}, Phase: src, PhaseInterval: 20 * time.Millisecond})
+	testenv.Eventually(t, 10*time.Second, func() bool { src.mu.Lock(); defer src.mu.Unlock(); return src.calls > 1 }, "the phase was not read again")
+	if u := r.Unready(); len(u) == 0 || !strings.Contains(u[0], "phase") {
+		t.Errorf("Unready while the phase cannot be read: %q, want it said", u)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context was cancelled")
+	}
 }

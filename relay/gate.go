@@ -21,10 +21,16 @@ func (r *Relay) active(now time.Time, enabled phase) (act phase, any bool) {
 
 // Unready says, for each enabled target that is not ready, why: its
 // broker connection is down, or the relay paused it because every publish
-// of its last batches failed for want of the broker. Empty means every
-// target is ready. Safe for concurrent use; /readyz uses it.
+// of its last batches failed for want of the broker; and, while a relay
+// that follows has not read the table's phase, that. Empty means ready.
+// Safe for concurrent use; /readyz uses it.
 func (r *Relay) Unready() []string {
 	var out []string
+	select {
+	case <-r.phase.read:
+	default: // workers claim nothing yet (followPhase)
+		out = append(out, "phase: the table's phase not read from Postgres yet: not claiming")
+	}
 	for _, t := range r.phase.now().targets() {
 		if err := r.sinks.Get(t).Ready(); err != nil {
 			out = append(out, fmt.Sprintf("%s: %v", t, err))

@@ -119,7 +119,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Phase != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.followPhase(ctx) }()
-		<-r.phase.read
+		select { // a Postgres that never answers must not keep Run from stopping
+		case <-r.phase.read:
+		case <-ctx.Done():
+			wg.Wait()
+			close(stopLate)
+			<-lateDone
+			return nil
+		}
 	}
 	wg.Add(2 + r.cfg.Workers)
 	go func() { defer wg.Done(); r.listen(ctx) }()

@@ -108,7 +108,14 @@ func (b *bench) replayRun(ctx context.Context, res *Results) error {
 // setPhase records phase to as the table's, from phase from (fromSet false:
 // none set yet), as `relayd phase set` does.
 func (c *corner) setPhase(ctx context.Context, to, from phase.Name, fromSet bool) error {
-	_, err := phase.Set(ctx, c.b.pool, c.table, phase.Change{Phase: to, ChangedBy: "relayd-bench", Reason: "bench: replay"}, from, fromSet)
+	before, set, err := phase.Read(ctx, c.b.pool, c.table)
+	if err != nil {
+		return err
+	}
+	if set != fromSet || before.Phase != from {
+		return fmt.Errorf("set the phase to %s: it is %q (set %v), want %q", to, before.Phase, set, from)
+	}
+	_, err = phase.Set(ctx, c.b.pool, c.table, phase.Change{Phase: to, ChangedBy: "relayd-bench", Reason: "bench: replay"}, before, set)
 	return err
 }
 

@@ -185,7 +185,7 @@ func TestPhaseSetConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another change, after phase set read the phase and before it records.
-	if _, err := phase.Set(context.Background(), pool, table, phase.Change{Phase: phase.AMQP, ChangedBy: "other@h"}, phase.Dual, true); err != nil {
+	if _, err := phase.Set(context.Background(), pool, table, phase.Change{Phase: phase.AMQP, ChangedBy: "other@h"}, read, true); err != nil {
 		t.Fatal(err)
 	}
 	var errBuf, outBuf strings.Builder
@@ -269,5 +269,51 @@ func TestPhaseUsage(t *testing.T) {
 		if code != exitUsage || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
 			t.Errorf("relayd %v: exit %d, stdout %q, stderr %q; want 2 and one line with %q", tc.args, code, out, errOut, tc.want)
 		}
+	}
+}
+
+// A commit whose answer Postgres never gives (its session ended during the
+// commit, as in a failover) leaves the change unknown: phase set says it may
+// be recorded and where to look, not just that it failed.
+func TestPhaseSetCommitAnswerLost(t *testing.T) {
+	t.Parallel()
+	env, table, _ := phaseSetup(t)
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	mustRun(t, env, "phase", "set", "dual")
+	// A deferred trigger holds the commit of a change until the test ends
+	// that session.
+	app := "relayd-test-commit-" + table.Schema
+	fn := table.Schema + ".hold_commit"
+	if _, err := pool.Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM set_config('application_name', '`+app+`', false); PERFORM pg_sleep(60); RETURN NULL; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT OR UPDATE ON `+table.Side("phase")+`
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+fn+`()`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		code        int
+		out, errOut string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, out, errOut := runCLI(t, env, "phase", "set", "amqp", "--by", "b@h")
+		done <- result{code, out, errOut}
+	}()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+		return err == nil && n > 0
+	}, "the change's commit never reached the trigger")
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("phase set did not return after its session ended")
+	}
+	if r.code != exitFailure || !strings.Contains(r.errOut, "may or may not be recorded") || !strings.Contains(r.errOut, "relayd phase") {
+		t.Errorf("phase set whose commit's answer was lost: exit %d, %q, %q; want 1 saying it may be recorded and to look with relayd phase", r.code, r.out, r.errOut)
 	}
 }

@@ -79,9 +79,13 @@ func cmdPhaseSet(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 func recordPhase(ss *session, a phaseSetArgs, before phase.Change, set bool, stdout, stderr io.Writer) int {
 	ctx, pool, table := ss.ctx, ss.pool, ss.cfg.table
 	change := phase.Change{Phase: a.to, ChangedBy: a.by, Reason: a.reason, Forced: a.to == phase.NATS && a.force}
-	at, err := phase.Set(ctx, pool, table, change, before.Phase, set)
+	at, err := phase.Set(ctx, pool, table, change, before, set)
 	if errors.Is(err, phase.ErrChanged) {
 		fmt.Fprintf(stderr, "relayd phase set: not recorded: %v. Another change came first: see relayd phase --history, and run again if the move still stands.\n", err)
+		return exitFailure
+	}
+	if errors.Is(err, phase.ErrUnknown) {
+		fmt.Fprintf(stderr, "relayd phase set: the move to %s may or may not be recorded (%v). See relayd phase --history, and run again if the phase is not %s.\n", a.to, err, a.to)
 		return exitFailure
 	}
 	if err != nil {

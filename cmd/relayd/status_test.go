@@ -116,7 +116,7 @@ func TestStatusPhaseAndRelays(t *testing.T) {
 	if out := mustRun(t, env, "status"); !strings.Contains(out, "phase  "+phaseNotSet) || !strings.Contains(out, "no relay reports its phase") {
 		t.Errorf("status, no phase, no relay:\n%s", out)
 	}
-	if _, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.Dual, ChangedBy: "a@h"}, "", false); err != nil {
+	if _, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.Dual, ChangedBy: "a@h"}, phase.Change{}, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := phase.Beat(ctx, pool, table, phase.Instance{Instance: "h9:99", Phase: phase.NATS, Pinned: true, Version: "v3", StartedAt: time.Now()}); err != nil {
