@@ -21,8 +21,10 @@ import (
 var producerClients = []int{16, 32, 64}
 
 // producerRounds is how many times each table is measured per connection
-// count, the tables taking turns; the best run counts, as with the ceilings.
-const producerRounds = 2
+// count, the tables taking turns. The figures are the rounds' medians, the
+// ratio the median of each round's: one slow moment of the machine moves a
+// best-of-two ratio by 0.1.
+const producerRounds = 5
 
 // producers measures what relayd costs the services that write the outbox:
 // single-row commits/s into a bare table with the producers' columns and
@@ -44,20 +46,11 @@ func (b *bench) producers(ctx context.Context, res *Results) error {
 		res.Producers = p
 		outbox := cr.table.Ident()
 		for _, c := range producerClients {
-			run := ProducerRun{Clients: c}
-			for range producerRounds {
-				for _, t := range []struct {
-					table string
-					best  *float64
-				}{{bare, &run.Bare}, {outbox, &run.Outbox}} {
-					rate, err := b.commitRate(ctx, t.table, c)
-					if err != nil {
-						return err
-					}
-					*t.best = max(*t.best, rate)
-				}
+			bareRate, outboxRate, ratio, err := b.commitRounds(ctx, bare, outbox, c)
+			if err != nil {
+				return err
 			}
-			p.Runs = append(p.Runs, run)
+			p.Runs = append(p.Runs, ProducerRun{Clients: c, Bare: bareRate, Outbox: outboxRate, Ratio: ratio})
 		}
 
 		b.logf("producers: a relayd waits for rows, then is SIGKILLed")
@@ -66,19 +59,10 @@ func (b *bench) producers(ctx context.Context, res *Results) error {
 		}
 		for i, c := range producerClients {
 			run := &p.Runs[i]
-			for range producerRounds {
-				for _, t := range []struct {
-					table string
-					best  *float64
-				}{{bare, &run.Bare}, {outbox, &run.AfterKill}} {
-					rate, err := b.commitRate(ctx, t.table, c)
-					if err != nil {
-						return err
-					}
-					*t.best = max(*t.best, rate)
-				}
+			var err error
+			if run.BareAfterKill, run.AfterKill, run.AfterKillRatio, err = b.commitRounds(ctx, bare, outbox, c); err != nil {
+				return err
 			}
-			run.Ratio, run.AfterKillRatio = round(run.Outbox/run.Bare, 2), round(run.AfterKill/run.Bare, 2)
 		}
 
 		relay, err := b.start(cr.relaydEnv("amqp,nats"), "run")
@@ -103,6 +87,35 @@ func (b *bench) producers(ctx context.Context, res *Results) error {
 		_, err = relay.stop()
 		return err
 	})
+}
+
+// commitRounds measures bare and outbox producerRounds times each from
+// clients connections, taking turns (the first of each round alternating),
+// and returns the median rates and the median of the rounds' ratios.
+func (b *bench) commitRounds(ctx context.Context, bare, outbox string, clients int) (bareRate, outboxRate, ratio float64, err error) {
+	var bares, outboxes, ratios []float64
+	for i := range producerRounds {
+		order := []string{bare, outbox}
+		if i%2 == 1 {
+			order = []string{outbox, bare}
+		}
+		rates := map[string]float64{}
+		for _, t := range order {
+			if rates[t], err = b.commitRate(ctx, t, clients); err != nil {
+				return 0, 0, 0, err
+			}
+		}
+		bares, outboxes = append(bares, rates[bare]), append(outboxes, rates[outbox])
+		ratios = append(ratios, rates[outbox]/rates[bare])
+	}
+	return round(median(bares), 0), round(median(outboxes), 0), round(median(ratios), 2), nil
+}
+
+// median is the middle of v (of an odd count; the upper middle otherwise).
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // commitRate truncates table, then has clients producers commit one-row

@@ -189,17 +189,18 @@ type Producers struct {
 	Idle          *IdleLatency  `json:"idle_relay_latency,omitempty"`
 }
 
-// ProducerRun is single-row commits/s from Clients connections, each the
-// best of producerRounds runs, the tables taking turns; no relay drains the
-// outbox.
+// ProducerRun is single-row commits/s from Clients connections, the median
+// of producerRounds runs, the tables taking turns, and the median of the
+// rounds' ratios; no relay drains the outbox.
 type ProducerRun struct {
 	Clients int     `json:"clients"`
 	Bare    float64 `json:"bare_commits_per_second"`
 	Outbox  float64 `json:"outbox_commits_per_second"`
+	Ratio   float64 `json:"ratio"`
 	// AfterKill: the outbox after a relayd that waited for rows was
-	// SIGKILLed.
+	// SIGKILLed, against the bare table measured beside it.
+	BareAfterKill  float64 `json:"bare_after_killed_relay_commits_per_second"`
 	AfterKill      float64 `json:"outbox_after_killed_relay_commits_per_second"`
-	Ratio          float64 `json:"ratio"`
 	AfterKillRatio float64 `json:"after_killed_relay_ratio"`
 }
 
