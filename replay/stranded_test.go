@@ -30,6 +30,7 @@ func TestStranded(t *testing.T) {
 		{done: ptr(at(63)), amqp: ptr(at(10)), nats: ptr(at(5))}, // RabbitMQ has it
 		{done: ptr(at(30)), nats: ptr(at(1))},                    // finished before the period
 		{done: ptr(at(95)), nats: ptr(at(2))},                    // finished after it
+		{done: ptr(at(90).Add(time.Second)), nats: ptr(at(3))},   // by a cleanup whose statement began before the move back committed
 		{done: ptr(at(64)), amqp: ptr(at(64))},                   // never on JetStream
 	} {
 		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent)
@@ -43,7 +44,8 @@ func TestStranded(t *testing.T) {
 		period phase.Period
 		want   time.Time // zero: none
 	}{
-		{"an ended period", phase.Period{Start: at(60), End: at(90)}, at(20)},
+		{"an ended period, and the Margin after it", phase.Period{Start: at(60), End: at(90)}, at(3)},
+		{"an ended period", phase.Period{Start: at(60), End: at(80)}, at(20)},
 		{"an ongoing period reads to now", phase.Period{Start: at(60)}, at(2)},
 		{"a period without such rows", phase.Period{Start: at(0), End: at(29)}, time.Time{}},
 	} {
