@@ -75,6 +75,18 @@ func (e *UnfinishedError) Error() string {
 		e.Run.ID, e.Run.Request, e.Run.Position, e.Run.FromSeq, e.Run.ToSeq)
 }
 
+// ElsewhereError: the unfinished run is of another stream or exchange than
+// this one is configured with.
+type ElsewhereError struct {
+	Run              Record
+	Stream, Exchange string // as configured now
+}
+
+func (e *ElsewhereError) Error() string {
+	return fmt.Sprintf("replay run %d is unfinished, from stream %q to exchange %q, not stream %q to exchange %q: resume it with RELAY_NATS_STREAM and RELAY_AMQP_EXCHANGE as they were, or --restart to abandon it",
+		e.Run.ID, e.Run.Stream, e.Run.Exchange, e.Stream, e.Exchange)
+}
+
 // OverlapError: a finished run already replayed some of the window's
 // sequences; replaying them again would duplicate them on RabbitMQ.
 type OverlapError struct{ Run Record }

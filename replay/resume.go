@@ -30,6 +30,11 @@ func (r *runner) choose(ctx context.Context, stream jetstream.Stream) (end time.
 				return time.Time{}, &UnfinishedError{Run: unfinished}
 			}
 		}
+		if unfinished.Stream != r.cfg.Stream || unfinished.Exchange != r.cfg.Exchange {
+			// Its position counts that stream's sequences, and the rest of
+			// its messages are owed to that exchange.
+			return time.Time{}, &ElsewhereError{Run: unfinished, Stream: r.cfg.Stream, Exchange: r.cfg.Exchange}
+		}
 		r.run, r.sum.Resumed = unfinished, true
 		return endOf(unfinished), nil
 	}
