@@ -34,7 +34,8 @@ type Summary struct {
 	Resumed         bool          `json:"resumed"`
 	Read            int64         `json:"read"` // messages read this time
 	Counts                        // this time's, recorded (dry run: counted)
-	Failed          int64         `json:"failed"` // refused by RabbitMQ (returned, nacked): the run stops; permanent ones are in Counts
+	Failed          int64         `json:"failed"`  // refused by RabbitMQ (returned, nacked): the run stops; permanent ones are in Counts
+	Missing         int64         `json:"missing"` // sequences of the window not in the stream (deleted, purged, removed by its limits): never sent
 	Finished        bool          `json:"finished"`
 	AlreadyDone     bool          `json:"already_done,omitempty"` // a finished run had this window: nothing sent
 	DryRun          bool          `json:"dry_run"`
