@@ -146,6 +146,11 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if err := r.checkPhase(ctx); err != nil {
 		return Summary{}, err
 	}
+	if !cfg.DryRun {
+		if err := r.awaitClaims(ctx); err != nil {
+			return Summary{}, err
+		}
+	}
 	stream, err := cfg.JS.Stream(ctx, cfg.Stream)
 	if err != nil {
 		return Summary{}, fmt.Errorf("stream %s: %w", cfg.Stream, err)

@@ -85,6 +85,7 @@ type Statements struct {
 	// replay).
 	ReplayDelivered, ReplayOwed, ReplayBackfilled string
 	ReplayStranded                                string
+	ReplayClaims, ReplayClaimsLeft                string
 	ReplayLock, ReplayUnlock                      string
 	ReplayUnfinished, ReplayOverlap, ReplayStart  string
 	ReplayAdvance, ReplayAbandon                  string
@@ -176,6 +177,8 @@ func render(t schema.Table) *Statements {
 		ReplayOwed:               exec("ReplayOwed", d),
 		ReplayBackfilled:         exec("ReplayBackfilled", d),
 		ReplayStranded:           exec("ReplayStranded", d),
+		ReplayClaims:             exec("ReplayClaims", d),
+		ReplayClaimsLeft:         exec("ReplayClaimsLeft", d),
 		ReplayLock:               exec("ReplayLock", d),
 		ReplayUnlock:             exec("ReplayUnlock", d),
 		ReplayUnfinished:         exec("ReplayUnfinished", d),
