@@ -57,6 +57,10 @@ type Config struct {
 	// PublishTimeout bounds one try of a batch. Default
 	// relay.DefaultPublishTimeout.
 	PublishTimeout time.Duration
+	// Retention is how long the relays keep the delivered record
+	// (RELAY_RETENTION): a window starting earlier may have lost its
+	// record. Default relay.DefaultRetention.
+	Retention time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
 	// OnProgress, when set, is called after each batch is recorded and at
@@ -76,6 +80,7 @@ func (c *Config) applyDefaults() error {
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, relay.DefaultPublishTimeout)
+	c.Retention = cmp.Or(c.Retention, relay.DefaultRetention)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

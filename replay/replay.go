@@ -159,6 +159,9 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if err != nil || r.sum.AlreadyDone {
 		return r.finish(), err
 	}
+	if err := r.checkRecordReach(ctx); err != nil {
+		return r.finish(), err
+	}
 	r.log.Info("replay: window", "run", r.run.ID, "request", r.run.Request, "from_seq", r.run.FromSeq,
 		"to_seq", r.run.ToSeq, "position", r.run.Position, "resumed", r.sum.Resumed, "dry_run", cfg.DryRun)
 	err = r.replay(ctx, stream, window)

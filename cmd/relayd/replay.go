@@ -116,7 +116,7 @@ func runReplay(ss *session, f replayFlags, stdout, stderr io.Writer) int {
 	rc := replay.Config{
 		DB: ss.pool, Table: cfg.table, JS: ss.js, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix,
 		Exchange: cfg.AMQPExchange, Request: f.req, Restart: f.restart, DryRun: f.dryRun, Rate: f.rate,
-		PublishTimeout: cfg.PublishTimeout, Logger: log,
+		PublishTimeout: cfg.PublishTimeout, Retention: cfg.Retention, Logger: log,
 	}
 	if !f.dryRun {
 		sink, closeSink, err := openAMQPSink(ctx, cfg, log)

@@ -86,6 +86,7 @@ type Statements struct {
 	ReplayDelivered, ReplayOwed, ReplayBackfilled string
 	ReplayStranded                                string
 	ReplayClaims, ReplayClaimsLeft                string
+	ReplayRecordStart                             string
 	ReplayLock, ReplayUnlock                      string
 	ReplayUnfinished, ReplayOverlap, ReplayStart  string
 	ReplayAdvance, ReplayAbandon                  string
@@ -179,6 +180,7 @@ func render(t schema.Table) *Statements {
 		ReplayStranded:           exec("ReplayStranded", d),
 		ReplayClaims:             exec("ReplayClaims", d),
 		ReplayClaimsLeft:         exec("ReplayClaimsLeft", d),
+		ReplayRecordStart:        exec("ReplayRecordStart", d),
 		ReplayLock:               exec("ReplayLock", d),
 		ReplayUnlock:             exec("ReplayUnlock", d),
 		ReplayUnfinished:         exec("ReplayUnfinished", d),

@@ -33,6 +33,10 @@ WHERE done_at >= $1::timestamptz AND done_at < coalesce($2::timestamptz, 'infini
   AND amqp_delivered_at IS NULL AND nats_delivered_at IS NOT NULL
 {{end}}
 
+-- ReplayRecordStart: when the delivered record begins (RELAY_RETENTION removes
+-- older rows): the primary key's first done_at.
+{{define "ReplayRecordStart"}}SELECT min(done_at) FROM {{.Delivered}}{{end}}
+
 -- ReplayClaims: the transactions that hold rows of the outbox FOR UPDATE now,
 -- as a relay's batch does from its claim to its record (RowShareLock on the
 -- table: producers and vacuum take other modes), by virtual transaction id.
