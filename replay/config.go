@@ -57,6 +57,10 @@ type Config struct {
 	// PublishTimeout bounds one try of a batch. Default
 	// relay.DefaultPublishTimeout.
 	PublishTimeout time.Duration
+	// Retention is how long the relays keep the delivered record
+	// (RELAY_RETENTION): a window starting earlier may have lost its
+	// record. Default relay.DefaultRetention.
+	Retention time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
 	// OnProgress, when set, is called after each batch is recorded and at
@@ -76,6 +80,7 @@ func (c *Config) applyDefaults() error {
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, relay.DefaultPublishTimeout)
+	c.Retention = cmp.Or(c.Retention, relay.DefaultRetention)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -86,7 +91,7 @@ func (c *Config) applyDefaults() error {
 		return errors.New("replay: JS and Stream are required")
 	case c.Sink == nil && !c.DryRun:
 		return errors.New("replay: Sink is required")
-	case c.Rate < 0 || c.BatchSize < 0 || c.InFlight < 0:
+	case !(c.Rate >= 0) || c.BatchSize < 0 || c.InFlight < 0: // !(>=): NaN too
 		return fmt.Errorf("replay: Rate, BatchSize and InFlight must not be negative")
 	}
 	if err := c.Request.check(); err != nil {
@@ -94,6 +99,7 @@ func (c *Config) applyDefaults() error {
 	}
 	// A batch is taken from the limiter at once: keep it to a tenth of a
 	// second at the rate, so a low rate is not one burst and a long wait.
-	c.BatchSize = max(1, min(c.BatchSize, int(c.Rate/10)))
+	// The min in float64: int() of a rate too large for an int is undefined.
+	c.BatchSize = max(1, int(min(float64(c.BatchSize), c.Rate/10)))
 	return nil
 }

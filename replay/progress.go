@@ -140,11 +140,15 @@ func (s records) advance(ctx context.Context, id int64, expected, position uint6
 }
 
 // stranded is the earliest nats_delivered_at of the rows that finished in
-// period p without RabbitMQ; ok is false when there is none.
+// period p (its end plus Margin) without RabbitMQ; ok is false when there is
+// none.
 func (s records) stranded(ctx context.Context, p phase.Period) (t time.Time, ok bool, err error) {
 	var end *time.Time
 	if !p.End.IsZero() {
-		end = &p.End
+		// A cleanup statement that began before the move out of nats
+		// committed still finishes rows, with a later clock_timestamp().
+		e := p.End.Add(Margin)
+		end = &e
 	}
 	var earliest *time.Time
 	if err := s.db.QueryRow(ctx, s.q.ReplayStranded, p.Start, end).Scan(&earliest); err != nil {

@@ -34,7 +34,8 @@ type Summary struct {
 	Resumed         bool          `json:"resumed"`
 	Read            int64         `json:"read"` // messages read this time
 	Counts                        // this time's, recorded (dry run: counted)
-	Failed          int64         `json:"failed"` // refused by RabbitMQ (returned, nacked): the run stops; permanent ones are in Counts
+	Failed          int64         `json:"failed"`  // refused by RabbitMQ (returned, nacked): the run stops; permanent ones are in Counts
+	Missing         int64         `json:"missing"` // sequences of the window not in the stream (deleted, purged, removed by its limits): never sent
 	Finished        bool          `json:"finished"`
 	AlreadyDone     bool          `json:"already_done,omitempty"` // a finished run had this window: nothing sent
 	DryRun          bool          `json:"dry_run"`
@@ -73,6 +74,18 @@ type UnfinishedError struct{ Run Record }
 func (e *UnfinishedError) Error() string {
 	return fmt.Sprintf("replay run %d (%s, at sequence %d of %d..%d) is unfinished: rerun without window flags to resume it, or with --restart to abandon it",
 		e.Run.ID, e.Run.Request, e.Run.Position, e.Run.FromSeq, e.Run.ToSeq)
+}
+
+// ElsewhereError: the unfinished run is of another stream or exchange than
+// this one is configured with.
+type ElsewhereError struct {
+	Run              Record
+	Stream, Exchange string // as configured now
+}
+
+func (e *ElsewhereError) Error() string {
+	return fmt.Sprintf("replay run %d is unfinished, from stream %q to exchange %q, not stream %q to exchange %q: resume it with RELAY_NATS_STREAM and RELAY_AMQP_EXCHANGE as they were, or --restart to abandon it",
+		e.Run.ID, e.Run.Stream, e.Run.Exchange, e.Stream, e.Exchange)
 }
 
 // OverlapError: a finished run already replayed some of the window's
@@ -133,12 +146,20 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if err := r.checkPhase(ctx); err != nil {
 		return Summary{}, err
 	}
+	if !cfg.DryRun {
+		if err := r.awaitClaims(ctx); err != nil {
+			return Summary{}, err
+		}
+	}
 	stream, err := cfg.JS.Stream(ctx, cfg.Stream)
 	if err != nil {
 		return Summary{}, fmt.Errorf("stream %s: %w", cfg.Stream, err)
 	}
 	window, err := r.choose(ctx, stream)
 	if err != nil || r.sum.AlreadyDone {
+		return r.finish(), err
+	}
+	if err := r.checkRecordReach(ctx); err != nil {
 		return r.finish(), err
 	}
 	r.log.Info("replay: window", "run", r.run.ID, "request", r.run.Request, "from_seq", r.run.FromSeq,

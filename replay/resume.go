@@ -30,6 +30,11 @@ func (r *runner) choose(ctx context.Context, stream jetstream.Stream) (end time.
 				return time.Time{}, &UnfinishedError{Run: unfinished}
 			}
 		}
+		if unfinished.Stream != r.cfg.Stream || unfinished.Exchange != r.cfg.Exchange {
+			// Its position counts that stream's sequences, and the rest of
+			// its messages are owed to that exchange.
+			return time.Time{}, &ElsewhereError{Run: unfinished, Stream: r.cfg.Stream, Exchange: r.cfg.Exchange}
+		}
 		r.run, r.sum.Resumed = unfinished, true
 		return endOf(unfinished), nil
 	}
@@ -120,4 +125,28 @@ func timePtr(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
+}
+
+// checkRecordReach warns when the delivered record begins after the run's
+// window starts: the older rows are past RELAY_RETENTION, so the lookups do
+// not skip what RabbitMQ got before, and rows stranded at the move to nats
+// before it never moved the window's start.
+func (r *runner) checkRecordReach(ctx context.Context) error {
+	if r.run.WindowStart == nil || r.run.WindowStart.After(time.Now().Add(-r.cfg.Retention)) {
+		return nil // the record of the whole window is kept
+	}
+	var first *time.Time
+	if err := r.cfg.DB.QueryRow(ctx, r.rec.q.ReplayRecordStart).Scan(&first); err != nil {
+		return fmt.Errorf("read the delivered record's start: %w", err)
+	}
+	if first != nil && !first.After(*r.run.WindowStart) {
+		return nil
+	}
+	begins := "is empty"
+	if first != nil {
+		begins = "begins at " + first.UTC().Format(time.RFC3339)
+	}
+	r.log.Warn(fmt.Sprintf("replay: the delivered record %s, after the window's start %s (RELAY_RETENTION removed older rows): messages RabbitMQ got before it are sent again, and rows stranded at the move to nats before it are not replayed",
+		begins, r.run.WindowStart.UTC().Format(time.RFC3339)), "window_start", *r.run.WindowStart, "record_start", first)
+	return nil
 }

@@ -56,3 +56,45 @@ func TestRestartWarnsOfWhatItSendsAgain(t *testing.T) {
 		})
 	}
 }
+
+// An unfinished run's sequences are its stream's, and its messages go to
+// its exchange: a rerun configured with another stream or exchange would
+// read other messages at those sequences, or send the rest elsewhere. It is
+// refused, naming both; the same configuration resumes.
+func TestResumeKeepsTheRunsStreamAndExchange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	rec := records{db: pool, q: outboxsql.For(table)}
+	if _, err := rec.start(ctx, Record{Stream: "OUTBOX", Exchange: "outbox", Request: "from-seq=1", FromSeq: 1, ToSeq: 9}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, stream, exchange string
+		want                   []string // "": resumed
+	}{
+		{"the same", "OUTBOX", "outbox", nil},
+		{"another stream", "OTHER", "outbox", []string{`stream "OUTBOX"`, `"OTHER"`, "RELAY_NATS_STREAM"}},
+		{"another exchange", "OUTBOX", "legacy", []string{`exchange "outbox"`, `"legacy"`, "RELAY_AMQP_EXCHANGE"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &runner{cfg: Config{DB: pool, Table: table, Stream: tc.stream, Exchange: tc.exchange}, log: slog.New(slog.DiscardHandler), rec: rec}
+			_, err := r.choose(ctx, nil)
+			if tc.want == nil {
+				if err != nil || !r.sum.Resumed {
+					t.Fatalf("choose: %v, resumed %v; want the run resumed", err, r.sum.Resumed)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("choose resumed run %d (stream %s, exchange %s) with stream %s, exchange %s", r.run.ID, r.run.Stream, r.run.Exchange, tc.stream, tc.exchange)
+			}
+			for _, s := range tc.want {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("choose: %q does not name %s", err, s)
+				}
+			}
+		})
+	}
+}

@@ -19,7 +19,7 @@ func (r *runner) replay(ctx context.Context, stream jetstream.Stream, end time.T
 	if from > to {
 		return r.complete()
 	}
-	src, err := openSource(ctx, stream, from, to, end, r.cfg.SubjectPrefix, r.cfg.BatchSize)
+	src, err := openSource(ctx, stream, from, to, end, r.cfg.SubjectPrefix, r.cfg.BatchSize, r.gone)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", r.cfg.Stream, err)
 	}
@@ -34,6 +34,10 @@ func (r *runner) replay(ctx context.Context, stream jetstream.Stream, end time.T
 	readErr := r.dispatch(readCtx, src, sent, sem)
 	close(sent)
 	res := <-settled
+	if n := r.finish().Missing; n > 0 {
+		r.log.Warn(fmt.Sprintf("replay: %d sequences of the window were not in the stream (deleted, purged, or removed by its limits): RabbitMQ never gets them", n),
+			"missing", n)
+	}
 	switch {
 	case res.err != nil:
 		return res.err
@@ -96,6 +100,16 @@ func (r *runner) dispatch(ctx context.Context, src *source, sent chan<- *batch, 
 			return nil
 		}
 	}
+}
+
+// gone counts sequences from..to of the window that the stream no longer
+// has: the position passes over them, and nothing can send them.
+func (r *runner) gone(from, to uint64) {
+	r.mu.Lock()
+	r.sum.Missing += int64(to - from + 1)
+	r.mu.Unlock()
+	r.warn("replay: sequences of the window are not in the stream (deleted, purged, or removed by its limits)",
+		"from_seq", from, "to_seq", to)
 }
 
 type settleResult struct {

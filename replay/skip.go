@@ -45,8 +45,11 @@ func (r *runner) lookup(ctx context.Context, items []item) error {
 	for _, stmt := range outboxsql.ReadBegin {
 		b.Queue(stmt)
 	}
-	b.Queue(q.ReplayDelivered, uuids).Query(collect(skipDelivered))
+	// The outbox before the delivered record: each statement has its own
+	// snapshot, and a row leaving the first for the second in between would
+	// be found in neither, and sent again.
 	b.Queue(q.ReplayOwed, uuids).Query(collect(skipOwed))
+	b.Queue(q.ReplayDelivered, uuids).Query(collect(skipDelivered))
 	b.Queue(q.ReplayBackfilled, all).Query(collect(skipBackfilled))
 	b.Queue("COMMIT")
 	if err := r.cfg.DB.SendBatch(ctx, b).Close(); err != nil {

@@ -68,9 +68,11 @@ type source struct {
 	prefix string
 	done   bool
 	stop   func() bool
+	expect uint64                // the sequence that comes next unless it is gone
+	gone   func(from, to uint64) // sequences of the window not in the stream
 }
 
-func openSource(ctx context.Context, stream jetstream.Stream, from, to uint64, end time.Time, prefix string, batch int) (*source, error) {
+func openSource(ctx context.Context, stream jetstream.Stream, from, to uint64, end time.Time, prefix string, batch int, gone func(from, to uint64)) (*source, error) {
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from,
 		// The server removes it soon if this process dies mid-run.
@@ -83,7 +85,8 @@ func openSource(ctx context.Context, stream jetstream.Stream, from, to uint64, e
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
 	}
-	return &source{stream: stream, cons: cons, it: it, to: to, end: end, prefix: prefix, stop: context.AfterFunc(ctx, it.Stop)}, nil
+	return &source{stream: stream, cons: cons, it: it, to: to, end: end, prefix: prefix, stop: context.AfterFunc(ctx, it.Stop),
+		expect: from, gone: gone}, nil
 }
 
 func (s *source) close() {
@@ -114,6 +117,7 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 			}
 			if ci.NumPending == 0 {
 				s.done = true
+				s.skipTo(s.to + 1)
 			}
 			continue
 		}
@@ -122,15 +126,29 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 			return item{}, false, fmt.Errorf("message metadata: %w", err)
 		}
 		seq := meta.Sequence.Stream
+		s.skipTo(min(seq, s.to+1))
 		if seq > s.to || (!s.end.IsZero() && meta.Timestamp.After(s.end)) {
 			s.done = true
 			break
 		}
+		s.expect = seq + 1
 		s.done = seq >= s.to || meta.NumPending == 0
+		if s.done {
+			s.skipTo(s.to + 1) // nothing after seq is left in the stream
+		}
 		m, why := toAMQP(msg.Subject(), msg.Headers(), msg.Data(), meta.Timestamp, s.prefix)
 		return item{seq: seq, msg: m, skip: why}, true, nil
 	}
 	return item{}, false, nil
+}
+
+// skipTo reports the sequences from the expected one up to seq (exclusive)
+// as gone: the consumer passed over them, so the stream no longer has them.
+func (s *source) skipTo(seq uint64) {
+	if seq > s.expect {
+		s.gone(s.expect, seq-1)
+		s.expect = seq
+	}
 }
 
 // deleteConsumer removes an ordered consumer at once rather than after its

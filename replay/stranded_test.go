@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ func TestStranded(t *testing.T) {
 		{done: ptr(at(63)), amqp: ptr(at(10)), nats: ptr(at(5))}, // RabbitMQ has it
 		{done: ptr(at(30)), nats: ptr(at(1))},                    // finished before the period
 		{done: ptr(at(95)), nats: ptr(at(2))},                    // finished after it
+		{done: ptr(at(90).Add(time.Second)), nats: ptr(at(3))},   // by a cleanup whose statement began before the move back committed
 		{done: ptr(at(64)), amqp: ptr(at(64))},                   // never on JetStream
 	} {
 		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent)
@@ -43,7 +45,8 @@ func TestStranded(t *testing.T) {
 		period phase.Period
 		want   time.Time // zero: none
 	}{
-		{"an ended period", phase.Period{Start: at(60), End: at(90)}, at(20)},
+		{"an ended period, and the Margin after it", phase.Period{Start: at(60), End: at(90)}, at(3)},
+		{"an ended period", phase.Period{Start: at(60), End: at(80)}, at(20)},
 		{"an ongoing period reads to now", phase.Period{Start: at(60)}, at(2)},
 		{"a period without such rows", phase.Period{Start: at(0), End: at(29)}, time.Time{}},
 	} {
@@ -91,3 +94,47 @@ func TestStrandedUsesThePrimaryKey(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// The lookups and the stranded rows need the delivered record back to the
+// window's start: past RELAY_RETENTION it is gone, and the run says so
+// (messages RabbitMQ got are sent again, rows stranded at the move missed).
+func TestRunWarnsWhenTheDeliveredRecordIsShorterThanTheWindow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	start := time.Now().Add(-48 * time.Hour)
+	for _, tc := range []struct {
+		name      string
+		earliest  *time.Time // the delivered record's first done_at; nil: empty
+		windowAt  time.Time  // zero: a window by sequence
+		wantWarns bool
+	}{
+		{"the record reaches back", ptr(start.Add(-time.Hour)), start, false},
+		{"the record begins after the window's start", ptr(start.Add(time.Hour)), start, true},
+		{"the record is empty", nil, start, true},
+		{"a window by sequence", ptr(start.Add(time.Hour)), time.Time{}, false},
+		{"a window inside the retention", nil, time.Now().Add(-time.Hour), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := pool.Exec(ctx, `DELETE FROM `+table.Delivered()); err != nil {
+				t.Fatal(err)
+			}
+			if tc.earliest != nil {
+				if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, nats_delivered_at, amqp_sent)
+					VALUES ($1, 1, $2, $1, false)`, *tc.earliest, uuid.NewString()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var logged strings.Builder
+			r := &runner{cfg: Config{DB: pool, Table: table, Retention: 24 * time.Hour}, log: slog.New(slog.NewTextHandler(&logged, nil)),
+				rec: records{db: pool, q: outboxsql.For(table)}, run: Record{WindowStart: timePtr(tc.windowAt)}}
+			if err := r.checkRecordReach(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if warned := strings.Contains(logged.String(), "RELAY_RETENTION"); warned != tc.wantWarns {
+				t.Errorf("warned %v, want %v:\n%s", warned, tc.wantWarns, logged.String())
+			}
+		})
+	}
+}

@@ -116,7 +116,7 @@ func runReplay(ss *session, f replayFlags, stdout, stderr io.Writer) int {
 	rc := replay.Config{
 		DB: ss.pool, Table: cfg.table, JS: ss.js, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix,
 		Exchange: cfg.AMQPExchange, Request: f.req, Restart: f.restart, DryRun: f.dryRun, Rate: f.rate,
-		PublishTimeout: cfg.PublishTimeout, Logger: log,
+		PublishTimeout: cfg.PublishTimeout, Retention: cfg.Retention, Logger: log,
 	}
 	if !f.dryRun {
 		sink, closeSink, err := openAMQPSink(ctx, cfg, log)
@@ -173,6 +173,9 @@ func printReplay(w io.Writer, s replay.Summary, asJSON bool) {
 	fmt.Fprintf(w, "  skipped:        %d delivered, %d backfilled, %d owed by the relays\n", s.SkippedDelivered, s.SkippedBackfilled, s.SkippedOwed)
 	fmt.Fprintf(w, "  without id:     %d\n  other subjects: %d\n", s.WithoutID, s.OtherSubject)
 	fmt.Fprintf(w, "  failed:         %d (the run stops), %d permanent (RabbitMQ can never take them: logged, passed over)\n", s.Failed, s.FailedPermanent)
+	if s.Missing > 0 {
+		fmt.Fprintf(w, "  not in stream:  %d (deleted, purged or removed by its limits: never sent)\n", s.Missing)
+	}
 	fmt.Fprintf(w, "  rate:           %.0f msg/s\n  duration:       %s\n", s.Rate, s.Duration.Round(time.Millisecond))
 }
 

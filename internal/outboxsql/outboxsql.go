@@ -84,6 +84,8 @@ type Statements struct {
 	// replay).
 	ReplayDelivered, ReplayOwed, ReplayBackfilled string
 	ReplayStranded                                string
+	ReplayClaims, ReplayClaimsLeft                string
+	ReplayRecordStart                             string
 	ReplayLock, ReplayUnlock                      string
 	ReplayUnfinished, ReplayOverlap, ReplayStart  string
 	ReplayAdvance, ReplayAbandon                  string
@@ -174,6 +176,9 @@ func render(t schema.Table) *Statements {
 		ReplayOwed:               exec("ReplayOwed", d),
 		ReplayBackfilled:         exec("ReplayBackfilled", d),
 		ReplayStranded:           exec("ReplayStranded", d),
+		ReplayClaims:             exec("ReplayClaims", d),
+		ReplayClaimsLeft:         exec("ReplayClaimsLeft", d),
+		ReplayRecordStart:        exec("ReplayRecordStart", d),
 		ReplayLock:               exec("ReplayLock", d),
 		ReplayUnlock:             exec("ReplayUnlock", d),
 		ReplayUnfinished:         exec("ReplayUnfinished", d),

@@ -33,6 +33,26 @@ WHERE done_at >= $1::timestamptz AND done_at < coalesce($2::timestamptz, 'infini
   AND amqp_delivered_at IS NULL AND nats_delivered_at IS NOT NULL
 {{end}}
 
+-- ReplayRecordStart: when the delivered record begins (RELAY_RETENTION removes
+-- older rows): the primary key's first done_at.
+{{define "ReplayRecordStart"}}SELECT min(done_at) FROM {{.Delivered}}{{end}}
+
+-- ReplayClaims: the transactions that hold rows of the outbox FOR UPDATE now,
+-- as a relay's batch does from its claim to its record (RowShareLock on the
+-- table: producers and vacuum take other modes), by virtual transaction id.
+{{define "ReplayClaims"}}
+SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
+WHERE locktype = 'relation' AND relation = '{{.Table}}'::regclass AND mode = 'RowShareLock' AND granted
+  AND pid <> pg_backend_pid()
+{{end}}
+
+-- ReplayClaimsLeft: how many of the transactions $1 (ReplayClaims) are still open.
+{{define "ReplayClaimsLeft"}}
+SELECT count(DISTINCT virtualtransaction) FROM pg_locks
+WHERE locktype = 'relation' AND relation = '{{.Table}}'::regclass AND mode = 'RowShareLock'
+  AND virtualtransaction = ANY($1::text[])
+{{end}}
+
 -- ReplayLock: held by the session of the running replay, so two runs never
 -- publish at once; a crashed run's session lets it go.
 {{define "ReplayLock"}}SELECT pg_try_advisory_lock('{{.Replay}}'::regclass::oid::bigint){{end}}
