@@ -13,7 +13,8 @@ import (
 // rows it runs to the end whatever ctx does, under its own timeout.
 func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err error) {
 	start := time.Now()
-	enabled := r.phase.now() // the batch finishes under the phase it was claimed in
+	enabled := r.phase.begin() // the batch finishes under the phase it was claimed in
+	defer r.phase.end(enabled)
 	act, ok := r.active(start, enabled)
 	if !ok {
 		return 0, 0, errNoTarget

@@ -23,6 +23,11 @@ type PhaseState struct {
 	Running []Target // the targets new batches publish to and must reach
 	Table   []Target // the table's phase; nil while none is set or it was not read yet
 	Pinned  bool     // Config.Pinned: the relay keeps Running whatever the table says
+	// Finishing is an earlier phase that batches begun before the relay's
+	// last switch still run (nil when none): the relay's report says it
+	// until they end, so the backfill, the replay and the cutover check,
+	// which read the reports, wait for them too.
+	Finishing []Target
 }
 
 // Mismatch reports whether the relay runs a phase other than the table's.
@@ -35,7 +40,8 @@ type phaseState struct {
 	mu      sync.Mutex
 	running phase
 	table   []Target
-	warned  []Target // the table's phase last warned about, so a warning is not repeated every read
+	warned  []Target      // the table's phase last warned about, so a warning is not repeated every read
+	batches map[phase]int // batches begun and not ended, by the phase they run
 }
 
 // now returns the phase new batches run in.
@@ -45,12 +51,58 @@ func (p *phaseState) now() phase {
 	return p.running
 }
 
+// begin returns the phase a new batch runs in and counts the batch in it
+// until end.
+func (p *phaseState) begin() phase {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.batches == nil {
+		p.batches = map[phase]int{}
+	}
+	p.batches[p.running]++
+	return p.running
+}
+
+func (p *phaseState) end(ph phase) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.batches[ph]--; p.batches[ph] <= 0 {
+		delete(p.batches, ph)
+	}
+}
+
+// finishing is an earlier phase batches still run. Of two (a second switch
+// within a batch's life) it takes nats only, then amqp only: the phases the
+// replay and the backfill wait out. Under p.mu.
+func (p *phaseState) finishing() []Target {
+	var pick *phase
+	rank := func(ph phase) int {
+		switch {
+		case ph.NATSOnly():
+			return 0
+		case !ph.NATS:
+			return 1
+		}
+		return 2
+	}
+	for ph := range p.batches {
+		if ph != p.running && (pick == nil || rank(ph) < rank(*pick)) {
+			pick = &ph
+		}
+	}
+	if pick == nil {
+		return nil
+	}
+	return pick.targets()
+}
+
 // Phase returns the phase the relay runs and the table's. Safe for
 // concurrent use (/readyz and the instance report use it).
 func (r *Relay) Phase() PhaseState {
 	r.phase.mu.Lock()
 	defer r.phase.mu.Unlock()
-	return PhaseState{Running: r.phase.running.targets(), Table: slices.Clone(r.phase.table), Pinned: r.cfg.Pinned}
+	return PhaseState{Running: r.phase.running.targets(), Table: slices.Clone(r.phase.table), Pinned: r.cfg.Pinned,
+		Finishing: r.phase.finishing()}
 }
 
 // PhaseRead is closed once the relay has read the table's phase (pinned:

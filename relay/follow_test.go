@@ -264,3 +264,35 @@ func TestRelayThatCannotReadThePhaseStops(t *testing.T) {
 		t.Fatal("Run did not return after its context was cancelled")
 	}
 }
+
+// Batches begun before a switch keep the relay's reported phase at theirs
+// until they end; of two earlier phases, nats only first.
+func TestFinishingPhase(t *testing.T) {
+	amqp, nats, dual := []Target{TargetAMQP}, []Target{TargetNATS}, []Target{TargetAMQP, TargetNATS}
+	r := &Relay{}
+	for _, s := range Targets {
+		r.sinks.Set(s, newFake(s))
+	}
+	r.phase.running = phaseOf(amqp)
+	inAMQP := r.phase.begin()
+	r.takePhase(nats)
+	inNATS := r.phase.begin()
+	r.takePhase(dual)
+	inDual := r.phase.begin()
+	for _, step := range []struct {
+		end  *phase
+		want []Target
+	}{
+		{nil, nats},
+		{&inNATS, amqp},
+		{&inAMQP, nil},
+		{&inDual, nil},
+	} {
+		if step.end != nil {
+			r.phase.end(*step.end)
+		}
+		if s := r.Phase(); !slices.Equal(s.Finishing, step.want) || !slices.Equal(s.Running, dual) {
+			t.Fatalf("after ending %v: %+v, want running dual, finishing %v", step.end, s, step.want)
+		}
+	}
+}

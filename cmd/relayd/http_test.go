@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -40,7 +41,7 @@ func TestPProfOnlyWhenAsked(t *testing.T) {
 
 // /readyz says which phase the relay runs, and why, ready or not.
 func TestRunningPhaseLine(t *testing.T) {
-	amqp, dual := []relay.Target{relay.TargetAMQP}, relay.Targets
+	amqp, nats, dual := []relay.Target{relay.TargetAMQP}, []relay.Target{relay.TargetNATS}, relay.Targets
 	for _, tc := range []struct {
 		s    relay.PhaseState
 		want string
@@ -48,9 +49,26 @@ func TestRunningPhaseLine(t *testing.T) {
 		{relay.PhaseState{Running: dual}, "phase dual (no phase set on the table: relayd phase set)"},
 		{relay.PhaseState{Running: dual, Table: dual}, "phase dual (the table's)"},
 		{relay.PhaseState{Running: amqp, Table: dual, Pinned: true}, "phase amqp (pinned by RELAY_TARGETS); the table's phase is dual"},
+		{relay.PhaseState{Running: dual, Table: dual, Finishing: nats}, "phase dual (the table's); batches of phase nats still in flight"},
 	} {
 		if got := runningPhaseLine(tc.s); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.s, got, tc.want)
+		}
+	}
+}
+
+// A relay's row reports the phase its batches in flight run until they end.
+func TestReportedPhase(t *testing.T) {
+	for _, tc := range []struct {
+		s    relay.PhaseState
+		want phase.Name
+	}{
+		{relay.PhaseState{Running: relay.Targets}, phase.Dual},
+		{relay.PhaseState{Running: relay.Targets, Finishing: []relay.Target{relay.TargetNATS}}, phase.NATS},
+		{relay.PhaseState{Running: []relay.Target{relay.TargetNATS}, Finishing: relay.Targets}, phase.Dual},
+	} {
+		if got := reportedPhase(tc.s); got != tc.want {
+			t.Errorf("%+v: reported %s, want %s", tc.s, got, tc.want)
 		}
 	}
 }

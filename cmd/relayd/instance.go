@@ -40,7 +40,7 @@ func reportInstance(ctx context.Context, pool *pgxpool.Pool, table schema.Table,
 	defer t.Stop()
 	for {
 		s := r.Phase()
-		in.Phase, in.Pinned = phase.Of(s.Running), s.Pinned
+		in.Phase, in.Pinned = reportedPhase(s), s.Pinned
 		bctx, cancel := context.WithTimeout(ctx, phase.BeatEvery)
 		if err := phase.Beat(bctx, pool, table, in); err != nil && ctx.Err() == nil {
 			errs.Error(err)
@@ -59,6 +59,15 @@ func reportInstance(ctx context.Context, pool *pgxpool.Pool, table schema.Table,
 	}
 }
 
+// reportedPhase is the phase the relay's row says it runs: while batches of
+// an earlier phase are in flight, that one.
+func reportedPhase(s relay.PhaseState) phase.Name {
+	if s.Finishing != nil {
+		return phase.Of(s.Finishing)
+	}
+	return phase.Of(s.Running)
+}
+
 // runningPhaseLine says, for /readyz, which phase the relay runs and why.
 func runningPhaseLine(s relay.PhaseState) string {
 	line := "phase " + string(phase.Of(s.Running))
@@ -72,6 +81,9 @@ func runningPhaseLine(s relay.PhaseState) string {
 	}
 	if s.Mismatch() {
 		line += "; the table's phase is " + string(phase.Of(s.Table))
+	}
+	if s.Finishing != nil {
+		line += "; batches of phase " + string(phase.Of(s.Finishing)) + " still in flight"
 	}
 	return line
 }
