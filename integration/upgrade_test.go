@@ -92,7 +92,9 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 
 	// Producers write throughout the migration.
 	stop := make(chan struct{})
+	stopProducers := sync.OnceFunc(func() { close(stop) })
 	var wg sync.WaitGroup
+	t.Cleanup(func() { stopProducers(); wg.Wait() }) // a failing check ends the test with them running
 	var mu sync.Mutex
 	written := map[string]bool{}
 	for range 4 {
@@ -137,7 +139,7 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 	after := len(written) + 50
 	mu.Unlock()
 	testenv.Eventually(t, 30*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(written) >= after }, "producers stopped at the migration")
-	close(stop)
+	stopProducers()
 	wg.Wait()
 	maps.Copy(wantAMQP, written)
 	maps.Copy(wantNATS, written)
