@@ -1,12 +1,10 @@
 package inbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -91,7 +89,7 @@ func TestConfigDefaults(t *testing.T) {
 // once; cancelling it logs nothing.
 func TestRunCleanupLogsWithoutFlooding(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	in, err := New(testenv.Pool(t), Config{
 		Table:  testenv.Name("nosuch") + ".inbox",
 		Logger: slog.New(slog.NewTextHandler(&buf, nil)),
@@ -119,21 +117,4 @@ func TestRunCleanupLogsWithoutFlooding(t *testing.T) {
 	if strings.Contains(out, "canceled") {
 		t.Fatalf("context cancellation logged:\n%s", out)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -94,13 +94,13 @@ func (e *env) backfillCmd(args ...string) *exec.Cmd {
 // startBackfill starts `relayd backfill` with args (through amqpURL, unless
 // ""), its output going to the buffer returned, and its exit to the
 // channel; the test's end kills it if it still runs.
-func (e *env) startBackfill(t *testing.T, amqpURL string, args ...string) (*exec.Cmd, *syncBuffer, <-chan error) {
+func (e *env) startBackfill(t *testing.T, amqpURL string, args ...string) (*exec.Cmd, *testenv.SyncBuffer, <-chan error) {
 	t.Helper()
 	cmd := e.backfillCmd(args...)
 	if amqpURL != "" {
 		cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+amqpURL)
 	}
-	out := &syncBuffer{}
+	out := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -133,7 +133,7 @@ func (e *env) backfillWithin(t *testing.T, d time.Duration, args ...string) ([]b
 // finished waits up to d for a backfill started with startBackfill to exit
 // 0, and returns its summary; what names the run in a failure (which the
 // test's end then kills).
-func finished(t *testing.T, done <-chan error, out *syncBuffer, d time.Duration, what string) backfill.Summary {
+func finished(t *testing.T, done <-chan error, out *testenv.SyncBuffer, d time.Duration, what string) backfill.Summary {
 	t.Helper()
 	select {
 	case err := <-done:

@@ -5,7 +5,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -191,26 +189,9 @@ type proc struct {
 	t    *testing.T
 	name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testenv.SyncBuffer
 	done chan struct{}
 	err  error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startUnready starts `relayd run` without waiting for it to start.
@@ -221,9 +202,9 @@ func (e *env) startUnready(name string, extra ...string) *proc {
 
 // startProc starts relayd with args in env, its log (stderr) in p.out and
 // its stdout in stdout (nil: in p.out too); the test's end kills it.
-func startProc(t *testing.T, name string, env []string, stdout *syncBuffer, args ...string) *proc {
+func startProc(t *testing.T, name string, env []string, stdout *testenv.SyncBuffer, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{t: t, name: name, out: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(relaydBin, args...)
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out

@@ -169,7 +169,7 @@ func newQuickStart(t *testing.T) *quickStart {
 // log (stderr).
 type qsProc struct {
 	*proc
-	stdout *syncBuffer
+	stdout *testenv.SyncBuffer
 }
 
 // start runs relayd with args and waits for a log line whose message
@@ -180,7 +180,7 @@ func (q *quickStart) start(name, ready string, args ...string) *qsProc {
 	if args[0] == "tail" {
 		env = withoutVar(q.env, "RELAY_DATABASE_URL") // tail needs no Postgres
 	}
-	p := &qsProc{stdout: &syncBuffer{}}
+	p := &qsProc{stdout: &testenv.SyncBuffer{}}
 	p.proc = startProc(q.t, name, env, p.stdout, args...)
 	testenv.Eventually(q.t, 30*time.Second, func() bool {
 		if !p.running() {

@@ -171,7 +171,7 @@ func TestReplayRollbackDrill(t *testing.T) {
 
 	// The run, SIGKILLed once it recorded progress, and the rerun.
 	first := e.replayCmd("--rate", "2000")
-	firstOut := &syncBuffer{}
+	firstOut := &testenv.SyncBuffer{}
 	first.Stdout, first.Stderr = firstOut, firstOut
 	if err := first.Start(); err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ func (e *env) runVerify(args ...string) (int, string, string) {
 	e.t.Helper()
 	cmd := exec.Command(relaydBin, append([]string{"verify"}, args...)...)
 	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=")
-	var out, errOut syncBuffer
+	var out, errOut testenv.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
 	var exit *exec.ExitError

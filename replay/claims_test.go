@@ -1,11 +1,10 @@
 package replay
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"slices"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,24 +14,6 @@ import (
 
 	"github.com/relayd/relayd/internal/testenv"
 )
-
-// lockedBuffer is a log destination read while the run writes to it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) Contains(s string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Contains(b.b.Bytes(), []byte(s))
-}
 
 // A batch a relay claimed in the nats-only phase, still in flight when its
 // relay already reports the new phase, finishes its rows on JetStream only:
@@ -66,7 +47,7 @@ func TestRunWaitsForBatchesClaimedBeforeIt(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	logged := &lockedBuffer{}
+	logged := &testenv.SyncBuffer{}
 	sink := &confirmAll{}
 	type result struct {
 		sum Summary
@@ -78,7 +59,7 @@ func TestRunWaitsForBatchesClaimedBeforeIt(t *testing.T) {
 			Sink: sink, Exchange: "x", Request: Request{FromSeq: 1}, Logger: slog.New(slog.NewTextHandler(logged, nil))})
 		done <- result{sum, err}
 	}()
-	testenv.Eventually(t, 10*time.Second, func() bool { return logged.Contains("waiting for") }, "the run did not wait for the batch in flight")
+	testenv.Eventually(t, 10*time.Second, func() bool { return strings.Contains(logged.String(), "waiting for") }, "the run did not wait for the batch in flight")
 	publish(inFlight)
 	if _, err := batch.Exec(ctx, `WITH del AS (DELETE FROM `+table.Ident()+` WHERE message_id = $1 RETURNING id, message_id)
 		INSERT INTO `+table.Delivered()+` (id, message_id, nats_delivered_at, amqp_sent, done_at) SELECT id, message_id, now(), false, now() FROM del`, inFlight); err != nil {

@@ -36,7 +36,7 @@ func TestReconnectsToTheNextNode(t *testing.T) {
 	t.Cleanup(second.Stop)
 	u.Host = second.Listen
 
-	var log lockedBuffer
+	var log testenv.SyncBuffer
 	var first string // the first node's host:port: the proxy setupAt puts in front
 	e := setupReadyWith(t, func(c *amqpsink.Config) {
 		f, _ := url.Parse(c.URL)
@@ -83,6 +83,6 @@ func TestReconnectsToTheNextNode(t *testing.T) {
 }
 
 // logText prints the log when a failure message is formatted.
-type logText struct{ l *lockedBuffer }
+type logText struct{ l *testenv.SyncBuffer }
 
 func (l logText) String() string { return l.l.String() }

@@ -48,7 +48,7 @@ func TestUnroutableIsReturned(t *testing.T) {
 // row is parked; its repeats within the rate limit add no line.
 func TestUnroutableIsWarnedOfAtOnce(t *testing.T) {
 	t.Parallel()
-	var log lockedBuffer
+	var log testenv.SyncBuffer
 	e := setupReadyWith(t, func(c *amqpsink.Config) { c.Logger = slog.New(slog.NewJSONHandler(&log, nil)) })
 	warnings := func() []map[string]any {
 		var out []map[string]any
@@ -77,24 +77,6 @@ func TestUnroutableIsWarnedOfAtOnce(t *testing.T) {
 	if n := len(warnings()); n != 1 {
 		t.Fatalf("after a second return of the same topic: %d warnings, want still 1", n)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // Returns and confirms of concurrent publishes are paired with the right

@@ -40,7 +40,7 @@ func TestStalledConnectionIsReplaced(t *testing.T) {
 	t.Parallel()
 	var conns atomic.Int32
 	var drop atomic.Bool
-	var log lockedBuffer
+	var log testenv.SyncBuffer
 	e := setupReadyWith(t, func(c *amqpsink.Config) {
 		c.StallTimeout = time.Second
 		c.Logger = slog.New(slog.NewJSONHandler(&log, nil))
@@ -94,7 +94,7 @@ func TestAnsweredConnectionIsKept(t *testing.T) {
 func TestNackingConnectionIsReplaced(t *testing.T) {
 	t.Parallel()
 	var conns atomic.Int32
-	var log lockedBuffer
+	var log testenv.SyncBuffer
 	e := setupReadyWith(t, func(c *amqpsink.Config) {
 		c.StallTimeout = time.Second
 		c.Logger = slog.New(slog.NewJSONHandler(&log, nil))
