@@ -81,11 +81,11 @@ func TestParkedRowsListedAndRetried(t *testing.T) {
 	}
 }
 
-// Poison rows — an oversize payload, a topic that is not a subject, headers
-// that are not strings, a topic RabbitMQ cannot route — mixed into 10,000
-// good rows: every good row arrives, each bad one is parked for the target
-// that refuses it, with the reason; once the causes are fixed, `relayd
-// outbox retry --all` delivers them.
+// Poison rows — an oversize payload, a topic that is not a subject or is
+// empty, headers that are not strings or not an object, a topic RabbitMQ
+// cannot route — mixed into 10,000 good rows: every good row arrives, each
+// bad one is parked for the target that refuses it, with the reason; once
+// the causes are fixed, `relayd outbox retry --all` delivers them.
 func TestPoisonRowsAmongGoodOnes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -113,6 +113,8 @@ func TestPoisonRowsAmongGoodOnes(t *testing.T) {
 	badSubject := ins("orders.*", []byte("x"), "")
 	badHeaders := ins("orders.h", []byte("x"), `{"retries": 3}`)
 	unroutable := ins("nobody.listens", []byte("x"), "")
+	noTopic := ins("", []byte("x"), "")
+	notObject := ins("orders.h", []byte("x"), `["retries"]`)
 	<-done
 
 	parked := func(id int64) (amqpReason, natsReason string) {
@@ -134,7 +136,9 @@ func TestPoisonRowsAmongGoodOnes(t *testing.T) {
 		_, n2 := parked(badSubject)
 		a3, n3 := parked(badHeaders)
 		a4, _ := parked(unroutable)
-		return good == len(committed) && n1 != "" && n2 != "" && a3 != "" && n3 != "" && a4 != ""
+		a5, n5 := parked(noTopic)
+		a6, n6 := parked(notObject)
+		return good == len(committed) && n1 != "" && n2 != "" && a3 != "" && n3 != "" && a4 != "" && a5 != "" && n5 != "" && a6 != "" && n6 != ""
 	}, "good rows not all delivered, or poison rows not parked")
 	for _, c := range []struct {
 		id         int64
@@ -144,6 +148,8 @@ func TestPoisonRowsAmongGoodOnes(t *testing.T) {
 		{badSubject, "", "not a valid subject"},
 		{badHeaders, `"retries" is not a string`, `"retries" is not a string`},
 		{unroutable, "gave up after 3 attempts", ""},
+		{noTopic, "topic: is empty", "topic: is empty"},
+		{notObject, "headers: not a JSON object", "headers: not a JSON object"},
 	} {
 		a, n := parked(c.id)
 		if (c.amqp == "") != (a == "") || !strings.Contains(a, c.amqp) || (c.nats == "") != (n == "") || !strings.Contains(n, c.nats) {
@@ -156,6 +162,8 @@ func TestPoisonRowsAmongGoodOnes(t *testing.T) {
 		`UPDATE ` + e.table.Ident() + ` SET payload = '\x00' WHERE id = ` + fmt.Sprint(oversize),
 		`UPDATE ` + e.table.Ident() + ` SET topic = 'orders.star' WHERE id = ` + fmt.Sprint(badSubject),
 		`UPDATE ` + e.table.Ident() + ` SET headers = '{"retries": "3"}' WHERE id = ` + fmt.Sprint(badHeaders),
+		`UPDATE ` + e.table.Ident() + ` SET topic = 'orders.topic' WHERE id = ` + fmt.Sprint(noTopic),
+		`UPDATE ` + e.table.Ident() + ` SET headers = '{"retries": "3"}' WHERE id = ` + fmt.Sprint(notObject),
 	} {
 		if _, err := e.pool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -171,8 +179,8 @@ func TestPoisonRowsAmongGoodOnes(t *testing.T) {
 	}
 	cmd := exec.Command(relaydBin, "outbox", "retry", "--all")
 	cmd.Env = e.relayEnv()
-	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "5 parked") {
-		t.Fatalf("retry --all: %v %q; want 5 deliveries put back", err, out)
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "9 parked") {
+		t.Fatalf("retry --all: %v %q; want 9 deliveries put back", err, out)
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var left int

@@ -22,8 +22,8 @@ const upgradeFrom = 9
 // An outbox at migration 9 holding rows finished before 00005, rows owed to
 // each target and a parked row is migrated while a relay relays it and
 // producers write: each target gets exactly what it was owed, the parked row
-// stays parked, the finished rows are in the delivered table and their index
-// is gone.
+// stays parked, the finished rows are in the delivered table, and their
+// index and the CHECKs are gone.
 func TestUpgradeWhileRelaying(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -34,15 +34,23 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Down to 9 runs the later migrations' downs: the done index is back.
+	// Down to 9 runs the later migrations' downs: the done index and the
+	// CHECKs are back.
 	if _, err := p.DownTo(ctx, upgradeFrom); err != nil {
 		t.Fatalf("migrate down to %d: %v", upgradeFrom, err)
 	}
-	if !e.hasIndex("outbox_done") {
-		t.Fatal("at migration 9 the outbox has no done index")
-	}
-
 	tbl := e.table.Ident()
+	checks := func() int {
+		t.Helper()
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c'`, tbl).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if !e.hasIndex("outbox_done") || checks() != 2 {
+		t.Fatalf("at migration 9 the outbox has no done index, or %d CHECKs, not 2", checks())
+	}
 	run := func(q string, args ...any) {
 		t.Helper()
 		if _, err := e.pool.Exec(ctx, q, args...); err != nil {
@@ -82,11 +90,13 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 		t.Fatalf("done rows: %d, %v", done, err)
 	}
 
-	// A relayd of this build refuses a table with migrations pending: 10
-	// and 11 are marked applied while it starts, as for a relayd of the
+	// A relayd of this build refuses a table with migrations pending: the
+	// later ones are marked applied while it starts, as for a relayd of the
 	// release before them.
 	versions := e.table.Side("schema_version")
-	run(`INSERT INTO ` + versions + ` (version_id, is_applied) VALUES (10, true), (11, true)`)
+	sources := p.ListSources()
+	run(`INSERT INTO `+versions+` (version_id, is_applied) SELECT v, true FROM generate_series($1::bigint, $2::bigint) v`,
+		upgradeFrom+1, sources[len(sources)-1].Version)
 	relay := e.startRelay("relay")
 	run(fmt.Sprintf(`DELETE FROM %s WHERE version_id > %d`, versions, upgradeFrom))
 
@@ -178,6 +188,9 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 	}
 	if e.hasIndex("outbox_done") {
 		t.Error("the done index is still there after the upgrade")
+	}
+	if n := checks(); n != 0 {
+		t.Errorf("CHECK constraints on the outbox after the upgrade: %d", n)
 	}
 	if !relay.running() {
 		t.Fatalf("relay exited during the upgrade\n%s", relay.out.String())

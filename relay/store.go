@@ -56,7 +56,7 @@ type claimed struct {
 	attempts perTarget[int32]
 	// delivered: the target had the row before this batch.
 	delivered perTarget[bool]
-	badRow    string // why the row can never be published (bad headers), or ""
+	badRow    string // why the row can never be published (no topic, bad headers), or ""
 }
 
 // snapshot is the claim statement's snapshot: the oldest transaction still
@@ -104,7 +104,10 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 		if key != nil {
 			c.msg.Key, c.msg.HasKey = *key, true
 		}
-		if headers != nil {
+		switch {
+		case c.msg.Topic == "":
+			c.badRow = "topic: is empty"
+		case headers != nil:
 			c.msg.Headers, c.badRow = decodeHeaders(*headers)
 		}
 		out = append(out, c)
