@@ -27,7 +27,8 @@ func instanceName() string {
 
 // reportInstance writes this relay's phase to <table>_instances every
 // phase.BeatEvery until ctx is done, then removes it, so that `relayd
-// status` and `cutover check` see every running relay's phase.
+// status`, `cutover check`, the backfill and the replay see every running
+// relay's phase. ctx should end once the relay's batches have.
 func reportInstance(ctx context.Context, pool *pgxpool.Pool, table schema.Table, r *relay.Relay, log *slog.Logger) {
 	in := phase.Instance{Instance: instanceName(), Version: version, StartedAt: time.Now()}
 	select { // not the phase the relay starts in, but the one it runs

@@ -116,10 +116,12 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 	go ob.Run(ctx, cfg.StatsInterval, func(ctx context.Context) ([]relay.TargetStats, error) {
 		return relay.ReadStats(ctx, pool, cfg.table, r.Phase().Running)
 	}, log)
-	rctx, stopReport := context.WithCancel(ctx)
+	// The report outlives ctx: a stopping relay's batches in flight still run
+	// their phase. Its row goes once they end, before the pool closes.
+	rctx, stopReport := context.WithCancel(context.WithoutCancel(ctx))
 	reported := make(chan struct{})
 	go func() { defer close(reported); reportInstance(rctx, pool, cfg.table, r, log) }()
-	defer func() { stopReport(); <-reported }() // its row goes before the pool closes
+	defer func() { stopReport(); <-reported }()
 	if cfg.MetricsAddr != "" {
 		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, reg, readiness(pool, r), log)
 		if err != nil {
