@@ -126,17 +126,28 @@ func (s records) start(ctx context.Context, r Record) (Record, error) {
 var ErrAdvanced = errors.New("another relayd replay advanced this run: stopping")
 
 // advance records that run id, last recorded at expected, is done up to
-// position, adding c to its counts; finish closes it.
-func (s records) advance(ctx context.Context, id int64, expected, position uint64, c Counts, finish bool) error {
+// position, adding c to its counts; finish closes it. again says an earlier
+// try of the same write went unanswered: finding the run where this write
+// leaves it means that try was recorded.
+func (s records) advance(ctx context.Context, id int64, expected, position uint64, c Counts, finish, again bool) error {
 	tag, err := s.db.Exec(ctx, s.q.ReplayAdvance, id, int64(position), c.Sent, c.SkippedDelivered,
 		c.SkippedBackfilled, c.SkippedOwed, c.WithoutID, c.OtherSubject, c.FailedPermanent, int64(expected), finish)
 	if err != nil {
 		return fmt.Errorf("record the replay's position: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: run %d is no longer unfinished at sequence %d", ErrAdvanced, id, expected)
+	if tag.RowsAffected() > 0 {
+		return nil
 	}
-	return nil
+	if again {
+		run, ok, err := s.one(ctx, s.q.ReplayRun, id)
+		if err != nil {
+			return err
+		}
+		if ok && run.Position == position && (run.FinishedAt != nil) == finish && !run.Abandoned {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: run %d is no longer unfinished at sequence %d", ErrAdvanced, id, expected)
 }
 
 // stranded is the earliest nats_delivered_at of the rows that finished in

@@ -41,7 +41,7 @@ func TestAdvanceComparesThePosition(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := rec.advance(ctx, run.ID, 0, 10, Counts{Sent: 10}, false); err != nil {
+			if err := rec.advance(ctx, run.ID, 0, 10, Counts{Sent: 10}, false, false); err != nil {
 				t.Fatal(err)
 			}
 			if tc.finished {
@@ -70,6 +70,65 @@ func TestAdvanceComparesThePosition(t *testing.T) {
 	}
 }
 
+// A try of a write whose earlier try went unanswered finds that try
+// recorded: it is this run's own write, not another replay's.
+func TestAdvanceAfterAnUnansweredTry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	rec := records{db: pool, q: outboxsql.For(table)}
+	for _, tc := range []struct {
+		name    string
+		finish  bool
+		other   uint64 // another replay then moved the run here (0: none)
+		abandon bool
+		again   bool
+		wantErr error
+	}{
+		{"recorded, tried again", false, 0, false, true, nil},
+		{"recorded and finished, tried again", true, 0, false, true, nil},
+		{"recorded, then another replay moved it", false, 30, false, true, ErrAdvanced},
+		{"recorded, then abandoned", false, 0, true, true, ErrAdvanced},
+		{"not a retry", false, 0, false, false, ErrAdvanced},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := pool.Exec(ctx, `DELETE FROM `+table.Side("replay")); err != nil {
+				t.Fatal(err)
+			}
+			run, err := rec.start(ctx, Record{Stream: "S", Exchange: "X", Request: "from-seq=1", FromSeq: 1, ToSeq: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The first try: recorded, its answer lost.
+			if err := rec.advance(ctx, run.ID, 0, 20, Counts{Sent: 20}, tc.finish, false); err != nil {
+				t.Fatal(err)
+			}
+			if tc.other > 0 {
+				if err := rec.advance(ctx, run.ID, 20, tc.other, Counts{Sent: 10}, false, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.abandon {
+				if err := rec.abandon(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err = rec.advance(ctx, run.ID, 0, 20, Counts{Sent: 20}, tc.finish, tc.again)
+			if !errors.Is(err, tc.wantErr) || (err != nil && tc.wantErr == nil) {
+				t.Fatalf("the second try: %v, want %v", err, tc.wantErr)
+			}
+			var sent int64
+			if err := pool.QueryRow(ctx, `SELECT sent FROM `+table.Side("replay")+` WHERE id = $1`, run.ID).Scan(&sent); err != nil {
+				t.Fatal(err)
+			}
+			if want := int64(20 + 10*min(tc.other, 1)); sent != want {
+				t.Errorf("%d sent, want %d: counted twice or not at all", sent, want)
+			}
+		})
+	}
+}
+
 // A run whose record another replay moved stops reading at its next batch,
 // with ErrAdvanced, and records nothing more.
 func TestSettleStopsWhenAnotherReplayAdvanced(t *testing.T) {
@@ -82,7 +141,7 @@ func TestSettleStopsWhenAnotherReplayAdvanced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rec.advance(ctx, run.ID, 0, 6, Counts{Sent: 6}, false); err != nil { // the other replay
+	if err := rec.advance(ctx, run.ID, 0, 6, Counts{Sent: 6}, false, false); err != nil { // the other replay
 		t.Fatal(err)
 	}
 	r := &runner{cfg: Config{DB: pool, Table: table}, log: slog.New(slog.DiscardHandler), rec: rec, run: run}

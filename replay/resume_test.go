@@ -37,7 +37,7 @@ func TestRestartWarnsOfWhatItSendsAgain(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.position > 100 {
-				if err := rec.advance(ctx, run.ID, 100, tc.position, Counts{Sent: int64(tc.position - 100)}, false); err != nil {
+				if err := rec.advance(ctx, run.ID, 100, tc.position, Counts{Sent: int64(tc.position - 100)}, false, false); err != nil {
 					t.Fatal(err)
 				}
 				run.Position = tc.position

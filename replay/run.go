@@ -208,8 +208,8 @@ func (r *runner) record(expected, pos uint64, c Counts, finish bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	wait := retryBackoff.Next(0)
-	for {
-		err := r.rec.advance(ctx, r.run.ID, expected, pos, c, finish)
+	for again := false; ; again = true {
+		err := r.rec.advance(ctx, r.run.ID, expected, pos, c, finish, again)
 		if err == nil || errors.Is(err, ErrAdvanced) {
 			return err
 		}

@@ -87,7 +87,8 @@ type Statements struct {
 	ReplayClaims, ReplayClaimsLeft                string
 	ReplayRecordStart                             string
 	ReplayLock, ReplayUnlock                      string
-	ReplayUnfinished, ReplayOverlap, ReplayStart  string
+	ReplayRun, ReplayUnfinished, ReplayOverlap    string
+	ReplayStart                                   string
 	ReplayAdvance, ReplayAbandon                  string
 }
 
@@ -181,6 +182,7 @@ func render(t schema.Table) *Statements {
 		ReplayRecordStart:        exec("ReplayRecordStart", d),
 		ReplayLock:               exec("ReplayLock", d),
 		ReplayUnlock:             exec("ReplayUnlock", d),
+		ReplayRun:                exec("ReplayRun", d),
 		ReplayUnfinished:         exec("ReplayUnfinished", d),
 		ReplayOverlap:            exec("ReplayOverlap", d),
 		ReplayStart:              exec("ReplayStart", d),

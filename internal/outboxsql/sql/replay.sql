@@ -64,6 +64,9 @@ WHERE locktype = 'relation' AND relation = '{{.Table}}'::regclass AND mode = 'Ro
 	sent, skipped_delivered, skipped_backfilled, skipped_owed, without_id, other_subject, failed_permanent,
 	started_at, updated_at, finished_at, abandoned{{end}}
 
+-- ReplayRun: run $1.
+{{define "ReplayRun"}}SELECT {{template "replayCols"}} FROM {{.Replay}} WHERE id = $1{{end}}
+
 -- ReplayUnfinished: the run not finished, if any.
 {{define "ReplayUnfinished"}}SELECT {{template "replayCols"}} FROM {{.Replay}} WHERE finished_at IS NULL{{end}}
 
