@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -387,6 +388,59 @@ func TestReplayPassesOverAMessageRabbitMQCanNeverTake(t *testing.T) {
 	var recorded int64
 	if err := e.pool.QueryRow(ctx, `SELECT failed_permanent FROM `+e.table.Side("replay")).Scan(&recorded); err != nil || recorded != 1 {
 		t.Errorf("recorded failed_permanent %d (%v), want 1", recorded, err)
+	}
+	got, _ := e.drainQueue(time.Second)
+	if missing, extra, dupes := tally(want, got); missing > 0 || extra > 0 || dupes > 0 {
+		t.Errorf("legacy queue: %d missing, %d extra, %d duplicates", missing, extra, dupes)
+	}
+}
+
+// NATS blackholed in the middle of a replay: the run says it cannot read
+// the stream, waits, and once NATS is back goes on to the end of its
+// window; RabbitMQ gets every message once. The consumer's question "is
+// anything left?" sent during the outage used to wait for ever.
+func TestReplayRidesOutANATSOutage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	want := map[string]bool{}
+	for i := range 3000 {
+		id := fmt.Sprintf("m-%04d", i)
+		want[id] = true
+		m := &nats.Msg{Subject: e.prefix + "orders.a", Data: []byte(id), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+		if _, err := e.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px := newFaultProxy(t, "nats", hostOf(t, e.natsURL))
+	cmd := e.replayCmd("--from-seq", "1", "--rate", "300")
+	cmd.Env = append(cmd.Env, "RELAY_NATS_URL="+px.url(e.natsURL))
+	out := &testenv.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	testenv.Eventually(t, 30*time.Second, func() bool { _, pos, _, ok := e.replayRecord(); return ok && pos > 0 }, "the replay made no progress")
+
+	heal := px.inject("timeout", map[string]any{"timeout": 0}, "upstream", "downstream")
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return strings.Contains(out.String(), "read the stream from JetStream failed")
+	}, "the replay did not say it cannot read the stream:\n%s", out)
+	heal()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("replay after the outage: %v\n%s", err, out)
+		}
+	case <-time.After(90 * time.Second):
+		cmd.Process.Signal(syscall.SIGQUIT)
+		<-done
+		t.Fatalf("the replay did not finish within 90 s of NATS coming back:\n%s", out)
+	}
+	if s := decodeReplay(t, []byte(out.String())); !s.Finished || s.Record.Position != 3000 {
+		t.Errorf("replay: finished %v at %d, want finished at 3000", s.Finished, s.Record.Position)
 	}
 	got, _ := e.drainQueue(time.Second)
 	if missing, extra, dupes := tally(want, got); missing > 0 || extra > 0 || dupes > 0 {

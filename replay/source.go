@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/relayd/relayd/internal/errlog"
 )
 
 // resolve turns w into the stream sequences from..to to read (from > to: an
@@ -70,9 +73,10 @@ type source struct {
 	stop   func() bool
 	expect uint64                // the sequence that comes next unless it is gone
 	gone   func(from, to uint64) // sequences of the window not in the stream
+	errs   *errlog.Limiter       // JetStream not answering
 }
 
-func openSource(ctx context.Context, stream jetstream.Stream, from, to uint64, end time.Time, prefix string, batch int, gone func(from, to uint64)) (*source, error) {
+func openSource(ctx context.Context, stream jetstream.Stream, from, to uint64, end time.Time, prefix string, batch int, gone func(from, to uint64), log *slog.Logger) (*source, error) {
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from,
 		// The server removes it soon if this process dies mid-run.
@@ -86,7 +90,7 @@ func openSource(ctx context.Context, stream jetstream.Stream, from, to uint64, e
 		return nil, fmt.Errorf("consume: %w", err)
 	}
 	return &source{stream: stream, cons: cons, it: it, to: to, end: end, prefix: prefix, stop: context.AfterFunc(ctx, it.Stop),
-		expect: from, gone: gone}, nil
+		expect: from, gone: gone, errs: errlog.New(log, "replay: read the stream from JetStream")}, nil
 }
 
 func (s *source) close() {
@@ -96,8 +100,12 @@ func (s *source) close() {
 }
 
 // idleWait is how long next waits for a message before it asks whether any
-// is left.
-const idleWait = 2 * time.Second
+// is left; infoWait bounds that question. One asked while NATS is
+// unreachable is never answered, and the run's context has no deadline.
+const (
+	idleWait = 2 * time.Second
+	infoWait = 5 * time.Second
+)
 
 // next returns the next message of the window, or ok false past its end.
 func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
@@ -110,17 +118,26 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 			if !errors.Is(err, nats.ErrTimeout) {
 				return item{}, false, fmt.Errorf("read the stream: %w", err)
 			}
-			// Nothing for a while: the messages up to `to` were deleted.
-			ci, err := s.cons.Info(ctx)
+			// Nothing for a while: the messages up to `to` were deleted, or
+			// JetStream does not answer (the run waits for it, saying so).
+			ictx, cancel := context.WithTimeout(ctx, infoWait)
+			ci, err := s.cons.Info(ictx)
+			cancel()
 			if err != nil {
-				return item{}, false, fmt.Errorf("consumer info: %w", err)
+				if ctx.Err() != nil {
+					return item{}, false, ctx.Err()
+				}
+				s.errs.Error(fmt.Errorf("consumer info: %w", err))
+				continue
 			}
+			s.errs.OK()
 			if ci.NumPending == 0 {
 				s.done = true
 				s.skipTo(s.to + 1)
 			}
 			continue
 		}
+		s.errs.OK()
 		meta, err := msg.Metadata()
 		if err != nil {
 			return item{}, false, fmt.Errorf("message metadata: %w", err)
