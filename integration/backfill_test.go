@@ -100,6 +100,14 @@ func (e *env) startBackfill(t *testing.T, amqpURL string, args ...string) (*exec
 	if amqpURL != "" {
 		cmd.Env = append(cmd.Env, "RELAY_AMQP_URL="+amqpURL)
 	}
+	out, done := startCmd(t, cmd)
+	return cmd, out, done
+}
+
+// startCmd starts cmd, its output going to the buffer returned and its exit
+// to the channel; the test's end kills it if it still runs.
+func startCmd(t *testing.T, cmd *exec.Cmd) (*testenv.SyncBuffer, <-chan error) {
+	t.Helper()
 	out := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -108,7 +116,7 @@ func (e *env) startBackfill(t *testing.T, amqpURL string, args ...string) (*exec
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
-	return cmd, out, done
+	return out, done
 }
 
 // backfillWithin runs `relayd backfill` with args and returns its output

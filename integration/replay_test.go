@@ -172,13 +172,7 @@ func TestReplayRollbackDrill(t *testing.T) {
 
 	// The run, SIGKILLed once it recorded progress, and the rerun.
 	first := e.replayCmd("--rate", "2000")
-	firstOut := &testenv.SyncBuffer{}
-	first.Stdout, first.Stderr = firstOut, firstOut
-	if err := first.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- first.Wait() }()
+	firstOut, done := startCmd(t, first)
 	var killedAt, killedSent int64
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		from, pos, sent, ok := e.replayRecord()
@@ -415,13 +409,7 @@ func TestReplayRidesOutANATSOutage(t *testing.T) {
 	px := newFaultProxy(t, "nats", hostOf(t, e.natsURL))
 	cmd := e.replayCmd("--from-seq", "1", "--rate", "300")
 	cmd.Env = append(cmd.Env, "RELAY_NATS_URL="+px.url(e.natsURL))
-	out := &testenv.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	out, done := startCmd(t, cmd)
 	testenv.Eventually(t, 30*time.Second, func() bool { _, pos, _, ok := e.replayRecord(); return ok && pos > 0 }, "the replay made no progress")
 
 	heal := px.inject("timeout", map[string]any{"timeout": 0}, "upstream", "downstream")

@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/schema"
 )
 
 // The position advances only from the one this run last recorded: a run
@@ -18,9 +21,7 @@ import (
 func TestAdvanceComparesThePosition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.Pool(t)
-	table := testenv.Outbox(t, pool)
-	rec := records{db: pool, q: outboxsql.For(table)}
+	pool, table, rec := testRecords(t)
 	for _, tc := range []struct {
 		name     string
 		expected uint64 // the run's record is at 10
@@ -34,13 +35,7 @@ func TestAdvanceComparesThePosition(t *testing.T) {
 		{"finished meanwhile", 10, true, ErrAdvanced, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := pool.Exec(ctx, `DELETE FROM `+table.Side("replay")); err != nil {
-				t.Fatal(err)
-			}
-			run, err := rec.start(ctx, Record{Stream: "S", Exchange: "X", Request: "from-seq=1", FromSeq: 1, ToSeq: 100})
-			if err != nil {
-				t.Fatal(err)
-			}
+			run := freshRun(t, table, rec)
 			if err := rec.advance(ctx, run.ID, 0, 10, Counts{Sent: 10}, false, false); err != nil {
 				t.Fatal(err)
 			}
@@ -52,7 +47,7 @@ func TestAdvanceComparesThePosition(t *testing.T) {
 			run.Position = tc.expected
 			r := &runner{cfg: Config{DB: pool, Table: table}, log: slog.New(slog.DiscardHandler), rec: rec, run: run}
 			start := time.Now()
-			err = r.record(tc.expected, 20, Counts{Sent: 10}, false)
+			err := r.record(tc.expected, 20, Counts{Sent: 10}, false)
 			if !errors.Is(err, tc.wantErr) || (err != nil && tc.wantErr == nil) {
 				t.Fatalf("record: %v, want %v", err, tc.wantErr)
 			}
@@ -75,9 +70,7 @@ func TestAdvanceComparesThePosition(t *testing.T) {
 func TestAdvanceAfterAnUnansweredTry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.Pool(t)
-	table := testenv.Outbox(t, pool)
-	rec := records{db: pool, q: outboxsql.For(table)}
+	pool, table, rec := testRecords(t)
 	for _, tc := range []struct {
 		name    string
 		finish  bool
@@ -93,13 +86,7 @@ func TestAdvanceAfterAnUnansweredTry(t *testing.T) {
 		{"not a retry", false, 0, false, false, ErrAdvanced},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := pool.Exec(ctx, `DELETE FROM `+table.Side("replay")); err != nil {
-				t.Fatal(err)
-			}
-			run, err := rec.start(ctx, Record{Stream: "S", Exchange: "X", Request: "from-seq=1", FromSeq: 1, ToSeq: 100})
-			if err != nil {
-				t.Fatal(err)
-			}
+			run := freshRun(t, table, rec)
 			// The first try: recorded, its answer lost.
 			if err := rec.advance(ctx, run.ID, 0, 20, Counts{Sent: 20}, tc.finish, false); err != nil {
 				t.Fatal(err)
@@ -114,7 +101,7 @@ func TestAdvanceAfterAnUnansweredTry(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			err = rec.advance(ctx, run.ID, 0, 20, Counts{Sent: 20}, tc.finish, tc.again)
+			err := rec.advance(ctx, run.ID, 0, 20, Counts{Sent: 20}, tc.finish, tc.again)
 			if !errors.Is(err, tc.wantErr) || (err != nil && tc.wantErr == nil) {
 				t.Fatalf("the second try: %v, want %v", err, tc.wantErr)
 			}
@@ -134,9 +121,7 @@ func TestAdvanceAfterAnUnansweredTry(t *testing.T) {
 func TestSettleStopsWhenAnotherReplayAdvanced(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.Pool(t)
-	table := testenv.Outbox(t, pool)
-	rec := records{db: pool, q: outboxsql.For(table)}
+	pool, table, rec := testRecords(t)
 	run, err := rec.start(ctx, Record{Stream: "S", Exchange: "X", Request: "from-seq=1", FromSeq: 1, ToSeq: 9})
 	if err != nil {
 		t.Fatal(err)
@@ -163,4 +148,26 @@ func TestSettleStopsWhenAnotherReplayAdvanced(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT position FROM `+table.Side("replay")).Scan(&pos); err != nil || pos != 6 {
 		t.Errorf("record at %d (%v), want the other replay's 6", pos, err)
 	}
+}
+
+// testRecords is the replay records of a migrated outbox of the test's own.
+func testRecords(t *testing.T) (*pgxpool.Pool, schema.Table, records) {
+	t.Helper()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	return pool, table, records{db: pool, q: outboxsql.For(table)}
+}
+
+// freshRun deletes table's runs and starts one of sequences 1..100.
+func freshRun(t *testing.T, table schema.Table, rec records) Record {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := rec.db.Exec(ctx, `DELETE FROM `+table.Side("replay")); err != nil {
+		t.Fatal(err)
+	}
+	run, err := rec.start(ctx, Record{Stream: "S", Exchange: "X", Request: "from-seq=1", FromSeq: 1, ToSeq: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run
 }

@@ -5,9 +5,6 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-
-	"github.com/relayd/relayd/internal/outboxsql"
-	"github.com/relayd/relayd/internal/testenv"
 )
 
 // --restart forgets what the abandoned run settled: when it had settled
@@ -16,9 +13,7 @@ import (
 func TestRestartWarnsOfWhatItSendsAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.Pool(t)
-	table := testenv.Outbox(t, pool)
-	rec := records{db: pool, q: outboxsql.For(table)}
+	pool, table, rec := testRecords(t)
 	for _, tc := range []struct {
 		name     string
 		position uint64 // the run covers 101..400
@@ -64,9 +59,7 @@ func TestRestartWarnsOfWhatItSendsAgain(t *testing.T) {
 func TestResumeKeepsTheRunsStreamAndExchange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.Pool(t)
-	table := testenv.Outbox(t, pool)
-	rec := records{db: pool, q: outboxsql.For(table)}
+	pool, table, rec := testRecords(t)
 	if _, err := rec.start(ctx, Record{Stream: "OUTBOX", Exchange: "outbox", Request: "from-seq=1", FromSeq: 1, ToSeq: 9}); err != nil {
 		t.Fatal(err)
 	}
