@@ -40,14 +40,7 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 		t.Fatalf("migrate down to %d: %v", upgradeFrom, err)
 	}
 	tbl := e.table.Ident()
-	checks := func() int {
-		t.Helper()
-		var n int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c'`, tbl).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	checks := func() int { return testenv.Checks(t, e.pool, e.table) }
 	if !e.hasIndex("outbox_done") || checks() != 2 {
 		t.Fatalf("at migration 9 the outbox has no done index, or %d CHECKs, not 2", checks())
 	}

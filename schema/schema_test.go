@@ -157,14 +157,7 @@ func TestDroppingTheChecksLetsProducersThrough(t *testing.T) {
 	if _, err := p.UpTo(ctx, 11); err != nil {
 		t.Fatal(err)
 	}
-	checks := func() int {
-		t.Helper()
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c'`, table.Ident()).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	checks := func() int { return testenv.Checks(t, pool, table) }
 	insert := `INSERT INTO ` + table.Ident() + ` (topic, payload) VALUES ('orders.created', '\x00')`
 
 	holder, err := pool.Begin(ctx)

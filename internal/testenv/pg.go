@@ -45,3 +45,13 @@ func Outbox(t testing.TB, pool *pgxpool.Pool) schema.Table {
 	})
 	return table
 }
+
+// Checks counts the CHECK constraints on table t.
+func Checks(t testing.TB, pool *pgxpool.Pool, table schema.Table) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c'`, table.Ident()).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
