@@ -131,7 +131,10 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 				continue
 			}
 			s.errs.OK()
-			if ci.NumPending == 0 {
+			// Done only if nothing the server sent is still unseen: after a
+			// lost connection it counts as delivered what never arrived,
+			// and the ordered consumer asks for it again.
+			if ci.NumPending == 0 && ci.Delivered.Stream < s.expect {
 				s.done = true
 				s.skipTo(s.to + 1)
 			}
