@@ -111,6 +111,57 @@ SELECT 'moved-' || i, 'q', false FROM generate_series($1::int, $2::int) AS i`, f
 	if !strings.Contains(plan, table.Name+"_delivered_message_id") {
 		t.Fatalf("the lookup does not read %s through its message_id index:\n%s", table.Delivered(), plan)
 	}
+	for _, index := range []string{table.Name + "_message_id_key", table.Name + "_owed_message_id"} {
+		if !strings.Contains(plan, index) {
+			t.Fatalf("the lookup does not use %s:\n%s", index, plan)
+		}
+	}
+}
+
+// Rows still to relay: the lookup knows a fresh row of the outbox and a row
+// of the owed table delivered or owed to JetStream, not one parked for it or
+// finished without it.
+func TestKnownAsksAboutRowsStillToRelay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	ids := []string{
+		"0b7f6c1e-3c55-4f8e-9a51-000000000011", // in the outbox
+		"0b7f6c1e-3c55-4f8e-9a51-000000000012", // delivered to JetStream, owed to RabbitMQ
+		"0b7f6c1e-3c55-4f8e-9a51-000000000013", // delivered to RabbitMQ, owed to JetStream
+		"0b7f6c1e-3c55-4f8e-9a51-000000000014", // parked for JetStream
+		"0b7f6c1e-3c55-4f8e-9a51-000000000015", // finished without JetStream
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (message_id, topic, payload)
+		SELECT id, 't', '' FROM unnest($1::uuid[]) AS u(id)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	for i, set := range []string{
+		`nats_delivered_at = now()`,
+		`amqp_delivered_at = now()`,
+		`nats_parked_at = now(), nats_attempts = 20`,
+		`amqp_delivered_at = now(), done_at = now()`,
+	} {
+		testenv.SetState(t, pool, table, set, `message_id = $1`, ids[i+1])
+	}
+	items := make([]*item, len(ids))
+	for i, id := range ids {
+		items[i] = &item{id: strings.ToUpper(id)}
+	}
+	known, err := (&runner{cfg: Config{DB: pool, Table: table}}).known(ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, true, true, false, false} {
+		if known[items[i].id] != want {
+			t.Errorf("%s known: %v, want %v", items[i].id, known[items[i].id], want)
+		}
+	}
 }
 
 // Of the relay's delivered rows, the lookup knows those JetStream has and

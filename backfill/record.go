@@ -13,11 +13,11 @@ import (
 
 // known returns the ids JetStream already has or will get without the
 // backfill: delivered by the relay (recorded in the delivered table, or
-// still in the outbox delivered to JetStream or owed to it: the relay will
-// deliver those itself), or moved by an earlier backfill run. Of the
-// delivered table it asks only about rows the relay sent to RabbitMQ too
-// (amqp_sent): only they can be in the legacy queue, and only they are in
-// its message_id index (migration 00006).
+// still in the outbox, or in the owed table delivered to JetStream or owed
+// to it: the relay will deliver those itself), or moved by an earlier
+// backfill run. Of the delivered table it asks only about rows the relay
+// sent to RabbitMQ too (amqp_sent): only they can be in the legacy queue,
+// and only they are in its message_id index (migration 00006).
 func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, error) {
 	var uuids, all []string
 	for _, it := range items {

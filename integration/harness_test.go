@@ -267,13 +267,28 @@ func (p *proc) running() bool {
 	}
 }
 
+// pending is a FROM item of the rows not recorded delivered: the outbox's,
+// with a fresh row's state (tried and delivered nowhere), and the owed
+// table's with theirs. A row moved by a batch is in one or the other in a
+// query's snapshot.
+func pending(table schema.Table) string {
+	return `(SELECT id, message_id, topic, key, payload, headers,
+		NULL::timestamptz AS amqp_delivered_at, 0 AS amqp_attempts, NULL::timestamptz AS amqp_parked_at, NULL::text AS amqp_last_error,
+		NULL::timestamptz AS nats_delivered_at, 0 AS nats_attempts, NULL::timestamptz AS nats_parked_at, NULL::text AS nats_last_error,
+		NULL::timestamptz AS done_at FROM ` + table.Ident() + `
+	UNION ALL SELECT id, message_id, topic, key, payload, headers,
+		amqp_delivered_at, amqp_attempts, amqp_parked_at, amqp_last_error,
+		nats_delivered_at, nats_attempts, nats_parked_at, nats_last_error,
+		done_at FROM ` + table.Owed() + `) pending`
+}
+
 // counts returns how many rows are committed, and delivered to each target:
-// rows still in the outbox (owed to a target) and rows recorded in the
-// delivered table (delivered to every target, gone from the outbox).
+// rows still to deliver (pending) and rows recorded in the delivered table
+// (delivered to every target).
 func (e *env) counts() (total, amqpN, natsN int) {
 	e.t.Helper()
 	err := e.pool.QueryRow(context.Background(), `SELECT count(*), count(amqp_delivered_at), count(nats_delivered_at) FROM (
-		SELECT amqp_delivered_at, nats_delivered_at FROM `+e.table.Ident()+`
+		SELECT amqp_delivered_at, nats_delivered_at FROM `+pending(e.table)+`
 		UNION ALL SELECT amqp_delivered_at, nats_delivered_at FROM `+e.table.Delivered()+`) r`).
 		Scan(&total, &amqpN, &natsN)
 	if err != nil {
@@ -282,11 +297,11 @@ func (e *env) counts() (total, amqpN, natsN int) {
 	return
 }
 
-// committedIDs returns the message ids of every committed row: in the
-// outbox or recorded delivered.
+// committedIDs returns the message ids of every committed row: pending or
+// recorded delivered.
 func (e *env) committedIDs() map[string]bool {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT message_id::text FROM `+e.table.Ident()+`
+	rows, err := e.pool.Query(context.Background(), `SELECT message_id::text FROM `+pending(e.table)+`
 		UNION ALL SELECT message_id::text FROM `+e.table.Delivered())
 	if err != nil {
 		e.t.Fatal(err)

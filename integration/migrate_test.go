@@ -47,7 +47,7 @@ func TestMigrateCommand(t *testing.T) {
 		t.Fatalf("inbox status: %q", out)
 	}
 	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name IN ('events', 'events_backfilled', 'inbox')`, sch).Scan(&n); err != nil || n != 3 {
-		t.Fatalf("tables created: %d, %v; want events, events_backfilled and inbox", n, err)
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name IN ('events', 'events_owed', 'events_backfilled', 'inbox')`, sch).Scan(&n); err != nil || n != 4 {
+		t.Fatalf("tables created: %d, %v; want events, events_owed, events_backfilled and inbox", n, err)
 	}
 }

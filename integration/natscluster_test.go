@@ -195,7 +195,7 @@ func (e *env) maxCommittedID() int64 {
 	e.t.Helper()
 	var id int64
 	if err := e.pool.QueryRow(context.Background(), `SELECT coalesce(max(id), 0) FROM (SELECT id FROM `+e.table.Ident()+
-		` UNION ALL SELECT id FROM `+e.table.Delivered()+`) r`).Scan(&id); err != nil {
+		` UNION ALL SELECT id FROM `+e.table.Owed()+` UNION ALL SELECT id FROM `+e.table.Delivered()+`) r`).Scan(&id); err != nil {
 		e.t.Fatal(err)
 	}
 	return id
@@ -207,7 +207,7 @@ func (e *env) maxCommittedID() int64 {
 func (e *env) firstNATSDeliveryAfter(id int64) *time.Time {
 	e.t.Helper()
 	var at *time.Time
-	if err := e.pool.QueryRow(context.Background(), `SELECT min(nats_delivered_at) FROM (SELECT id, nats_delivered_at FROM `+e.table.Ident()+
+	if err := e.pool.QueryRow(context.Background(), `SELECT min(nats_delivered_at) FROM (SELECT id, nats_delivered_at FROM `+e.table.Owed()+
 		` UNION ALL SELECT id, nats_delivered_at FROM `+e.table.Delivered()+`) r WHERE id > $1`, id).Scan(&at); err != nil {
 		e.t.Fatal(err)
 	}

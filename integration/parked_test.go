@@ -37,7 +37,7 @@ func TestParkedRowsListedAndRetried(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var done, parked int
-		e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.table.Delivered()+`), count(*) FILTER (WHERE amqp_parked_at IS NOT NULL AND nats_parked_at IS NOT NULL) FROM `+e.table.Ident()).Scan(&done, &parked)
+		e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e.table.Delivered()+`), count(*) FILTER (WHERE amqp_parked_at IS NOT NULL AND nats_parked_at IS NOT NULL) FROM `+e.table.Owed()).Scan(&done, &parked)
 		return done == 50 && parked == 1
 	}, "good rows not delivered / bad row not parked on both targets")
 
@@ -62,9 +62,10 @@ func TestParkedRowsListedAndRetried(t *testing.T) {
 		t.Fatalf("parked --target nats: %q", out)
 	}
 
-	// The producer's bug is fixed in place; put the row back.
-	if _, err := e.pool.Exec(ctx, `UPDATE `+e.table.Ident()+` SET headers = '{"n": "1"}' WHERE id = $1`, badID); err != nil {
-		t.Fatal(err)
+	// The producer's bug is fixed in place, in the owed table where the
+	// parked row is; put it back.
+	if tag, err := e.pool.Exec(ctx, `UPDATE `+e.table.Owed()+` SET headers = '{"n": "1"}' WHERE id = $1`, badID); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("fix the parked row: %v, %d rows", err, tag.RowsAffected())
 	}
 	if out := run("retry", "--id", fmt.Sprint(badID)); !strings.HasPrefix(out, "2 parked") {
 		t.Fatalf("retry: %q, want 2 deliveries (amqp and nats) put back", out)
@@ -120,7 +121,7 @@ func TestPoisonRowsAmongGoodOnes(t *testing.T) {
 	parked := func(id int64) (amqpReason, natsReason string) {
 		var a, n *string
 		e.pool.QueryRow(ctx, `SELECT CASE WHEN amqp_parked_at IS NOT NULL THEN amqp_last_error END,
-			CASE WHEN nats_parked_at IS NOT NULL THEN nats_last_error END FROM `+e.table.Ident()+` WHERE id = $1`, id).Scan(&a, &n)
+			CASE WHEN nats_parked_at IS NOT NULL THEN nats_last_error END FROM `+e.table.Owed()+` WHERE id = $1`, id).Scan(&a, &n)
 		if a != nil {
 			amqpReason = *a
 		}
@@ -157,16 +158,17 @@ func TestPoisonRowsAmongGoodOnes(t *testing.T) {
 		}
 	}
 
-	// Fix the causes, then put everything back.
+	// Fix the causes in the owed table, where parked rows are, then put
+	// everything back.
 	for _, q := range []string{
-		`UPDATE ` + e.table.Ident() + ` SET payload = '\x00' WHERE id = ` + fmt.Sprint(oversize),
-		`UPDATE ` + e.table.Ident() + ` SET topic = 'orders.star' WHERE id = ` + fmt.Sprint(badSubject),
-		`UPDATE ` + e.table.Ident() + ` SET headers = '{"retries": "3"}' WHERE id = ` + fmt.Sprint(badHeaders),
-		`UPDATE ` + e.table.Ident() + ` SET topic = 'orders.topic' WHERE id = ` + fmt.Sprint(noTopic),
-		`UPDATE ` + e.table.Ident() + ` SET headers = '{"retries": "3"}' WHERE id = ` + fmt.Sprint(notObject),
+		`UPDATE ` + e.table.Owed() + ` SET payload = '\x00' WHERE id = ` + fmt.Sprint(oversize),
+		`UPDATE ` + e.table.Owed() + ` SET topic = 'orders.star' WHERE id = ` + fmt.Sprint(badSubject),
+		`UPDATE ` + e.table.Owed() + ` SET headers = '{"retries": "3"}' WHERE id = ` + fmt.Sprint(badHeaders),
+		`UPDATE ` + e.table.Owed() + ` SET topic = 'orders.topic' WHERE id = ` + fmt.Sprint(noTopic),
+		`UPDATE ` + e.table.Owed() + ` SET headers = '{"retries": "3"}' WHERE id = ` + fmt.Sprint(notObject),
 	} {
-		if _, err := e.pool.Exec(ctx, q); err != nil {
-			t.Fatal(err)
+		if tag, err := e.pool.Exec(ctx, q); err != nil || tag.RowsAffected() != 1 {
+			t.Fatalf("%s: %v, %d rows", q, err, tag.RowsAffected())
 		}
 	}
 	ch, err := e.amqpConn.Channel()
@@ -184,7 +186,7 @@ func TestPoisonRowsAmongGoodOnes(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var left int
-		e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Ident()+` WHERE done_at IS NULL`).Scan(&left)
+		e.pool.QueryRow(ctx, `SELECT count(*) FROM `+pending(e.table)).Scan(&left)
 		return left == 0
 	}, "fixed rows not delivered after retry")
 	if !r.running() {
@@ -216,7 +218,7 @@ func TestFullStreamHoldsRowsWithoutParking(t *testing.T) {
 		t.Helper()
 		_, amqpN, natsN = e.counts()
 		if err := e.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE nats_last_error LIKE '%maximum messages exceeded%' AND nats_attempts = 0),
-			count(*) FILTER (WHERE amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) FROM `+e.table.Ident()).Scan(&refused, &parked); err != nil {
+			count(*) FILTER (WHERE amqp_parked_at IS NOT NULL OR nats_parked_at IS NOT NULL) FROM `+e.table.Owed()).Scan(&refused, &parked); err != nil {
 			t.Fatal(err)
 		}
 	}

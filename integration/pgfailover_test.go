@@ -159,7 +159,7 @@ func (l *failoverLoad) count() int {
 func (e *env) deliveries(ctx context.Context, conn *pgx.Conn) (int, error) {
 	var n int
 	err := conn.QueryRow(ctx, `SELECT count(amqp_delivered_at) + count(nats_delivered_at) FROM (
-		SELECT amqp_delivered_at, nats_delivered_at FROM `+e.table.Ident()+`
+		SELECT amqp_delivered_at, nats_delivered_at FROM `+e.table.Owed()+`
 		UNION ALL SELECT amqp_delivered_at, nats_delivered_at FROM `+e.table.Delivered()+`) r`).Scan(&n)
 	return n, err
 }

@@ -284,7 +284,7 @@ func TestUnroutableIsNotDelivered(t *testing.T) {
 	var attempts int
 	var amqpDelivered, natsDelivered bool
 	var lastErr *string
-	q := `SELECT amqp_attempts, amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL, amqp_last_error FROM ` + e.table.Ident() + ` WHERE message_id = $1`
+	q := `SELECT amqp_attempts, amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL, amqp_last_error FROM ` + pending(e.table) + ` WHERE message_id = $1`
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		if err := e.pool.QueryRow(ctx, q, ids[0]).Scan(&attempts, &amqpDelivered, &natsDelivered, &lastErr); err != nil {
 			t.Fatal(err)
@@ -306,8 +306,8 @@ func TestUnroutableIsNotDelivered(t *testing.T) {
 	if err := ch.QueueBind(e.queue, "unbound.#", e.exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	// Delivered to both now: the row leaves the outbox for the delivered
-	// table.
+	// Delivered to both now: the row leaves the owed table for the
+	// delivered table.
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		err := e.pool.QueryRow(ctx, `SELECT amqp_delivered_at IS NOT NULL FROM `+e.table.Delivered()+` WHERE message_id = $1`, ids[0]).Scan(&amqpDelivered)
 		return err == nil && amqpDelivered
@@ -490,9 +490,9 @@ func TestStartupChecksAndProvision(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var n int
-		// In the outbox while RabbitMQ owes it (nothing is bound to the new
-		// exchange), in the delivered table once both have it.
-		e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+table+` WHERE nats_delivered_at IS NOT NULL)
+		// In the owed table while RabbitMQ owes it (nothing is bound to the
+		// new exchange), in the delivered table once both have it.
+		e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+table+`_owed WHERE nats_delivered_at IS NOT NULL)
 			+ (SELECT count(*) FROM `+table+`_delivered WHERE nats_delivered_at IS NOT NULL)`).Scan(&n)
 		return n == 1
 	}, "row not delivered to the provisioned stream")

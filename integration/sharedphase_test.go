@@ -102,7 +102,7 @@ func TestRelaysFollowTheSharedPhase(t *testing.T) {
 
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		var owed int
-		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.table.Ident()+` WHERE nats_delivered_at IS NULL`).Scan(&owed)
+		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pending(e.table)+` WHERE nats_delivered_at IS NULL`).Scan(&owed)
 		return owed == 0
 	}, "rows still owed to JetStream")
 	stream, queue := e.streamIDs(), e.queueIDs(time.Second)

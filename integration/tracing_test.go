@@ -164,7 +164,7 @@ func TestTracingSpansPerTarget(t *testing.T) {
 	}, "send spans not received: %d of the sampled row, %d of the parked one", len(recv.spans(sampledTrace, "send ")), len(recv.spans(parkedTrace, "send ")))
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var parked int
-		e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Ident()+` WHERE nats_parked_at IS NOT NULL`).Scan(&parked)
+		e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Owed()+` WHERE nats_parked_at IS NOT NULL`).Scan(&parked)
 		total, amqpN, natsN := e.counts()
 		return total == 3 && amqpN == 3 && natsN == 2 && parked == 1
 	}, "rows not delivered / parked row not parked on nats")

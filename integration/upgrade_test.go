@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"maps"
 	"os/exec"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/relayd/relayd/internal/testenv"
@@ -22,8 +24,9 @@ const upgradeFrom = 9
 // An outbox at migration 9 holding rows finished before 00005, rows owed to
 // each target and a parked row is migrated while a relay relays it and
 // producers write: each target gets exactly what it was owed, the parked row
-// stays parked, the finished rows are in the delivered table, and their
-// index and the CHECKs are gone.
+// stays parked (in the owed table since 00013), the finished rows are in the
+// delivered table, their index and the CHECKs are gone, and the outbox has
+// only the producers' columns and indexes.
 func TestUpgradeWhileRelaying(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -85,7 +88,8 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 
 	// A relayd of this build refuses a table with migrations pending: the
 	// later ones are marked applied while it starts, as for a relayd of the
-	// release before them.
+	// release before them. Its statements name the owed table: it claims
+	// nothing until 00013 has run, then relays all that was owed.
 	versions := e.table.Side("schema_version")
 	sources := p.ListSources()
 	run(`INSERT INTO `+versions+` (version_id, is_applied) SELECT v, true FROM generate_series($1::bigint, $2::bigint) v`,
@@ -147,13 +151,15 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 	maps.Copy(wantAMQP, written)
 	maps.Copy(wantNATS, written)
 
+	// The rows of before the migration are in the owed table now, the
+	// producers' later ones in the new outbox.
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		var left int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+tbl+` WHERE amqp_parked_at IS NULL`).Scan(&left); err != nil {
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+pending(e.table)+` WHERE amqp_parked_at IS NULL`).Scan(&left); err != nil {
 			t.Fatal(err)
 		}
 		return left == 0
-	}, "rows other than the parked one still in the outbox")
+	}, "rows other than the parked one still in the outbox or the owed table")
 	check := func(broker string, got map[string]int, want map[string]bool) {
 		missing, extra, dupes := tally(want, got)
 		if missing > 0 || extra > 0 || dupes > 0 {
@@ -164,7 +170,7 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 	check("rabbitmq", e.queueIDs(time.Second), wantAMQP)
 
 	var parked int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+tbl+` WHERE topic = 'test.parked' AND amqp_parked_at IS NOT NULL
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Owed()+` WHERE topic = 'test.parked' AND amqp_parked_at IS NOT NULL
 		AND amqp_last_error = 'poison' AND amqp_delivered_at IS NULL AND amqp_attempts = 5`).Scan(&parked); err != nil || parked != 1 {
 		t.Errorf("the parked row after the upgrade: %d rows parked as before (%v), want 1", parked, err)
 	}
@@ -176,14 +182,34 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 	if moved != 50 || movedSent != 50 {
 		t.Errorf("rows finished before 00005 in the delivered table: %d (%d with amqp_sent), want 50", moved, movedSent)
 	}
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+tbl+` WHERE done_at IS NOT NULL`).Scan(&done); err != nil || done != 0 {
-		t.Errorf("rows with done_at left in the outbox: %d, %v", done, err)
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Owed()+` WHERE done_at IS NOT NULL`).Scan(&done); err != nil || done != 0 {
+		t.Errorf("rows with done_at left in the owed table: %d, %v", done, err)
 	}
 	if e.hasIndex("outbox_done") {
 		t.Error("the done index is still there after the upgrade")
 	}
+	// The CHECKs went with the old table, now the owed one.
+	if n := testenv.Checks(t, e.pool, schema.Table{Schema: e.table.Schema, Name: e.table.Name + "_owed"}); n != 0 {
+		t.Errorf("CHECK constraints on the owed table after the upgrade: %d", n)
+	}
 	if n := checks(); n != 0 {
 		t.Errorf("CHECK constraints on the outbox after the upgrade: %d", n)
+	}
+	for _, c := range []struct {
+		what, q string
+		want    []string
+	}{
+		{"columns", `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
+			[]string{"id", "message_id", "topic", "key", "headers", "payload", "created_at"}},
+		{"indexes", `SELECT indexname FROM pg_indexes WHERE format('%I.%I', schemaname, tablename)::regclass = $1::regclass ORDER BY indexname`,
+			[]string{"outbox_key_order", "outbox_keyed", "outbox_message_id_key", "outbox_pkey"}},
+	} {
+		if got := e.names(c.q, tbl); !slices.Equal(got, c.want) {
+			t.Errorf("the outbox's %s after the upgrade: %q, want %q", c.what, got, c.want)
+		}
+	}
+	if !e.hasIndex("outbox_owed_message_id") {
+		t.Error("no message id index on the owed table after the upgrade")
 	}
 	if !relay.running() {
 		t.Fatalf("relay exited during the upgrade\n%s", relay.out.String())
@@ -191,6 +217,20 @@ func TestUpgradeWhileRelaying(t *testing.T) {
 	if code := relay.stop(30 * time.Second); code != 0 {
 		t.Errorf("relay exit %d\n%s", code, relay.out.String())
 	}
+}
+
+// names runs q, with arg, and returns the names it selects.
+func (e *env) names(q string, arg any) []string {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), q, arg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return got
 }
 
 // hasIndex reports whether the test's outbox schema has an index of that name.

@@ -28,7 +28,7 @@ func TestUnconfirmedTargetNeverMarkedAndDoesNotBlockOther(t *testing.T) {
 	ids := f.insert(400, "orders.created")
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.total() == len(ids) }, "amqp held back by a failing nats")
 	var natsDelivered int
-	f.pool.QueryRow(context.Background(), `SELECT count(nats_delivered_at) FROM `+f.table.Ident()).Scan(&natsDelivered)
+	f.pool.QueryRow(context.Background(), `SELECT count(nats_delivered_at) FROM `+f.table.Owed()).Scan(&natsDelivered)
 	if natsDelivered != 0 {
 		t.Fatalf("%d rows marked delivered to nats, none was confirmed", natsDelivered)
 	}
@@ -136,9 +136,7 @@ func TestDeliveredRecordSaysWhetherRabbitMQMayHaveTheRow(t *testing.T) {
 		if set == "" {
 			continue
 		}
-		if _, err := f.pool.Exec(ctx, `UPDATE `+f.table.Ident()+` SET `+set+` WHERE message_id = $1`, ids[i]); err != nil {
-			t.Fatal(err)
-		}
+		f.setRow(ids[i], set)
 	}
 	n := newFake(TargetNATS)
 	_, cancel, done := f.start(Config{Sinks: []Sink{n}})
@@ -307,13 +305,14 @@ func TestDualWriteRecordsEachRowOnce(t *testing.T) {
 		SELECT 'orders.u', '\x00' FROM generate_series(1, $1)`, rows/2); err != nil {
 		t.Fatal(err)
 	}
-	// Log every update and delete of a row.
+	// Log every update and delete of a row, and every move to the owed table.
 	sch := `"` + f.table.Schema + `"`
 	if _, err := f.pool.Exec(context.Background(), `
 		CREATE TABLE `+sch+`.updates (id bigint NOT NULL, op text NOT NULL);
 		CREATE FUNCTION `+sch+`.log_update() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN INSERT INTO `+sch+`.updates VALUES (OLD.id, TG_OP); RETURN NULL; END $$;
-		CREATE TRIGGER log_update AFTER UPDATE OR DELETE ON `+f.table.Ident()+` FOR EACH ROW EXECUTE FUNCTION `+sch+`.log_update();`); err != nil {
+		BEGIN INSERT INTO `+sch+`.updates VALUES (coalesce(OLD.id, NEW.id), TG_OP); RETURN NULL; END $$;
+		CREATE TRIGGER log_update AFTER UPDATE OR DELETE ON `+f.table.Ident()+` FOR EACH ROW EXECUTE FUNCTION `+sch+`.log_update();
+		CREATE TRIGGER log_update AFTER INSERT OR UPDATE OR DELETE ON `+f.table.Owed()+` FOR EACH ROW EXECUTE FUNCTION `+sch+`.log_update();`); err != nil {
 		t.Fatal(err)
 	}
 	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 100, Workers: 4})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -185,4 +187,63 @@ func TestHotKeyAheadOfTheWindowDoesNotHoldBackTheOthers(t *testing.T) {
 	}
 	checkKeyOrder(t, "hot key", order, hot)
 	t.Logf("the other keys' rows done after %d of the hot key's %d", hotBefore, len(hot))
+}
+
+// Per-key order spans the outbox and the owed table: a key's two rows, the
+// first as the case leaves it, the second fresh in the outbox unless the
+// case moves it; each claimed row's targets are as wanted.
+func TestKeyOrderAcrossTheTwoTables(t *testing.T) {
+	t.Parallel()
+	const due = `amqp_attempts = 1, amqp_retry_at = now() - interval '1 second', amqp_last_error = 'x', nats_delivered_at = now()`
+	for _, tc := range []struct {
+		name          string
+		first, second string // the rows' state: "" fresh
+		skipParked    bool
+		want          [2]string // per row, the targets claimed: "" none
+	}{
+		{"an owed row waits for an earlier row still in the outbox", "", due, false, [2]string{"amqp,nats", ""}},
+		{"a fresh row waits for an earlier owed row, per target", due, "", false, [2]string{"amqp", "nats"}},
+		{"a fresh row waits for an earlier parked row", "amqp_parked_at = now(), nats_delivered_at = now()", "", false, [2]string{"", "nats"}},
+		{"a fresh row goes past an earlier parked row when told", "amqp_parked_at = now(), nats_delivered_at = now()", "", true, [2]string{"", "amqp,nats"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			ctx := context.Background()
+			var ids []int64
+			for id := range f.insertKeyed(1, 2) {
+				ids = append(ids, id)
+			}
+			slices.Sort(ids)
+			for i, set := range []string{tc.first, tc.second} {
+				if set != "" {
+					testenv.SetState(t, f.pool, f.table, set, "id = $1", ids[i])
+				}
+			}
+			conn, err := f.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
+			rows, _, err := newStore(f.table).claim(ctx, conn, phase{perTarget[bool]{AMQP: true, NATS: true}}, 500, tc.skipParked, 0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got [2]string
+			for _, c := range rows {
+				var to []string
+				if c.want.AMQP {
+					to = append(to, "amqp")
+				}
+				if c.want.NATS {
+					to = append(to, "nats")
+				}
+				got[slices.Index(ids, c.msg.ID)] = strings.Join(to, ",")
+			}
+			if got != tc.want {
+				t.Fatalf("claimed %q, want %q", got, tc.want)
+			}
+		})
+	}
 }

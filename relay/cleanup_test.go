@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/relayd/relayd/internal/testenv"
 )
 
 // A phase change leaves rows that reached the target that stays while the
@@ -51,11 +53,8 @@ func TestStrandedRowSweepGoesASliceAtATime(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ids := f.insert(35, "orders.created")
-	tbl := f.table.Ident()
 	// Pending for JetStream but not due: the relay leaves them be.
-	if _, err := f.pool.Exec(context.Background(), `UPDATE `+tbl+` SET nats_retry_at = now() + interval '1 hour'`); err != nil {
-		t.Fatal(err)
-	}
+	testenv.SetState(t, f.pool, f.table, `nats_retry_at = now() + interval '1 hour'`, "true")
 	r, _, _ := f.startWith(Config{Sinks: []Sink{newFake(TargetNATS)}, CleanupInterval: time.Hour}, func(r *Relay) { r.sweep.slice = 10 })
 
 	// Another instance, still in dual write, leaves the last row

@@ -183,12 +183,10 @@ func (f *fixture) startWith(cfg Config, prepare func(*Relay)) (*Relay, context.C
 	return r, cancel, done
 }
 
-// setRow sets one row's columns: set is the SET list, a test's own.
+// setRow sets one row's delivery state: set is the SET list, a test's own.
 func (f *fixture) setRow(id, set string) {
 	f.t.Helper()
-	if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.table.Ident()+` SET `+set+` WHERE message_id = $1`, id); err != nil {
-		f.t.Fatal(err)
-	}
+	testenv.SetState(f.t, f.pool, f.table, set, "message_id = $1", id)
 }
 
 // state reads one row's delivery columns.
@@ -199,16 +197,17 @@ type rowState struct {
 	amqpErr, natsErr                   string
 }
 
-// state is a row's delivery state: from the outbox while a target still
-// owes it, else from the delivered table (done; attempts and errors are not
-// kept there).
+// state is a row's delivery state: from the owed table while a target
+// still owes it after a batch, none while it is in the outbox, else from the
+// delivered table (done; attempts and errors are not kept there).
 func (f *fixture) state(id string) rowState {
 	f.t.Helper()
 	var s rowState
 	var ae, ne *string
 	err := f.pool.QueryRow(context.Background(), `SELECT amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL, done_at IS NOT NULL,
 		amqp_parked_at IS NOT NULL, nats_parked_at IS NOT NULL, amqp_attempts, nats_attempts, amqp_last_error, nats_last_error
-		FROM `+f.table.Ident()+` WHERE message_id = $1`, id).
+		FROM `+f.table.Owed()+` WHERE message_id = $1
+		UNION ALL SELECT false, false, false, false, false, 0, 0, NULL, NULL FROM `+f.table.Ident()+` WHERE message_id = $1`, id).
 		Scan(&s.amqpDelivered, &s.natsDelivered, &s.done, &s.amqpParked, &s.natsParked, &s.amqpAttempts, &s.natsAttempts, &ae, &ne)
 	if errors.Is(err, pgx.ErrNoRows) {
 		s.done = true
@@ -228,13 +227,13 @@ func (f *fixture) state(id string) rowState {
 }
 
 // countDone counts the rows every enabled target has: those recorded in the
-// delivered table, and gone from the outbox. It fails the test if a row is
-// in both.
+// delivered table, and gone from the outbox and the owed table. It fails the
+// test if a row is in the record and in either.
 func (f *fixture) countDone() int {
 	f.t.Helper()
 	var n, both int
-	if err := f.pool.QueryRow(context.Background(), `SELECT count(*), count(o.id) FROM `+f.table.Delivered()+` d
-		LEFT JOIN `+f.table.Ident()+` o ON o.id = d.id`).Scan(&n, &both); err != nil {
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*), count(o.id) + count(w.id) FROM `+f.table.Delivered()+` d
+		LEFT JOIN `+f.table.Ident()+` o ON o.id = d.id LEFT JOIN `+f.table.Owed()+` w ON w.id = d.id`).Scan(&n, &both); err != nil {
 		f.t.Fatal(err)
 	}
 	if both != 0 {
@@ -263,6 +262,7 @@ func idToMsg(t *testing.T, f *fixture, id int64) string {
 	t.Helper()
 	var m string
 	if err := f.pool.QueryRow(context.Background(), `SELECT message_id::text FROM `+f.table.Ident()+` WHERE id = $1
+		UNION ALL SELECT message_id::text FROM `+f.table.Owed()+` WHERE id = $1
 		UNION ALL SELECT message_id::text FROM `+f.table.Delivered()+` WHERE id = $1`, id).Scan(&m); err != nil {
 		t.Fatal(err)
 	}

@@ -83,11 +83,23 @@ func (p phaseSeen) Phase(s PhaseState) {
 // waitRunning waits for the relay to report it runs want.
 func (p phaseSeen) waitRunning(t *testing.T, want ...Target) PhaseState {
 	t.Helper()
+	return p.wait(t, want, false)
+}
+
+// waitOnly waits for the relay to run want and no batch of another phase:
+// one begun before the switch claims under the phase it began in.
+func (p phaseSeen) waitOnly(t *testing.T, want ...Target) PhaseState {
+	t.Helper()
+	return p.wait(t, want, true)
+}
+
+func (p phaseSeen) wait(t *testing.T, want []Target, only bool) PhaseState {
+	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
 		select {
 		case s := <-p.states:
-			if slices.Equal(s.Running, want) {
+			if slices.Equal(s.Running, want) && (!only || s.Finishing == nil) {
 				return s
 			}
 		case <-deadline:
@@ -119,7 +131,7 @@ func TestRelayFollowsThePhase(t *testing.T) {
 		{[]Target{TargetAMQP}, true, false},
 	} {
 		src.set(step.phase...)
-		seen.waitRunning(t, step.phase...)
+		seen.waitOnly(t, step.phase...)
 		ids := f.insert(50, "orders.created")
 		testenv.Eventually(t, 10*time.Second, func() bool {
 			for _, id := range ids {

@@ -76,7 +76,7 @@ func TestLateConfirmIsRecordedBeforeAnyRetry(t *testing.T) {
 			// already).
 			testenv.Eventually(t, 10*time.Second, func() bool {
 				var held, done int
-				f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table.Ident()+`
+				f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table.Owed()+`
 					WHERE nats_delivered_at IS NOT NULL AND amqp_retry_at > now() + interval '1 second'`).Scan(&held)
 				f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table.Delivered()).Scan(&done)
 				return held == len(ids) || early && held+done == len(ids)

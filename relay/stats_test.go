@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/relayd/relayd/internal/testenv"
 )
 
 func TestStatsCountsPendingParkedAndLag(t *testing.T) {
@@ -17,17 +18,16 @@ func TestStatsCountsPendingParkedAndLag(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	ids := f.insert(30, "orders.created")
-	exec := func(q string, args ...any) {
+	state := func(set string, ids []string) {
 		t.Helper()
-		if _, err := f.pool.Exec(ctx, q, args...); err != nil {
-			t.Fatal(err)
-		}
+		testenv.SetState(t, f.pool, f.table, set, "message_id = ANY($1::uuid[])", ids)
 	}
-	// 10 delivered to both (done), 5 parked on nats, 3 waiting to retry on amqp; the oldest pending is 2 minutes old.
-	exec(`UPDATE `+f.table.Ident()+` SET amqp_delivered_at = now(), nats_delivered_at = now(), done_at = now() WHERE message_id = ANY($1::uuid[])`, ids[:10])
-	exec(`UPDATE `+f.table.Ident()+` SET nats_parked_at = now(), nats_last_error = 'permanent: too big' WHERE message_id = ANY($1::uuid[])`, ids[10:15])
-	exec(`UPDATE `+f.table.Ident()+` SET amqp_retry_at = now() + interval '1 hour', amqp_last_error = 'amqp: returned' WHERE message_id = ANY($1::uuid[])`, ids[15:18])
-	exec(`UPDATE `+f.table.Ident()+` SET created_at = now() - interval '2 minutes' WHERE message_id = $1`, ids[10])
+	// 10 delivered to both (done), 5 parked on nats, 3 waiting to retry on
+	// amqp, 12 fresh in the outbox; the oldest pending is 2 minutes old.
+	state(`amqp_delivered_at = now(), nats_delivered_at = now(), done_at = now()`, ids[:10])
+	state(`nats_parked_at = now(), nats_last_error = 'permanent: too big', created_at = now() - interval '2 minutes'`, ids[10:11])
+	state(`nats_parked_at = now(), nats_last_error = 'permanent: too big'`, ids[11:15])
+	state(`amqp_retry_at = now() + interval '1 hour', amqp_last_error = 'amqp: returned'`, ids[15:18])
 
 	stats, err := ReadStats(ctx, f.pool, f.table, Targets)
 	if err != nil {
@@ -48,7 +48,7 @@ func TestStatsCountsPendingParkedAndLag(t *testing.T) {
 	}
 
 	// Nothing pending: lag 0.
-	exec(`UPDATE ` + f.table.Ident() + ` SET amqp_delivered_at = now(), nats_delivered_at = now(), done_at = now()`)
+	state(`amqp_delivered_at = now(), nats_delivered_at = now(), done_at = now()`, ids)
 	stats, err = ReadStats(ctx, f.pool, f.table, Targets)
 	if err != nil {
 		t.Fatal(err)

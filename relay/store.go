@@ -22,10 +22,11 @@ type store struct {
 	// lateSQL marks rows delivered to a target whose confirm came after
 	// their batch gave up waiting.
 	lateSQL              perTarget[string]
+	lateWaitSQL          string // first: waits for the batches holding them
 	cleanupDeliveredSQL  string
 	cleanupBackfilledSQL string
-	// finishSQL moves out of the outbox rows JetStream has that no batch
-	// will: see finishStranded.
+	// finishSQL moves out of the owed table rows JetStream has that no
+	// batch will: see finishStranded.
 	finishSQL string
 }
 
@@ -35,6 +36,7 @@ func newStore(t schema.Table) *store {
 		claimSQL:             s.Claim,
 		recordSQL:            s.Record,
 		lateSQL:              perTarget[string]{AMQP: s.Late.AMQP, NATS: s.Late.NATS},
+		lateWaitSQL:          s.LateWait,
 		cleanupDeliveredSQL:  s.CleanupDelivered,
 		cleanupBackfilledSQL: s.CleanupBackfilled,
 		finishSQL:            s.Finish,
@@ -217,6 +219,9 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, ms
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
 	if _, err := tx.Exec(ctx, outboxsql.SetLockTimeout, fmt.Sprintf("%dms", lockWait.Milliseconds())); err != nil {
+		return 0, err
+	}
+	if _, err := tx.Exec(ctx, s.lateWaitSQL, msgIDs); err != nil {
 		return 0, err
 	}
 	rows, err := tx.Query(ctx, s.lateSQL.Get(t), msgIDs)

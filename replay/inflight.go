@@ -13,8 +13,8 @@ const batchSlack = 35 * time.Second
 // awaitClaims waits for the batches the relays hold now to end. One claimed
 // in the nats-only phase before its relay switched finishes its rows on
 // JetStream only: read before that, its message is past the window's last
-// sequence, or its row still looks owed in the outbox. After PublishTimeout
-// and batchSlack it warns and goes on.
+// sequence, or its row still looks owed (in the outbox or the owed table).
+// After PublishTimeout and batchSlack it warns and goes on.
 func (r *runner) awaitClaims(ctx context.Context) error {
 	var open []string
 	if err := r.cfg.DB.QueryRow(ctx, r.rec.q.ReplayClaims).Scan(&open); err != nil {

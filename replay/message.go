@@ -18,7 +18,7 @@ const (
 	skipWithoutID    skip = "without_id"    // no Nats-Msg-Id: nothing to dedupe it by
 	skipOtherSubject skip = "other_subject" // not under the subject prefix: not the relay's
 	skipDelivered    skip = "delivered"     // the delivered record says RabbitMQ confirmed it
-	skipOwed         skip = "owed"          // in the outbox, RabbitMQ has it or the relays will send it
+	skipOwed         skip = "owed"          // in the outbox or the owed table, RabbitMQ has it or the relays will send it
 	skipBackfilled   skip = "backfilled"    // moved from the legacy queue: RabbitMQ had it first
 )
 

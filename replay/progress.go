@@ -37,7 +37,7 @@ type Counts struct {
 	Sent              int64 `json:"sent"`               // confirmed by RabbitMQ (dry run: would be sent)
 	SkippedDelivered  int64 `json:"skipped_delivered"`  // the delivered record says RabbitMQ has it
 	SkippedBackfilled int64 `json:"skipped_backfilled"` // moved by the backfill from the legacy queue
-	SkippedOwed       int64 `json:"skipped_owed"`       // in the outbox: RabbitMQ has it, or the relays will send it
+	SkippedOwed       int64 `json:"skipped_owed"`       // in the outbox or the owed table: RabbitMQ has it, or the relays will send it
 	WithoutID         int64 `json:"without_id"`         // no Nats-Msg-Id: skipped
 	OtherSubject      int64 `json:"other_subject"`      // not under RELAY_NATS_SUBJECT_PREFIX: skipped
 	FailedPermanent   int64 `json:"failed_permanent"`   // RabbitMQ can never take it as it is: logged, passed over

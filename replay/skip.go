@@ -10,9 +10,10 @@ import (
 )
 
 // lookup marks the items RabbitMQ already has or will get without the
-// replay: confirmed in the delivered record, in the outbox delivered to it
-// or owed to it, or moved by the backfill from the legacy queue. One round
-// trip a batch, kept on the tables' indexes (outboxsql.ReadBegin).
+// replay: confirmed in the delivered record, in the outbox (owed to every
+// target), in the owed table delivered to it or owed to it, or moved by the
+// backfill from the legacy queue. One round trip a batch, kept on the
+// tables' indexes (outboxsql.ReadBegin).
 func (r *runner) lookup(ctx context.Context, items []item) error {
 	var uuids, all []string
 	for _, it := range items {
@@ -45,9 +46,9 @@ func (r *runner) lookup(ctx context.Context, items []item) error {
 	for _, stmt := range outboxsql.ReadBegin {
 		b.Queue(stmt)
 	}
-	// The outbox before the delivered record: each statement has its own
-	// snapshot, and a row leaving the first for the second in between would
-	// be found in neither, and sent again.
+	// The outbox and the owed table (one statement, one snapshot) before the
+	// delivered record: each statement has its own snapshot, and a row
+	// leaving the first for the second in between would be found in neither.
 	b.Queue(q.ReplayOwed, uuids).Query(collect(skipOwed))
 	b.Queue(q.ReplayDelivered, uuids).Query(collect(skipDelivered))
 	b.Queue(q.ReplayBackfilled, all).Query(collect(skipBackfilled))

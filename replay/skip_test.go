@@ -21,7 +21,7 @@ func TestLookup(t *testing.T) {
 	pool := testenv.Pool(t)
 	table := testenv.Outbox(t, pool)
 	id := func() string { return uuid.NewString() }
-	confirmed, natsOnly, owed, outboxAMQP, outboxDone, fresh := id(), id(), id(), id(), id(), id()
+	confirmed, natsOnly, owed, owedAMQP, owedDone, outbox, fresh := id(), id(), id(), id(), id(), id(), id()
 	upper := strings.ToUpper(id())
 	for _, q := range []struct {
 		sql  string
@@ -29,17 +29,20 @@ func TestLookup(t *testing.T) {
 	}{
 		{`INSERT INTO ` + table.Delivered() + ` (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent) VALUES
 			(1, $1, now(), now(), true), (2, $2, NULL, now(), false), (3, $3, now(), now(), true)`, []any{confirmed, natsOnly, strings.ToLower(upper)}},
-		{`INSERT INTO ` + table.Ident() + ` (message_id, topic, payload, amqp_delivered_at, nats_delivered_at, done_at) VALUES
-			($1, 't', '', NULL, now(), NULL), ($2, 't', '', now(), NULL, NULL), ($3, 't', '', NULL, now(), now())`, []any{owed, outboxAMQP, outboxDone}},
+		{`INSERT INTO ` + table.Ident() + ` (message_id, topic, payload) VALUES
+			($1, 't', ''), ($2, 't', ''), ($3, 't', ''), ($4, 't', '')`, []any{owed, owedAMQP, owedDone, outbox}},
 		{`INSERT INTO ` + table.Backfilled() + ` (message_id, queue) VALUES ('legacy-1', 'q')`, nil},
 	} {
 		if _, err := pool.Exec(ctx, q.sql, q.args...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	testenv.SetState(t, pool, table, `nats_delivered_at = now()`, `message_id = $1`, owed)
+	testenv.SetState(t, pool, table, `amqp_delivered_at = now()`, `message_id = $1`, owedAMQP)
+	testenv.SetState(t, pool, table, `nats_delivered_at = now(), done_at = now()`, `message_id = $1`, owedDone)
 	want := map[string]skip{
-		confirmed: skipDelivered, upper: skipDelivered, natsOnly: send, owed: skipOwed, outboxAMQP: skipOwed,
-		outboxDone: send, fresh: send, "legacy-1": skipBackfilled, "legacy-2": send,
+		confirmed: skipDelivered, upper: skipDelivered, natsOnly: send, owed: skipOwed, owedAMQP: skipOwed,
+		owedDone: send, outbox: skipOwed, fresh: send, "legacy-1": skipBackfilled, "legacy-2": send,
 	}
 	var items []item
 	for id := range want {
@@ -63,7 +66,7 @@ func TestLookup(t *testing.T) {
 	}
 }
 
-// The delivered lookup stays on the message_id index, which is partial
+// The lookups stay on the message_id indexes, the delivered one partial
 // (migration 00006): a predicate that does not imply the index's would read
 // the whole delivered table every batch.
 func TestDeliveredLookupUsesItsIndex(t *testing.T) {
@@ -92,20 +95,23 @@ func TestDeliveredLookupUsesItsIndex(t *testing.T) {
 			plan.WriteString(line + "\n")
 		}
 		rows.Close()
-		index := table.Name + "_delivered_message_id"
+		indexes := []string{table.Name + "_delivered_message_id"}
 		if name == "ReplayOwed" {
-			index = table.Name + "_message_id_key"
+			indexes = []string{table.Name + "_message_id_key", table.Name + "_owed_message_id"}
 		}
-		if !strings.Contains(plan.String(), index) {
-			t.Errorf("%s does not use %s:\n%s", name, index, plan.String())
+		for _, index := range indexes {
+			if !strings.Contains(plan.String(), index) {
+				t.Errorf("%s does not use %s:\n%s", name, index, plan.String())
+			}
 		}
 	}
 }
 
-// A row the relays finish while a lookup runs leaves the outbox for the
-// delivered record in one commit: the lookup finds it in one or the other,
-// never in neither (RabbitMQ would get it a second time). The test holds a
-// lock on the outbox so the commit falls between the lookup's statements.
+// A row the relays finish while a lookup runs leaves the outbox or the owed
+// table for the delivered record in one commit: the lookup finds it in one
+// or the other, never in neither (RabbitMQ would get it a second time). The
+// test holds locks on both tables so the commit falls between the lookup's
+// statements.
 func TestLookupSeesARowThatLeavesTheOutboxMeanwhile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -124,50 +130,53 @@ func TestLookupSeesARowThatLeavesTheOutboxMeanwhile(t *testing.T) {
 	if err := r.lookup(ctx, []item{{msg: &relay.Message{MessageID: uuid.NewString()}}}); err != nil {
 		t.Fatal(err)
 	}
-	id := uuid.NewString()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (message_id, topic, payload, nats_delivered_at) VALUES ($1, 't', '', now())`, id); err != nil {
+	// One row fresh in the outbox, one a batch left owed to RabbitMQ.
+	fresh, owed := uuid.NewString(), uuid.NewString()
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (message_id, topic, payload) VALUES ($1, 't', ''), ($2, 't', '')`, fresh, owed); err != nil {
 		t.Fatal(err)
 	}
-	// The relay sends it to RabbitMQ and finishes it, under a lock the
+	testenv.SetState(t, pool, table, `nats_delivered_at = now()`, `message_id = $1`, owed)
+	// The relay sends them to RabbitMQ and finishes them, under locks the
 	// lookup waits for.
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // committed below
-	for _, q := range []string{
-		`LOCK TABLE ` + table.Ident() + ` IN ACCESS EXCLUSIVE MODE`,
-		`WITH del AS (DELETE FROM ` + table.Ident() + ` WHERE message_id = $1 RETURNING id, message_id, nats_delivered_at)
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{`LOCK TABLE ` + table.Ident() + `, ` + table.Owed() + ` IN ACCESS EXCLUSIVE MODE`, nil},
+		{`WITH del AS (DELETE FROM ` + table.Ident() + ` WHERE message_id = $1 RETURNING id, message_id)
 			INSERT INTO ` + table.Delivered() + ` (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, done_at)
-			SELECT id, message_id, now(), nats_delivered_at, true, now() FROM del`,
+			SELECT id, message_id, now(), now(), true, now() FROM del`, []any{fresh}},
+		{`WITH del AS (DELETE FROM ` + table.Owed() + ` WHERE message_id = $1 RETURNING id, message_id, nats_delivered_at)
+			INSERT INTO ` + table.Delivered() + ` (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, done_at)
+			SELECT id, message_id, now(), nats_delivered_at, true, now() FROM del`, []any{owed}},
 	} {
-		if _, err := tx.Exec(ctx, q, pgxArgs(q, id)...); err != nil {
+		if _, err := tx.Exec(ctx, q.sql, q.args...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	items := []item{{msg: &relay.Message{MessageID: id}}}
+	items := []item{{msg: &relay.Message{MessageID: fresh}}, {msg: &relay.Message{MessageID: owed}}}
 	looked := make(chan error, 1)
 	go func() { looked <- r.lookup(ctx, items) }()
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		var waiting bool
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = $1::regclass AND NOT granted)`, table.Ident()).Scan(&waiting)
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation IN ($1::regclass, $2::regclass) AND NOT granted)`,
+			table.Ident(), table.Owed()).Scan(&waiting)
 		return err == nil && waiting
-	}, "the lookup never waited for the outbox's lock")
+	}, "the lookup never waited for the tables' locks")
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-looked; err != nil {
 		t.Fatal(err)
 	}
-	if items[0].skip != skipDelivered {
-		t.Errorf("a row finished during the lookup: %q, want %q (RabbitMQ has it)", items[0].skip, skipDelivered)
+	for _, it := range items {
+		if it.skip != skipDelivered {
+			t.Errorf("a row finished during the lookup: %q, want %q (RabbitMQ has it)", it.skip, skipDelivered)
+		}
 	}
-}
-
-// pgxArgs gives q the id when it takes a parameter.
-func pgxArgs(q, id string) []any {
-	if strings.Contains(q, "$1") {
-		return []any{id}
-	}
-	return nil
 }

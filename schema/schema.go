@@ -135,8 +135,13 @@ func WakeLockHolderSQL(key int64) string {
 func (t Table) Backfilled() string { return t.qualify(t.Name + "_backfilled") }
 
 // Delivered is the table in which the relay records the message ids of rows
-// it delivered to every enabled target, as it deletes them from the outbox.
+// it delivered to every enabled target, as it deletes them from the outbox
+// or the owed table.
 func (t Table) Delivered() string { return t.qualify(t.Name + "_delivered") }
+
+// Owed is the table holding the rows a batch left owed to a target (a
+// retry, an outage, parked), with their delivery state (migration 00013).
+func (t Table) Owed() string { return t.qualify(t.Name + "_owed") }
 
 // Side is the quoted identifier of the table's side table <name>_suffix
 // (phase, phase_history, instances, ...).
@@ -314,6 +319,27 @@ func NewProvider(db *sql.DB, t Table, logger *slog.Logger) (*goose.Provider, err
 // Up applies every pending outbox migration for t; see [Migrations.Up].
 func Up(ctx context.Context, db *sql.DB, t Table, logger *slog.Logger) ([]*goose.MigrationResult, error) {
 	return outbox.Up(ctx, db, t, logger)
+}
+
+// RollBackFloor is the earliest version [RollBack] goes down to: the downs
+// before it drop records that relayd backfill and relayd verify need.
+const RollBackFloor = 12
+
+// RollBack runs t's migrations down to version (at least RollBackFloor), so
+// that a relayd of an earlier release runs on it again.
+func RollBack(ctx context.Context, db *sql.DB, t Table, version int64, logger *slog.Logger) ([]*goose.MigrationResult, error) {
+	if version < RollBackFloor {
+		return nil, fmt.Errorf("roll back to %d: not below %d", version, RollBackFloor)
+	}
+	p, err := NewProvider(db, t, logger)
+	if err != nil {
+		return nil, err
+	}
+	res, err := p.DownTo(ctx, version)
+	if err != nil {
+		return res, fmt.Errorf("roll %s back to %d: %w", t, version, err)
+	}
+	return res, nil
 }
 
 // createSchema creates a schema if it is missing. CREATE SCHEMA IF NOT

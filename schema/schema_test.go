@@ -3,13 +3,20 @@ package schema_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/schema"
@@ -218,5 +225,614 @@ func TestNoTransactionMarkerOnBothSides(t *testing.T) {
 	_, err := schema.Migrations{FS: fsys}.Provider(nil, schema.Table{Name: "outbox"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "00001_a.up.sql: up and down must both run in a transaction, or neither") {
 		t.Fatalf("up outside a transaction, down in one: %v", err)
+	}
+}
+
+// at12 migrates an outbox named name, in a schema of the test's own, to
+// version 12: the last with one table, the one 00013 splits.
+func at12(t *testing.T, name string) (*pgxpool.Pool, schema.Table, *goose.Provider) {
+	t.Helper()
+	pool := testenv.Pool(t)
+	table := schema.Table{Schema: testenv.Name("t"), Name: name}
+	t.Cleanup(func() { pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+table.Schema+`" CASCADE`) })
+	ctx := context.Background()
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.ExecContext(ctx, `CREATE SCHEMA "`+table.Schema+`"`); err != nil {
+		t.Fatal(err)
+	}
+	p, err := schema.NewProvider(db, table, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 12); err != nil {
+		t.Fatal(err)
+	}
+	return pool, table, p
+}
+
+// exec runs each statement, failing the test on the first error.
+func exec(t *testing.T, pool *pgxpool.Pool, stmts ...string) {
+	t.Helper()
+	for _, q := range stmts {
+		if _, err := pool.Exec(context.Background(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// query is the text of a single-value query.
+func query(t *testing.T, pool *pgxpool.Pool, q string, args ...any) string {
+	t.Helper()
+	var s string
+	if err := pool.QueryRow(context.Background(), q, args...).Scan(&s); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return s
+}
+
+// rowsOf is every row of rel (those matching where, if given) with all its
+// columns, in id order: what a migration must keep exactly.
+func rowsOf(t *testing.T, pool *pgxpool.Pool, rel string, where ...string) string {
+	t.Helper()
+	q := `SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY id), '[]')::text FROM ` + rel + ` o`
+	if len(where) > 0 {
+		q += ` WHERE ` + where[0]
+	}
+	return query(t, pool, q)
+}
+
+// shapeOf is rel's columns, constraints, indexes, triggers and storage
+// options: a down migration must give back the shape the up one started from.
+func shapeOf(t *testing.T, pool *pgxpool.Pool, rel string) string {
+	t.Helper()
+	return query(t, pool, `SELECT concat_ws(E'\n',
+		(SELECT string_agg(format('%s %s %s %s %s', attname, format_type(atttypid, atttypmod), attnotnull, attidentity,
+			pg_get_expr(d.adbin, d.adrelid)), E'\n' ORDER BY attnum)
+			FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+			WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped),
+		(SELECT string_agg(conname || ' ' || pg_get_constraintdef(oid), E'\n' ORDER BY conname)
+			FROM pg_constraint WHERE conrelid = $1::regclass),
+		(SELECT string_agg(pg_get_indexdef(indexrelid), E'\n' ORDER BY indexrelid::regclass::text)
+			FROM pg_index WHERE indrelid = $1::regclass),
+		(SELECT string_agg(pg_get_triggerdef(oid), E'\n' ORDER BY tgname)
+			FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal),
+		(SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::regclass))`, rel)
+}
+
+// stateRows inserts, at version 12, rows in each delivery state a relay
+// leaves them in, and deletes the last, as a delivery would: the sequence
+// is then past every id left.
+func stateRows(t *testing.T, pool *pgxpool.Pool, table schema.Table) {
+	t.Helper()
+	exec(t, pool, `INSERT INTO `+table.Ident()+` (topic, key, headers, payload,
+		amqp_delivered_at, amqp_attempts, amqp_retry_at, amqp_parked_at, amqp_last_error,
+		nats_delivered_at, nats_attempts, nats_retry_at, nats_parked_at, nats_last_error) VALUES
+		('orders.created', NULL, NULL, '\x01', NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL),
+		('orders.paid', 'k1', '{"h": "v"}', '\x02', now(), 1, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL),
+		('orders.paid', 'k1', NULL, '\x03', now(), 1, NULL, NULL, NULL, NULL, 5, NULL, now(), 'nats: maximum payload exceeded'),
+		('orders.shipped', NULL, NULL, '\x04', NULL, 2, now() + interval '1 minute', NULL, 'amqp: channel closed', now(), 1, NULL, NULL, NULL),
+		('orders.gone', NULL, NULL, '\x05', NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL)`,
+		`DELETE FROM `+table.Ident()+` WHERE topic = 'orders.gone'`)
+}
+
+// 00013 moves the outbox, every row with its state, to <name>_owed, and
+// puts an empty outbox of the producers' columns in its place, ids going on
+// past every id handed out.
+func TestOwedUpgradeKeepsRowsAndState(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"outbox", "app_events"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool, table, p := at12(t, name)
+			ctx := context.Background()
+			stateRows(t, pool, table)
+			// A producer whose driver keeps its insert prepared across the
+			// migration: Postgres plans it again, for the new outbox.
+			producer, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer producer.Release()
+			prepared := `INSERT INTO ` + table.Ident() + ` (topic, payload) VALUES ($1, $2) RETURNING id`
+			var id int64
+			if err := producer.QueryRow(ctx, prepared, "orders.created", []byte{0}).Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			before := rowsOf(t, pool, table.Ident())
+			lastID := query(t, pool, `SELECT last_value::text FROM `+query(t, pool, `SELECT pg_get_serial_sequence($1, 'id')`, table.Ident()))
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			if got := rowsOf(t, pool, table.Owed()); got != before {
+				t.Errorf("%s after 00013:\n%s\nwant the outbox's rows at 12:\n%s", table.Owed(), got, before)
+			}
+			if got := rowsOf(t, pool, table.Ident()); got != "[]" {
+				t.Errorf("the new outbox holds %s, want no rows", got)
+			}
+			// Each query's $1 is rel.
+			outbox, owed := table.Ident(), table.Owed()
+			for _, tc := range []struct{ what, rel, q, want string }{
+				{"columns", outbox, `SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum)
+					FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`,
+					"id bigint, message_id uuid, topic text, key text, headers jsonb, payload bytea, created_at timestamp with time zone"},
+				{"indexes", outbox, `SELECT string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+					WHERE i.indrelid = $1::regclass`,
+					name + "_key_order, " + name + "_keyed, " + name + "_message_id_key, " + name + "_pkey"},
+				{"constraints", outbox, `SELECT string_agg(conname || ' ' || pg_get_constraintdef(oid), ', ' ORDER BY conname)
+					FROM pg_constraint WHERE conrelid = $1::regclass`,
+					name + "_message_id_key UNIQUE (message_id), " + name + "_pkey PRIMARY KEY (id)"},
+				{"identity", outbox, `SELECT attidentity::text FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'id'`, "a"},
+				{"trigger", outbox, `SELECT concat_ws(' ', tgname, tgtype, tgqual IS NULL, encode(tgargs, 'escape'))
+					FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`,
+					// AFTER INSERT FOR EACH STATEMENT is tgtype 4, no WHEN; the args end in NULs.
+					fmt.Sprintf(`%s_notify 4 t %s\000%d\000`, name, table.Channel(), table.WakeLock())},
+				{"functions", outbox, `SELECT string_agg(proname, ', ' ORDER BY proname) FROM pg_proc
+					WHERE pronamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass)`,
+					name + "_wake"},
+				{"owed constraints", owed, `SELECT string_agg(conname || ' ' || pg_get_constraintdef(oid), ', ' ORDER BY conname)
+					FROM pg_constraint WHERE conrelid = $1::regclass`,
+					name + "_owed_pkey PRIMARY KEY (id)"},
+				{"owed triggers", owed, `SELECT count(*)::text FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, "0"},
+				{"owed identity", owed, `SELECT attidentity::text FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'id'`, ""},
+				{"owed message id index", owed, `SELECT pg_get_indexdef(indexrelid) || ' ' || indisvalid FROM pg_index
+					WHERE indrelid = $1::regclass AND indexrelid::regclass::text LIKE '%owed_message_id'`,
+					`CREATE INDEX ` + name + `_owed_message_id ON ` + table.Schema + `.` + name + `_owed USING btree (message_id) true`},
+			} {
+				var got pgtype.Text
+				if err := pool.QueryRow(ctx, tc.q, tc.rel).Scan(&got); err != nil {
+					t.Errorf("%s: %v", tc.what, err)
+				} else if !got.Valid || got.String != tc.want {
+					t.Errorf("%s: %q (valid %v), want %q", tc.what, got.String, got.Valid, tc.want)
+				}
+			}
+
+			// The contract: a plain-SQL producer write, its id past every
+			// one handed out at version 12; and the prepared one's.
+			if err := pool.QueryRow(ctx, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders.created', '\x7b7d') RETURNING id`).Scan(&id); err != nil {
+				t.Fatalf("plain insert: %v", err)
+			}
+			var preparedID int64
+			if err := producer.QueryRow(ctx, prepared, "orders.created", []byte{0}).Scan(&preparedID); err != nil {
+				t.Fatalf("insert prepared before the migration: %v", err)
+			}
+			last, _ := strconv.ParseInt(lastID, 10, 64)
+			for _, id := range []int64{id, preparedID} {
+				if id <= last {
+					t.Errorf("new row's id %d, want past %d, the last handed out before 00013", id, last)
+				}
+			}
+			if n := query(t, pool, `SELECT count(*)::text FROM `+table.Ident()); n != "2" {
+				t.Errorf("%s rows in the new outbox, want the 2 inserted", n)
+			}
+		})
+	}
+}
+
+// The trigger of 00013 wakes a relay waiting for rows, as 00007's did: a
+// waiting relay holds the wake lock and listens.
+func TestOwedUpgradeWakesTheWaitingRelay(t *testing.T) {
+	t.Parallel()
+	pool, table, p := at12(t, "outbox")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Release()
+	defer relay.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
+	if _, err := relay.Exec(ctx, `SELECT pg_advisory_lock($1)`, table.WakeLock()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.Exec(ctx, `LISTEN "`+table.Channel()+`"`); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`)
+	n, err := relay.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("no notification of an insert while the relay waits: %v", err)
+	}
+	if n.Channel != table.Channel() {
+		t.Fatalf("notified on %q, want %q", n.Channel, table.Channel())
+	}
+}
+
+// The producers' grants, table and column ones, and the owner go to the new
+// outbox: producers keep writing under their own roles. The second case's
+// names need quoting.
+func TestOwedUpgradeCarriesOwnerAndGrants(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, owner, producer string }{
+		{"plain", testenv.Name("owner"), testenv.Name("producer")},
+		{"quoted", "Owner-" + testenv.Name("x"), "Producer " + testenv.Name("x")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool, table, p := at12(t, "outbox")
+			ctx := context.Background()
+			owner, producer := pgx.Identifier{tc.owner}.Sanitize(), pgx.Identifier{tc.producer}.Sanitize()
+			for _, r := range []string{owner, producer} {
+				exec(t, pool, `CREATE ROLE `+r)
+				// Before the schema's cleanup (cleanups run last-registered first):
+				// DROP ROLE needs the role's tables and grants gone.
+				t.Cleanup(func() { pool.Exec(context.Background(), `DROP OWNED BY `+r+`; DROP ROLE IF EXISTS `+r) })
+			}
+			exec(t, pool,
+				`ALTER TABLE `+table.Ident()+` OWNER TO `+owner,
+				`GRANT USAGE ON SCHEMA "`+table.Schema+`" TO `+producer,
+				`GRANT INSERT ON `+table.Ident()+` TO `+producer,
+				`GRANT SELECT (topic) ON `+table.Ident()+` TO `+producer,
+				`GRANT UPDATE (key) ON `+table.Ident()+` TO `+producer+` WITH GRANT OPTION`,
+				`GRANT SELECT (created_at) ON `+table.Ident()+` TO PUBLIC`,
+				`GRANT USAGE ON SEQUENCE `+query(t, pool, `SELECT pg_get_serial_sequence($1, 'id')`, table.Ident())+` TO `+producer)
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			if got := query(t, pool, `SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = $1::regclass`, table.Ident()); got != tc.owner {
+				t.Errorf("the new outbox's owner is %q, want %q", got, tc.owner)
+			}
+			for _, c := range []struct {
+				role, q string
+				want    bool
+			}{
+				{tc.producer, `SELECT has_table_privilege($1, $2, 'INSERT')`, true},
+				{tc.producer, `SELECT has_column_privilege($1, $2, 'topic', 'SELECT')`, true},
+				{tc.producer, `SELECT has_column_privilege($1, $2, 'key', 'UPDATE WITH GRANT OPTION')`, true},
+				{"public", `SELECT has_column_privilege($1, $2, 'created_at', 'SELECT')`, true},
+				{tc.producer, `SELECT has_sequence_privilege($1, pg_get_serial_sequence($2, 'id'), 'USAGE')`, true},
+				// Only what was granted: a column grant is no table grant.
+				{tc.producer, `SELECT has_table_privilege($1, $2, 'SELECT')`, false},
+				{tc.producer, `SELECT has_column_privilege($1, $2, 'payload', 'SELECT')`, false},
+				{tc.producer, `SELECT has_table_privilege($1, $2, 'DELETE')`, false},
+				{"public", `SELECT has_table_privilege($1, $2, 'INSERT')`, false},
+			} {
+				var got bool
+				if err := pool.QueryRow(ctx, c.q, c.role, table.Ident()).Scan(&got); err != nil {
+					t.Fatalf("%s: %v", c.q, err)
+				}
+				if got != c.want {
+					t.Errorf("%s for %s: %v, want %v", c.q, c.role, got, c.want)
+				}
+			}
+
+			// What a producer's own role does: insert, and read the id given
+			// with currval, which takes the grant on the sequence.
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+producer); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`); err != nil {
+				t.Fatalf("insert as %s: %v", tc.producer, err)
+			}
+			if _, err := tx.Exec(ctx, `SELECT currval(pg_get_serial_sequence($1, 'id'))`, table.Ident()); err != nil {
+				t.Fatalf("currval as %s: %v", tc.producer, err)
+			}
+		})
+	}
+}
+
+// What would follow the rename to <name>_owed, and stop working for the
+// producers' table, makes 00013 refuse, naming it, and change nothing; once
+// it is dropped, the migration goes through.
+func TestOwedUpgradeRefusesWhatWouldFollowTheRename(t *testing.T) {
+	t.Parallel()
+	pub := testenv.Name("pub")
+	for _, tc := range []struct {
+		name         string
+		create, drop string // {outbox} is the outbox, {schema} its schema
+		want         string // in the error
+	}{
+		{"view", `CREATE VIEW "{schema}".outbox_parked_view AS SELECT id FROM {outbox} WHERE amqp_parked_at IS NOT NULL`,
+			`DROP VIEW "{schema}".outbox_parked_view`, `view {schema}.outbox_parked_view`},
+		{"foreign key", `CREATE TABLE "{schema}".orders (id bigint PRIMARY KEY, outbox_id bigint REFERENCES {outbox} (id))`,
+			`DROP TABLE "{schema}".orders`, `foreign key orders_outbox_id_fkey of {schema}.orders`},
+		{"policy", `CREATE POLICY producers ON {outbox} USING (topic LIKE 'orders.%')`,
+			`DROP POLICY producers ON {outbox}`, `policy producers`},
+		{"publication", `CREATE PUBLICATION ` + pub + ` FOR TABLE {outbox}`,
+			`DROP PUBLICATION ` + pub, `publication ` + pub},
+		{"trigger", `CREATE FUNCTION "{schema}".audit() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END';
+			CREATE TRIGGER outbox_audit AFTER INSERT ON {outbox} FOR EACH ROW EXECUTE FUNCTION "{schema}".audit()`,
+			`DROP TRIGGER outbox_audit ON {outbox}`, `trigger outbox_audit`},
+		{"rule", `CREATE RULE outbox_copy AS ON INSERT TO {outbox} DO ALSO NOTIFY outbox_copy`,
+			`DROP RULE outbox_copy ON {outbox}`, `rule outbox_copy`},
+		{"function", `CREATE FUNCTION "{schema}".enqueue(t text) RETURNS void LANGUAGE sql
+			BEGIN ATOMIC INSERT INTO {outbox} (topic, payload) VALUES (t, '\x00'); END`,
+			`DROP FUNCTION "{schema}".enqueue(text)`, `function {schema}.enqueue(text)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool, table, p := at12(t, "outbox")
+			ctx := context.Background()
+			if tc.name == "publication" {
+				t.Cleanup(func() { pool.Exec(context.Background(), `DROP PUBLICATION IF EXISTS `+pub) })
+			}
+			stateRows(t, pool, table)
+			in := strings.NewReplacer("{outbox}", table.Ident(), "{schema}", table.Schema).Replace
+			exec(t, pool, in(tc.create))
+			rows, shape := rowsOf(t, pool, table.Ident()), shapeOf(t, pool, table.Ident())
+
+			_, err := p.Up(ctx)
+			if want := in(tc.want); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("Up with a %s on the outbox: %v; want an error naming %q", tc.name, err, want)
+			}
+			if v, err := p.GetDBVersion(ctx); err != nil || v != 12 {
+				t.Errorf("version after the refusal: %d, %v; want 12", v, err)
+			}
+			if got := rowsOf(t, pool, table.Ident()); got != rows {
+				t.Errorf("rows after the refusal:\n%s\nwant\n%s", got, rows)
+			}
+			if got := shapeOf(t, pool, table.Ident()); got != shape {
+				t.Errorf("outbox after the refusal:\n%s\nwant\n%s", got, shape)
+			}
+			if got := query(t, pool, `SELECT coalesce(to_regclass($1)::text, '')`, table.Owed()); got != "" {
+				t.Errorf("%s exists after the refusal", got)
+			}
+
+			exec(t, pool, in(tc.drop))
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatalf("Up once the %s is dropped: %v", tc.name, err)
+			}
+			if got := rowsOf(t, pool, table.Owed()); got != rows {
+				t.Errorf("%s:\n%s\nwant\n%s", table.Owed(), got, rows)
+			}
+		})
+	}
+}
+
+// 00013 needs the outbox to itself for a moment. While a transaction holds
+// the outbox, the migration waits its turn without stopping producers, and
+// goes through once that transaction ends.
+func TestOwedUpgradeLetsProducersThrough(t *testing.T) {
+	t.Parallel()
+	pool, table, p := at12(t, "outbox")
+	ctx := context.Background()
+	insert := `INSERT INTO ` + table.Ident() + ` (topic, payload) VALUES ('orders.created', '\x00')`
+
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, insert); err != nil {
+		t.Fatal(err)
+	}
+	migrated := make(chan error, 1)
+	go func() { _, err := p.Up(ctx); migrated <- err }()
+	// The migration is in its loop once it has asked for the lock.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var n int
+		pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND mode = 'AccessExclusiveLock' AND NOT granted`,
+			table.Ident()).Scan(&n)
+		return n == 1
+	}, "the migration did not ask for the outbox's lock")
+	for range 3 {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		start := time.Now()
+		_, err := pool.Exec(ictx, insert)
+		cancel()
+		if err != nil {
+			t.Fatalf("a producer's insert while the migration waits: %v", err)
+		}
+		t.Logf("a producer's insert took %v", time.Since(start))
+	}
+	select {
+	case err := <-migrated:
+		t.Fatalf("the migration ended while a transaction held the outbox: %v", err)
+	default:
+	}
+	if got := query(t, pool, `SELECT coalesce(to_regclass($1)::text, '')`, table.Owed()); got != "" {
+		t.Fatalf("%s exists while the migration waits", got)
+	}
+
+	// The holder ends while a producer queues behind the migration's lock
+	// request: the producer goes through after the migration, wherever
+	// the outbox's name then leads. Inserts go through between tries until
+	// one queues.
+	waiting := func() bool {
+		var n int
+		pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND mode = 'RowExclusiveLock' AND NOT granted`,
+			table.Ident()).Scan(&n)
+		return n == 1
+	}
+	var queued chan error
+	var tries int
+	for deadline := time.Now().Add(30 * time.Second); queued == nil; tries++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("no producer's insert queued behind the migration in 30 s (%d inserts)", tries)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders.queued', '\x00')`)
+			done <- err
+		}()
+		testenv.Eventually(t, 10*time.Second, func() bool { return len(done) == 1 || waiting() }, "a producer's insert neither ended nor queued")
+		if waiting() {
+			queued = done
+		} else if err := <-done; err != nil {
+			t.Fatalf("a producer's insert while the migration waits: %v", err)
+		}
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-migrated:
+		if err != nil {
+			t.Fatalf("migrate after the transaction ended: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the migration did not end 30 s after the transaction holding the outbox")
+	}
+	select {
+	case err := <-queued:
+		if err != nil {
+			t.Fatalf("the insert queued behind the migration: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the insert queued behind the migration did not end 10 s after it")
+	}
+	// Each insert once: the holder's and the first producers' in the old
+	// table, now owed; the queued one's in either.
+	if n := query(t, pool, `SELECT count(*)::text FROM `+table.Owed()+` WHERE topic = 'orders.created'`); n != "4" {
+		t.Errorf("%s rows of the holder and the producers in %s, want 4", n, table.Owed())
+	}
+	inNew := query(t, pool, `SELECT count(*)::text FROM `+table.Ident()+` WHERE topic = 'orders.queued'`)
+	if n := query(t, pool, `SELECT (count(*) + $1::int)::text FROM `+table.Owed()+` WHERE topic = 'orders.queued'`, inNew); n != strconv.Itoa(tries) {
+		t.Errorf("%s rows of %d inserts between and behind tries", n, tries)
+	}
+	t.Logf("%d inserts between and behind tries; the queued one in the new outbox: %s", tries, inNew)
+	exec(t, pool, insert)
+	if n := query(t, pool, `SELECT count(*)::text FROM `+table.Ident()+` WHERE topic = 'orders.created'`); n != "1" {
+		t.Errorf("%s rows in the new outbox, want 1", n)
+	}
+}
+
+// Down from 14 to 12 gives back the one table as it was, holding the rows
+// of both, and ids go on past every one handed out; up again works.
+func TestOwedDownRoundTrip(t *testing.T) {
+	t.Parallel()
+	pool, table, p := at12(t, "outbox")
+	ctx := context.Background()
+	stateRows(t, pool, table)
+	shape, old := shapeOf(t, pool, table.Ident()), rowsOf(t, pool, table.Ident())
+	oldLast := query(t, pool, `SELECT max(id)::text FROM `+table.Ident())
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `INSERT INTO `+table.Ident()+` (topic, key, payload) VALUES ('orders.created', 'k2', '\x06'), ('orders.created', NULL, '\x07')`)
+	newIDs := query(t, pool, `SELECT array_agg(id ORDER BY id)::text FROM `+table.Ident())
+	// A row a batch left owed after the upgrade.
+	testenv.SetState(t, pool, table, `nats_attempts = 1, nats_retry_at = now()`, `key = 'k2'`)
+	owedRow := rowsOf(t, pool, table.Owed(), `key = 'k2'`)
+	var lastID int64
+	if err := pool.QueryRow(ctx, `SELECT last_value FROM `+query(t, pool, `SELECT pg_get_serial_sequence($1, 'id')`, table.Ident())).Scan(&lastID); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := p.DownTo(ctx, 12); err != nil {
+		t.Fatal(err)
+	}
+	if got := shapeOf(t, pool, table.Ident()); got != shape {
+		t.Errorf("the outbox after down to 12:\n%s\nwant its shape at 12:\n%s", got, shape)
+	}
+	if got := query(t, pool, `SELECT coalesce(to_regclass($1)::text, '')`, table.Owed()); got != "" {
+		t.Errorf("%s exists after down to 12", got)
+	}
+	if got := query(t, pool, `SELECT coalesce(string_agg(proname, ', ' ORDER BY proname), '') FROM pg_proc WHERE pronamespace = $1::regnamespace`, table.Schema); got != "outbox_notify" {
+		t.Errorf("functions after down to 12: %q, want outbox_notify", got)
+	}
+	// The old rows as they were, the owed one with its state, the other
+	// new one owed to every target.
+	if got := rowsOf(t, pool, table.Ident(), `id <= `+oldLast); got != old {
+		t.Errorf("the rows of version 12 after the round trip:\n%s\nwant\n%s", got, old)
+	}
+	if got := rowsOf(t, pool, table.Ident(), `key = 'k2'`); got != owedRow {
+		t.Errorf("the row owed after the upgrade:\n%s\nwant\n%s", got, owedRow)
+	}
+	if got := query(t, pool, `SELECT array_agg(id ORDER BY id)::text FROM `+table.Ident()+` WHERE topic = 'orders.created' AND payload IN ('\x06', '\x07')`); got != newIDs {
+		t.Errorf("ids of the rows inserted after the upgrade: %s, want %s", got, newIDs)
+	}
+	if n := query(t, pool, `SELECT count(*)::text FROM `+table.Ident()+` WHERE payload = '\x07'
+		AND amqp_attempts = 0 AND nats_attempts = 0 AND amqp_delivered_at IS NULL AND nats_delivered_at IS NULL`); n != "1" {
+		t.Errorf("the unclaimed new row is not owed to every target (%s)", n)
+	}
+
+	var id int64
+	if err := pool.QueryRow(ctx, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders.created', '\x08') RETURNING id`).Scan(&id); err != nil {
+		t.Fatalf("plain insert after down: %v", err)
+	}
+	if id <= lastID {
+		t.Errorf("id after down %d, want past %d", id, lastID)
+	}
+	mid := query(t, pool, `SELECT message_id::text FROM `+table.Ident()+` WHERE id = $1`, id)
+	_, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (message_id, topic, payload) VALUES ($1, 'orders.created', '\x09')`, mid)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" || pgErr.ConstraintName != "outbox_message_id_key" {
+		t.Errorf("a message id again after down: %v, want a unique violation of outbox_message_id_key", err)
+	}
+
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if n := query(t, pool, `SELECT count(*)::text FROM `+table.Owed()); n != "7" {
+		t.Errorf("%s rows in %s after up again, want 7", n, table.Owed())
+	}
+}
+
+// A build of 00014's index that failed leaves an invalid index of its name;
+// the next run builds a valid one instead of keeping it.
+func TestOwedMessageIDIndexAfterAFailedBuild(t *testing.T) {
+	t.Parallel()
+	pool, table, p := at12(t, "outbox")
+	ctx := context.Background()
+	if _, err := p.UpTo(ctx, 13); err != nil {
+		t.Fatal(err)
+	}
+	// A build of that name that fails (here: unique over a repeated topic),
+	// as a cancelled one would, leaves the index invalid.
+	exec(t, pool, `INSERT INTO `+table.Owed()+` (id, message_id, topic, payload) VALUES
+		(1, '00000000-0000-4000-8000-000000000001', 'orders.created', '\x00'),
+		(2, '00000000-0000-4000-8000-000000000002', 'orders.created', '\x00')`)
+	if _, err := pool.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY outbox_owed_message_id ON `+table.Owed()+` (topic)`); err == nil {
+		t.Fatal("a unique index over a repeated topic was built")
+	}
+	valid := func() string {
+		return query(t, pool, `SELECT indisvalid || ' ' || indisunique FROM pg_index WHERE indexrelid = $1::regclass`, table.Side("owed_message_id"))
+	}
+	if v := valid(); v != "false true" {
+		t.Fatalf("the failed build's index: valid, unique = %s; want false true", v)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := valid(); v != "true false" {
+		t.Fatalf("the index after 00014: valid, unique = %s; want true false", v)
+	}
+}
+
+// Since 00013 a producer may insert a message id again, once its row moved
+// to <name>_owed; the one table of 12 takes each id once, so down refuses,
+// naming an id, and changes nothing until the copy is gone.
+func TestOwedDownRefusesARepeatedMessageID(t *testing.T) {
+	t.Parallel()
+	pool, table, p := at12(t, "outbox")
+	ctx := context.Background()
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const mid = "00000000-0000-4000-8000-000000000007"
+	insert := `INSERT INTO ` + table.Ident() + ` (message_id, topic, payload) VALUES ('` + mid + `', 'orders.created', '\x00')`
+	exec(t, pool, insert)
+	testenv.SetState(t, pool, table, `nats_attempts = 1`, `message_id = $1`, mid)
+	exec(t, pool, insert)
+	rows, owed := rowsOf(t, pool, table.Ident()), rowsOf(t, pool, table.Owed())
+
+	_, err := p.DownTo(ctx, 12)
+	if want := "more than once (1 of them, " + mid + " for one)"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("down with a message id in both tables: %v; want an error with %q", err, want)
+	}
+	if got := rowsOf(t, pool, table.Ident()); got != rows {
+		t.Errorf("the outbox after the refusal:\n%s\nwant\n%s", got, rows)
+	}
+	if got := rowsOf(t, pool, table.Owed()); got != owed {
+		t.Errorf("%s after the refusal:\n%s\nwant\n%s", table.Owed(), got, owed)
+	}
+
+	exec(t, pool, `DELETE FROM `+table.Ident()+` WHERE message_id = '`+mid+`'`)
+	if _, err := p.DownTo(ctx, 12); err != nil {
+		t.Fatalf("down once the copy is gone: %v", err)
+	}
+	if got := rowsOf(t, pool, table.Ident()); got != owed {
+		t.Errorf("the outbox after down:\n%s\nwant the owed row:\n%s", got, owed)
 	}
 }

@@ -34,9 +34,10 @@ type Config struct {
 	// connections for the whole run (its session temporary tables live
 	// there); it never writes to the outbox tables.
 	DB *pgxpool.Pool
-	// Table is the outbox table; its _delivered table (rows delivered to
-	// every target, which leave the outbox) is read with it, and its
-	// _backfilled table is checked too when it exists. Required.
+	// Table is the outbox table; its _owed table (rows a batch left owed
+	// to a target) and _delivered table (rows delivered to every target)
+	// are read, and its _backfilled table is checked too when it exists.
+	// Required.
 	Table schema.Table
 	// JS reaches the stream. Required.
 	JS jetstream.JetStream

@@ -31,7 +31,7 @@ CREATE TEMP TABLE `+tmpBackfill+` (msg_id text NOT NULL, at timestamptz NOT NULL
 	return nil
 }
 
-// snapshotLedgers copies the window's ids from the outbox, the delivered
+// snapshotLedgers copies the window's ids from the owed table, the delivered
 // table and the backfill record into temporary tables, server side.
 func (r *run) snapshotLedgers(ctx context.Context) error {
 	t := r.cfg.Table

@@ -2,14 +2,14 @@
 // what the JetStream stream actually holds.
 //
 // The relay marks a row delivered only after a PubAck, and the backfill
-// records an id only after one, so the outbox table and its _backfilled
-// table are a ledger the stream can be audited against: an id the ledger
-// says was delivered but the stream does not hold was lost (a stream purged
-// or restored from an old snapshot, a message deleted, the wrong stream), and
-// an id the stream holds at two sequences was stored twice (a republish after
-// the duplicate window had passed, another publisher). Those are the two
-// failures that matter before and after a cutover, and neither shows up in
-// any broker metric.
+// records an id only after one, so the outbox's _owed, _delivered and
+// _backfilled tables are a ledger the stream can be audited against: an id
+// the ledger says was delivered but the stream does not hold was lost (a
+// stream purged or restored from an old snapshot, a message deleted, the
+// wrong stream), and an id the stream holds at two sequences was stored
+// twice (a republish after the duplicate window had passed, another
+// publisher). Those are the two failures that matter before and after a
+// cutover, and neither shows up in any broker metric.
 //
 // The audit must work on a window of millions of messages without holding
 // them in memory: the stream is scanned with an ordered, headers-only

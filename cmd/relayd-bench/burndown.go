@@ -151,14 +151,14 @@ func (b *bench) burndownRun(ctx context.Context, s burnSpec) (bd Burndown, note 
 	return bd, note, nil
 }
 
-// pendingSQL asks "is anything left?" through the relay's own partial
-// indexes of rows owed to each target: cheap enough to ask every 100 ms
-// without slowing the relay down. A row is done exactly when no enabled
-// target owes it (none is parked here); the exact count is checked at the
-// end.
+// pendingSQL asks "is anything left?": a row in the outbox, or one the owed
+// table's partial indexes hold for an enabled target: cheap enough to ask
+// every 100 ms without slowing the relay down. A row is done exactly when no
+// enabled target owes it (none is parked here); the exact count is checked
+// at the end.
 func pendingSQL(cr *corner, targets []string) string {
-	tbl := cr.table.Ident()
-	var owed []string
+	tbl := cr.table.Owed()
+	owed := []string{`EXISTS (SELECT 1 FROM ` + cr.table.Ident() + `)`}
 	for _, t := range targets {
 		// Unkeyed and keyed rows have a pending index each.
 		for _, k := range []string{"key IS NULL", "key IS NOT NULL"} {
@@ -213,12 +213,12 @@ func stopAll(procs []*proc) (cpu time.Duration, peak int64, err error) {
 	return cpu, peak, nil
 }
 
-// checkDelivered checks that all n rows left the outbox for the delivered
-// table, and returns the last one's done_at.
+// checkDelivered checks that all n rows left the outbox and the owed table
+// for the delivered table, and returns the last one's done_at.
 func (b *bench) checkDelivered(ctx context.Context, cr *corner, n int) (time.Time, error) {
 	var done, left int
 	var pgEnd time.Time
-	if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+cr.table.Delivered()+`), (SELECT count(*) FROM `+cr.table.Ident()+`), (SELECT max(done_at) FROM `+cr.table.Delivered()+`)`).Scan(&done, &left, &pgEnd); err != nil {
+	if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+cr.table.Delivered()+`), (SELECT count(*) FROM `+cr.table.Ident()+`) + (SELECT count(*) FROM `+cr.table.Owed()+`), (SELECT max(done_at) FROM `+cr.table.Delivered()+`)`).Scan(&done, &left, &pgEnd); err != nil {
 		return time.Time{}, err
 	}
 	if done != n || left != 0 {

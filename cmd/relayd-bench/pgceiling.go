@@ -9,19 +9,18 @@ import (
 
 // postgresCeiling fills the corner's outbox with n rows and has
 // pgClaimWorkers workers claim them pgClaimBatch at a time, the way relayd
-// claims (FOR UPDATE SKIP LOCKED on the pending index, the same columns),
+// claims fresh rows (FOR UPDATE SKIP LOCKED along the primary key, the same
+// columns),
 // and delete them, one transaction per batch.
 func (b *bench) postgresCeiling(ctx context.Context, cr *corner, n int) (Ceiling, error) {
 	c := Ceiling{Key: ceilPostgres, Messages: n,
-		Name: fmt.Sprintf("Postgres claim (FOR UPDATE SKIP LOCKED, %d rows a batch, relayd's columns and index) + delete, %d workers", pgClaimBatch, pgClaimWorkers)}
+		Name: fmt.Sprintf("Postgres claim (FOR UPDATE SKIP LOCKED, %d rows a batch, relayd's columns and walk) + delete, %d workers", pgClaimBatch, pgClaimWorkers)}
 	if err := cr.fill(ctx, n, 0); err != nil {
 		return c, err
 	}
 	tbl := cr.table.Ident()
-	claim := `SELECT id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts FROM ` + tbl + `
-	WHERE key IS NULL AND nats_delivered_at IS NULL AND nats_parked_at IS NULL AND done_at IS NULL
-	  AND (nats_retry_at IS NULL OR nats_retry_at <= now())
-	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+	claim := `SELECT id, message_id::text, topic, key, headers::text, payload, created_at FROM ` + tbl + `
+	WHERE key IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 	del := `DELETE FROM ` + tbl + ` WHERE id = ANY($1::bigint[])`
 
 	var mu sync.Mutex
@@ -74,14 +73,13 @@ func (b *bench) claimDelete(ctx context.Context, claim, del string) (int, error)
 	var ids []int64
 	for rows.Next() {
 		var (
-			id                 int64
-			msgID, topic       string
-			key, headers       *string
-			payload            []byte
-			createdAt          time.Time
-			attemptA, attemptN int32
+			id           int64
+			msgID, topic string
+			key, headers *string
+			payload      []byte
+			createdAt    time.Time
 		)
-		if err := rows.Scan(&id, &msgID, &topic, &key, &headers, &payload, &createdAt, &attemptA, &attemptN); err != nil {
+		if err := rows.Scan(&id, &msgID, &topic, &key, &headers, &payload, &createdAt); err != nil {
 			rows.Close()
 			return 0, err
 		}

@@ -178,6 +178,8 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"run", "--help"}, nil, exitOK, "Usage: relayd run"},
 		{[]string{"migrate", "--help"}, nil, exitOK, "Usage: relayd migrate"},
 		{[]string{"migrate", "sideways"}, base(), exitUsage, "unknown action"},
+		{[]string{"migrate", "down-to", "5"}, base(), exitUsage, "down-to wants one version, 12 or later"},
+		{[]string{"migrate", "down-to"}, base(), exitUsage, "down-to wants one version"},
 		{[]string{"run", "--bogus"}, base(), exitUsage, "flag provided but not defined"},
 		{[]string{"run"}, map[string]string{"RELAY_TARGETS": "bogus", "RELAY_DATABASE_URL": "postgres://x"}, exitUsage, "RELAY_TARGETS"},
 		{[]string{"run"}, map[string]string{}, exitUsage, "RELAY_DATABASE_URL"},

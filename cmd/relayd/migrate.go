@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 	"github.com/relayd/relayd/schema"
 )
 
-const migrateHelp = `Usage: relayd migrate [--inbox TABLE] [--json] [up|status]
+const migrateHelp = `Usage: relayd migrate [--inbox TABLE] [--json] [up|status|down-to VERSION]
 
 Creates or upgrades the outbox table named by RELAY_OUTBOX_TABLE (default
 "outbox") in RELAY_DATABASE_URL — or, with --inbox, a consumer's inbox table
@@ -27,6 +28,9 @@ advisory lock serialises them (one waits up to an hour for another).
 
   up       apply pending migrations (default)
   status   list migrations and whether each is applied
+  down-to VERSION
+           undo the outbox's migrations after VERSION (12 at the earliest),
+           for a relayd of an earlier release; stop the relays first
   --inbox TABLE   migrate the inbox table TABLE (name or schema.name) instead
   --json          print what was applied, or the status, as JSON
 
@@ -42,15 +46,23 @@ func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 		return code
 	}
 	action := "up"
-	if fs.NArg() > 1 {
-		fmt.Fprintf(stderr, "relayd migrate: unexpected argument %q: one action at most (see relayd migrate --help)\n", fs.Arg(1))
-		return exitUsage
-	}
-	if fs.NArg() == 1 {
+	if fs.NArg() > 0 {
 		action = fs.Arg(0)
 	}
-	if action != "up" && action != "status" {
-		fmt.Fprintf(stderr, "relayd migrate: unknown action %q: want up or status\n", action)
+	var downTo int64
+	switch {
+	case action == "down-to" && *inboxTable == "":
+		v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
+		if fs.NArg() != 2 || err != nil || v < schema.RollBackFloor {
+			fmt.Fprintf(stderr, "relayd migrate: down-to wants one version, %d or later: earlier downs drop the delivered record\n", schema.RollBackFloor)
+			return exitUsage
+		}
+		downTo = v
+	case fs.NArg() > 1:
+		fmt.Fprintf(stderr, "relayd migrate: unexpected argument %q: one action at most (see relayd migrate --help)\n", fs.Arg(1))
+		return exitUsage
+	case action != "up" && action != "status":
+		fmt.Fprintf(stderr, "relayd migrate: unknown action %q: want up, status or (outbox only) down-to\n", action)
 		return exitUsage
 	}
 	if *inboxTable != "" {
@@ -76,6 +88,18 @@ func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 	if *inboxTable != "" {
 		return migrateInbox(ctx, db, *inboxTable, action, *asJSON, stdout, log)
 	}
+	if action == "down-to" {
+		res, err := schema.RollBack(ctx, db, cfg.table, downTo, log)
+		if err != nil {
+			log.Error("migrate down", "table", cfg.table.String(), "error", err.Error())
+			return exitFailure
+		}
+		if *asJSON {
+			return printJSON(stdout, map[string]any{"table": cfg.table.String(), "undone": versions(res)})
+		}
+		fmt.Fprintf(stdout, "%s: %d migration(s) undone\n", cfg.table, len(res))
+		return exitOK
+	}
 	if action == "status" {
 		st, err := schema.Status(ctx, db, cfg.table)
 		if err != nil {
@@ -91,14 +115,19 @@ func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 		return exitFailure
 	}
 	if *asJSON {
-		applied := make([]int64, 0, len(res))
-		for _, r := range res {
-			applied = append(applied, r.Source.Version)
-		}
-		return printJSON(stdout, map[string]any{"table": cfg.table.String(), "applied": applied})
+		return printJSON(stdout, map[string]any{"table": cfg.table.String(), "applied": versions(res)})
 	}
 	fmt.Fprintf(stdout, "%s: %d migration(s) applied\n", cfg.table, len(res))
 	return exitOK
+}
+
+// versions is the versions of the migrations in res.
+func versions(res []*goose.MigrationResult) []int64 {
+	v := make([]int64, 0, len(res))
+	for _, r := range res {
+		v = append(v, r.Source.Version)
+	}
+	return v
 }
 
 // migrationJSON is one migration in migrate status --json.

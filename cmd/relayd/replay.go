@@ -28,9 +28,9 @@ The window is by default the outbox's latest nats-only period, from its phase
 history, widened by 1m each side (to the stream's last sequence if the
 period goes on), and started earlier when rows RabbitMQ was owed at the move
 to nats reached JetStream before it. Messages RabbitMQ has are skipped: in <table>_delivered with
-amqp_delivered_at, in the outbox delivered to it or owed to it, or moved by
-the backfill (<table>_backfilled). Messages without a Nats-Msg-Id are counted
-and skipped.
+amqp_delivered_at, in the outbox (owed to every target), in <table>_owed
+delivered to it or owed to it, or moved by the backfill
+(<table>_backfilled). Messages without a Nats-Msg-Id are counted and skipped.
 
 Progress is recorded in <table>_replay: a rerun after a crash or SIGINT
 resumes the unfinished run from the sequence up to which everything was

@@ -44,12 +44,12 @@ func TestStatusTargets(t *testing.T) {
 	ctx := context.Background()
 	insert := func(deliveredTo string) {
 		t.Helper()
-		cols, vals := "topic, payload", "'orders', '\\x7b7d'"
-		if deliveredTo != "" {
-			cols, vals = cols+", "+deliveredTo+"_delivered_at", vals+", now()"
-		}
-		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (`+cols+`) VALUES (`+vals+`)`); err != nil {
+		var id int64
+		if err := pool.QueryRow(ctx, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders', '\x7b7d') RETURNING id`).Scan(&id); err != nil {
 			t.Fatal(err)
+		}
+		if deliveredTo != "" {
+			testenv.SetState(t, pool, table, deliveredTo+"_delivered_at = now()", "id = $1", id)
 		}
 	}
 

@@ -20,7 +20,7 @@ Reconciles the outbox's record with the JetStream stream, for a window of
 time (default: the last 24 hours):
 
   - every message id recorded as delivered to JetStream (nats_delivered_at
-    in the window, in the outbox or its _delivered table) must be in the
+    in the window, in the outbox's _owed or _delivered table) must be in the
     stream exactly once;
   - so must every id ` + "`relayd backfill`" + ` moved in the window;
   - no Nats-Msg-Id may be stored twice anywhere in the scanned part of the

@@ -91,10 +91,11 @@ func TestVerifyCommand(t *testing.T) {
 	}
 	defer js.DeleteStream(ctx, name) //nolint:errcheck // cleanup
 	var ids []string
-	if err := pool.QueryRow(ctx, `WITH r AS (INSERT INTO `+table.Ident()+` (topic, payload, nats_delivered_at)
-		SELECT 'orders', '\x7b7d', now() FROM generate_series(1, 5) RETURNING message_id::text) SELECT array_agg(message_id) FROM r`).Scan(&ids); err != nil {
+	if err := pool.QueryRow(ctx, `WITH r AS (INSERT INTO `+table.Ident()+` (topic, payload)
+		SELECT 'orders', '\x7b7d' FROM generate_series(1, 5) RETURNING message_id::text) SELECT array_agg(message_id) FROM r`).Scan(&ids); err != nil {
 		t.Fatal(err)
 	}
+	testenv.SetState(t, pool, table, `nats_delivered_at = now()`, `true`)
 	var seqs []uint64
 	for _, id := range ids {
 		ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: strings.ToLower(name) + ".orders", Data: []byte("{}")}, jetstream.WithMsgID(id))

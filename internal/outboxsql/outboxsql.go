@@ -52,6 +52,8 @@ type Statements struct {
 	Claim  string
 	Record string
 	Late   ByTarget[string] // confirms that came after their batch gave up
+	// LateWait goes before Late, in its transaction.
+	LateWait string
 	// Finish moves out rows JetStream has that no batch will (nats-only).
 	Finish string
 
@@ -135,7 +137,7 @@ func For(t schema.Table) *Statements {
 
 func render(t schema.Table) *Statements {
 	d := tableData{
-		Table: t.Ident(), Delivered: t.Delivered(), Backfilled: t.Backfilled(),
+		Table: t.Ident(), Owed: t.Owed(), Delivered: t.Delivered(), Backfilled: t.Backfilled(),
 		Phase: t.Side("phase"), PhaseHistory: t.Side("phase_history"), Instances: t.Side("instances"),
 		Replay:     t.Side("replay"),
 		ExactLimit: ExactLimit, ActiveWindow: ActiveWindow,
@@ -151,6 +153,7 @@ func render(t schema.Table) *Statements {
 		Claim:                    exec("Claim", d),
 		Record:                   exec("Record", d),
 		Late:                     perTarget("Late"),
+		LateWait:                 exec("LateWait", d),
 		Finish:                   exec("Finish", d),
 		CleanupDelivered:         exec("CleanupDelivered", d),
 		CleanupBackfilled:        exec("CleanupBackfilled", d),
@@ -201,12 +204,14 @@ func exec(name string, data any) string {
 	return strings.TrimSpace(b.String())
 }
 
-// tableData is what every statement sees: the quoted identifiers.
+// tableData is what every statement sees: the quoted identifiers. Table is
+// the producers' table, which holds rows no batch has recorded anything of
+// yet ("fresh": owed to every target); Owed the rows a batch left owed.
 type tableData struct {
-	Table, Delivered, Backfilled   string
-	Phase, PhaseHistory, Instances string
-	Replay                         string
-	ExactLimit, ActiveWindow       int
+	Table, Owed, Delivered, Backfilled string
+	Phase, PhaseHistory, Instances     string
+	Replay                             string
+	ExactLimit, ActiveWindow           int
 }
 
 // Target is d for one target, p its column prefix.
@@ -236,15 +241,16 @@ func (d targetData) Below(walk, limit string) targetData {
 	return d
 }
 
-// First is d for the first n rows owed to the target, with columns cols.
-func (d targetData) First(cols string, n int) pending {
-	return pending{targetData: d, Cols: cols, N: n}
+// First is d for the first n rows owed to the target, with columns cols of
+// the owed table, and fresh of the outbox.
+func (d targetData) First(cols, fresh string, n int) pending {
+	return pending{targetData: d, Cols: cols, Fresh: fresh, N: n}
 }
 
 type bound struct{ Walk, Limit string }
 
 type pending struct {
 	targetData
-	Cols string
-	N    int
+	Cols, Fresh string
+	N           int
 }

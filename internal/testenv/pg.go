@@ -2,9 +2,11 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -54,4 +56,42 @@ func Checks(t testing.TB, pool *pgxpool.Pool, table schema.Table) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// SetState gives the rows of table matching where (a condition on the
+// producers' columns, args its parameters) a delivery state, as batches
+// would: rows still in the outbox move to the owed table, then set (an
+// UPDATE's SET list, without parameters) is applied to them there.
+func SetState(t testing.TB, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, table schema.Table, set, where string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	const cols = `id, message_id, topic, key, headers, payload, created_at`
+	var ids []int64
+	err = tx.QueryRow(ctx, `SELECT coalesce(array_agg(id), '{}') FROM (SELECT id FROM `+table.Ident()+` WHERE `+where+`
+		UNION ALL SELECT id FROM `+table.Owed()+` WHERE `+where+`) r`, args...).Scan(&ids)
+	for _, q := range []string{
+		`WITH m AS (DELETE FROM ` + table.Ident() + ` WHERE id = ANY($1) RETURNING ` + cols + `)
+		INSERT INTO ` + table.Owed() + ` (` + cols + `) SELECT ` + cols + ` FROM m`,
+		`UPDATE ` + table.Owed() + ` SET ` + set + ` WHERE id = ANY($1)`,
+	} {
+		if err == nil {
+			_, err = tx.Exec(ctx, q, ids)
+		}
+	}
+	if err == nil && len(ids) == 0 {
+		err = errors.New("no row matches")
+	}
+	if err != nil {
+		t.Fatalf("set state %s where %s: %v", set, where, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

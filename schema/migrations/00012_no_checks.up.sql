@@ -5,7 +5,7 @@
 --
 -- Dropping a constraint takes an ACCESS EXCLUSIVE lock, and producers queue
 -- behind a request for it. So each try waits at most 200 ms for the lock,
--- then lets them through for a second; a relay's batch ends well within a try.
+-- then lets them through for a second, until the batches in flight end within a try.
 DO $$
 DECLARE
     outer_timeout text := current_setting('lock_timeout');

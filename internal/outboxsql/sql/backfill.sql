@@ -1,10 +1,13 @@
 -- Known: of message ids $1 (uuids, as text: pgx has no binary encoding of a
 -- Go string as a uuid) and $2 (every id, as text), those JetStream has or
--- will get without the backfill: in the outbox delivered to JetStream or
--- owed to it, in the delivered table (only rows RabbitMQ had: the
--- amqp_sent index), or moved by an earlier run.
+-- will get without the backfill: in the outbox (owed to every target), in
+-- the owed table delivered to JetStream or owed to it, in the delivered
+-- table (only rows RabbitMQ had: the amqp_sent index), or moved by an
+-- earlier run.
 {{define "Known"}}
-SELECT message_id::text FROM {{.Table}}
+SELECT message_id::text FROM {{.Table}} WHERE message_id = ANY($1::text[]::uuid[])
+UNION ALL
+SELECT message_id::text FROM {{.Owed}}
 WHERE message_id = ANY($1::text[]::uuid[])
   AND (nats_delivered_at IS NOT NULL OR (done_at IS NULL AND nats_parked_at IS NULL))
 UNION ALL

@@ -1,5 +1,7 @@
--- Claim takes a batch: per target the heads of keys and the unkeyed rows,
--- each walk over its own partial index in id order, locked SKIP LOCKED
+-- Claim takes a batch: per target the heads of keys and the unkeyed rows
+-- of the owed table, each walk over its own partial index in id order, then
+-- the fresh rows of the outbox, owed to every active target, the keyed
+-- heads and the unkeyed rows in one walk each; all locked SKIP LOCKED
 -- (docs/design.md, "The claim statement"). $1, $2 amqp, nats active; $3
 -- batch size; $4 skip parked keys; $5 keyed window; $6 keyed rows per
 -- target; $7 floor of the unkeyed walks; $8 rows this relay's batches hold.
@@ -8,34 +10,51 @@ WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
 ), a_k AS (
 	SELECT {{template "claimColumns"}}, true AS want_amqp,
 		($2::boolean AND {{template "claimable" .NATS}} AND {{template "natsFree" .}}) AS want_nats
-	FROM {{.Table}}
+	FROM {{.Owed}}
 	WHERE id = ANY (ARRAY(SELECT id FROM h_a EXCEPT SELECT unnest($8::bigint[])))
-	  AND key IS NOT NULL AND {{template "claimable" .AMQP}}
+	  AND key IS NOT NULL AND {{template "claimable" .AMQP}} AND {{template "noFreshBefore" .}}
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
 ), a_u AS (
 	SELECT {{template "claimColumns"}}, true AS want_amqp,
 		($2::boolean AND {{template "claimable" .NATS}}) AS want_nats
-	FROM {{.Table}}
+	FROM {{.Owed}}
 	WHERE $1::boolean AND key IS NULL AND {{template "claimable" .AMQP}} AND id > $7::bigint
 	ORDER BY id LIMIT $3 - (SELECT count(*) FROM a_k) FOR UPDATE SKIP LOCKED
 ), h_n AS MATERIALIZED ({{template "heads" (.NATS.Below "a_k" "$6")}}
 ), n_u AS (
 	SELECT {{template "claimColumns"}}, false AS want_amqp, true AS want_nats
-	FROM {{.Table}}
+	FROM {{.Owed}}
 	WHERE $2::boolean AND key IS NULL AND {{template "claimable" .NATS}} AND id > $7::bigint
 	  AND id NOT IN (SELECT id FROM a_u) AND {{template "below" (below "a_u" "$3 - (SELECT count(*) FROM a_k)")}}
 	  AND NOT ($1::boolean AND {{template "claimable" .AMQP}})
 	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
 ), n_k AS (
 	SELECT {{template "claimColumns"}}, false AS want_amqp, true AS want_nats
-	FROM {{.Table}}
+	FROM {{.Owed}}
 	WHERE id = ANY (ARRAY(SELECT id FROM h_n EXCEPT SELECT id FROM h_a EXCEPT SELECT unnest($8::bigint[])))
-	  AND key IS NOT NULL AND {{template "claimable" .NATS}}
+	  AND key IS NOT NULL AND {{template "claimable" .NATS}} AND {{template "noFreshBefore" .}}
 	  AND id NOT IN (SELECT id FROM a_k)
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
+), f_h AS MATERIALIZED ({{template "freshHeads" .}}
+), f_k AS (
+	SELECT {{template "freshColumns"}},
+		$1::boolean AND {{template "keyFree" .AMQP}} AS want_amqp,
+		$2::boolean AND {{template "keyFree" .NATS}} AS want_nats
+	FROM {{.Table}} f
+	WHERE id = ANY (ARRAY(SELECT id FROM f_h EXCEPT SELECT unnest($8::bigint[])))
+	  AND key IS NOT NULL
+	  AND (($1::boolean AND {{template "keyFree" .AMQP}}) OR ($2::boolean AND {{template "keyFree" .NATS}}))
+	ORDER BY id LIMIT greatest(0, $6 - greatest((SELECT count(*) FROM a_k), (SELECT count(*) FROM n_k))) FOR UPDATE SKIP LOCKED
+), f_u AS (
+	SELECT {{template "freshColumns"}}, $1::boolean AS want_amqp, $2::boolean AS want_nats
+	FROM {{.Table}} f
+	WHERE ($1::boolean OR $2::boolean) AND key IS NULL AND id > $7::bigint
+	ORDER BY key, id LIMIT greatest(0, $3 - (SELECT count(*) FROM a_k) - (SELECT count(*) FROM a_u)
+		- (SELECT count(*) FROM n_u) - (SELECT count(*) FROM n_k) - (SELECT count(*) FROM f_k)) FOR UPDATE SKIP LOCKED
 )
 SELECT *, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
-FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k) c
+FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k
+	UNION ALL SELECT * FROM f_k UNION ALL SELECT * FROM f_u) c
 {{end}}
 
 -- claimColumns: what the relay reads of a claimed row (store.claim scans them
@@ -43,24 +62,27 @@ FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u 
 {{define "claimColumns"}}id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts,
 		amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL{{end}}
 
+-- freshColumns: claimColumns of a fresh row: nothing tried, nothing delivered.
+{{define "freshColumns"}}id, message_id::text, topic, key, headers::text, payload, created_at, 0, 0, false, false{{end}}
+
 -- heads: the first row of each key among the oldest $5 keyed rows owed to
 -- the target (w, min(id) hashed by key), less the waiting keys; a window
 -- that few keys fill is topped up by a skip scan of key_pending (ks), at
 -- most 2 × $6 keys.
 {{define "heads"}}WITH RECURSIVE w AS MATERIALIZED (
 		SELECT key, min(id) AS id, count(*) AS n FROM (
-			SELECT id, key FROM {{.Table}} WHERE {{template "active" .}} AND key IS NOT NULL AND {{template "owed" .}}
+			SELECT id, key FROM {{.Owed}} WHERE {{template "active" .}} AND key IS NOT NULL AND {{template "owed" .}}
 			  AND key NOT IN ({{template "waitingKeys" .}})
 			ORDER BY id LIMIT $5) r
 		GROUP BY key
 	), ks(key, id, n) AS (
 		SELECT k.key, k.id, 1 FROM (
-			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND {{template "holdsKey" .}}
+			SELECT key, id FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "holdsKey" .}}
 			ORDER BY key, id LIMIT 1) k
 		WHERE {{.Enabled}} AND (SELECT sum(n) >= $5 AND count(*) * 4 < $5 FROM w)
 		UNION ALL
 		SELECT k.key, k.id, ks.n + 1 FROM ks CROSS JOIN LATERAL (
-			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND key > ks.key AND {{template "holdsKey" .}}
+			SELECT key, id FROM {{.Owed}} WHERE key IS NOT NULL AND key > ks.key AND {{template "holdsKey" .}}
 			ORDER BY key, id LIMIT 1) k
 		WHERE ks.n < $6 * 2
 	)
@@ -78,6 +100,42 @@ FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u 
 -- natsFree: no earlier row of the key is owed to JetStream, so a row the
 -- amqp walk took goes to JetStream in the same batch.
 {{define "natsFree"}}NOT EXISTS (
-		SELECT 1 FROM {{.Table}} e WHERE e.key = {{.Table}}.key AND e.id < {{.Table}}.id
+		SELECT 1 FROM {{.Owed}} e WHERE e.key = {{.Owed}}.key AND e.id < {{.Owed}}.id
 		  AND e.nats_delivered_at IS NULL AND e.done_at IS NULL
 		  AND (NOT $4::boolean OR e.nats_parked_at IS NULL)){{end}}
+
+-- noFreshBefore: no earlier row of the owed row's key is still in the outbox
+-- (its transaction committed after this row was first claimed).
+{{define "noFreshBefore"}}NOT EXISTS (SELECT 1 FROM {{.Table}} e WHERE e.key = {{.Owed}}.key AND e.id < {{.Owed}}.id){{end}}
+
+-- keyFree: no earlier row of the fresh row f's key is owed to the target.
+{{define "keyFree"}}NOT EXISTS (
+		SELECT 1 FROM {{.Owed}} e WHERE e.key = f.key AND e.id < f.id
+		  AND e.{{.P}}_delivered_at IS NULL AND e.done_at IS NULL
+		  AND (NOT $4::boolean OR e.{{.P}}_parked_at IS NULL)){{end}}
+
+-- freshHeads: the first row of each key among the outbox's oldest $5 keyed
+-- rows, less the keys waiting for every active target, topped up as heads
+-- does by a skip scan of key_order.
+{{define "freshHeads"}}WITH RECURSIVE w AS MATERIALIZED (
+		SELECT key, min(id) AS id, count(*) AS n FROM (
+			SELECT id, key FROM {{.Table}} WHERE ($1::boolean OR $2::boolean) AND key IS NOT NULL
+			  AND NOT ({{template "keyWaits" .}})
+			ORDER BY id LIMIT $5) r
+		GROUP BY key
+	), ks(key, id, n) AS (
+		SELECT k.key, k.id, 1 FROM (
+			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL ORDER BY key, id LIMIT 1) k
+		WHERE ($1::boolean OR $2::boolean) AND (SELECT sum(n) >= $5 AND count(*) * 4 < $5 FROM w)
+		UNION ALL
+		SELECT k.key, k.id, ks.n + 1 FROM ks CROSS JOIN LATERAL (
+			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND key > ks.key ORDER BY key, id LIMIT 1) k
+		WHERE ks.n < $6 * 2
+	)
+	SELECT id FROM w
+	UNION ALL
+	SELECT id FROM ks WHERE key NOT IN (SELECT key FROM w) AND NOT ({{template "keyWaits" .}}){{end}}
+
+-- keyWaits: the key waits for every active target.
+{{define "keyWaits"}}(NOT $1::boolean OR key IN ({{template "waitingKeys" .AMQP}}))
+			  AND (NOT $2::boolean OR key IN ({{template "waitingKeys" .NATS}})){{end}}

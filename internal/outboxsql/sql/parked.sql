@@ -4,7 +4,7 @@
 SELECT id, message_id::text, topic, created_at,
 	amqp_parked_at, amqp_attempts, coalesce(amqp_last_error, ''),
 	nats_parked_at, nats_attempts, coalesce(nats_last_error, '')
-FROM {{.Table}}
+FROM {{.Owed}}
 WHERE {{template "parkedIndex"}}
   AND (($1 AND amqp_parked_at IS NOT NULL) OR ($2 AND nats_parked_at IS NOT NULL))
 ORDER BY id LIMIT $3
@@ -13,7 +13,7 @@ ORDER BY id LIMIT $3
 -- RetryParked puts the target's parked rows back in line, the rows with ids
 -- $2 or every one when $1; attempts start again from 0.
 {{define "RetryParked"}}
-UPDATE {{.Table}}
+UPDATE {{.Owed}}
 SET {{.P}}_parked_at = NULL, {{.P}}_attempts = 0, {{.P}}_retry_at = NULL
 WHERE {{.P}}_parked_at IS NOT NULL AND ($1 OR id = ANY($2))
 {{end}}

@@ -1,5 +1,5 @@
 -- Predicates the statements share. Each takes a target: .P is its column
--- prefix (amqp or nats), .Table the outbox.
+-- prefix (amqp or nats), .Owed the table of rows with a delivery state.
 
 -- owed: a row still owed to the target; the predicate of its pending indexes.
 {{define "owed"}}{{.P}}_delivered_at IS NULL AND {{.P}}_parked_at IS NULL AND done_at IS NULL{{end}}
@@ -13,7 +13,7 @@
 
 -- waitingKeys: keys held by a row whose retry is not due yet or (unless $4)
 -- that is parked; the key_waiting index holds just those rows.
-{{define "waitingKeys"}}SELECT key FROM {{.Table}} WHERE key IS NOT NULL AND {{.P}}_delivered_at IS NULL AND done_at IS NULL
+{{define "waitingKeys"}}SELECT key FROM {{.Owed}} WHERE key IS NOT NULL AND {{.P}}_delivered_at IS NULL AND done_at IS NULL
 	AND ({{.P}}_retry_at IS NOT NULL OR {{.P}}_parked_at IS NOT NULL)
 	AND (({{.P}}_parked_at IS NULL AND {{.P}}_retry_at > now()) OR ({{.P}}_parked_at IS NOT NULL AND NOT $4::boolean)){{end}}
 

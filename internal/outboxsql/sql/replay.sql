@@ -11,11 +11,14 @@ WHERE message_id = ANY($1::text[]::uuid[]) AND amqp_sent AND nats_delivered_at I
   AND amqp_delivered_at IS NOT NULL
 {{end}}
 
--- ReplayOwed: of message ids $1 (uuids, as text), those still in the outbox
+-- ReplayOwed: of message ids $1 (uuids, as text), those still to relay
 -- that RabbitMQ has, or is owed by the relays (they will send it
--- themselves): the outbox's unique message_id index.
+-- themselves): every row of the outbox, and of the owed table those its
+-- predicate holds, through each table's message_id index.
 {{define "ReplayOwed"}}
-SELECT message_id::text FROM {{.Table}}
+SELECT message_id::text FROM {{.Table}} WHERE message_id = ANY($1::text[]::uuid[])
+UNION ALL
+SELECT message_id::text FROM {{.Owed}}
 WHERE message_id = ANY($1::text[]::uuid[])
   AND (amqp_delivered_at IS NOT NULL OR (amqp_parked_at IS NULL AND done_at IS NULL))
 {{end}}
@@ -37,9 +40,10 @@ WHERE done_at >= $1::timestamptz AND done_at < coalesce($2::timestamptz, 'infini
 -- older rows): the primary key's first done_at.
 {{define "ReplayRecordStart"}}SELECT min(done_at) FROM {{.Delivered}}{{end}}
 
--- ReplayClaims: the transactions that hold rows of the outbox FOR UPDATE now,
--- as a relay's batch does from its claim to its record (RowShareLock on the
--- table: producers and vacuum take other modes), by virtual transaction id.
+-- ReplayClaims: the transactions that hold rows FOR UPDATE now, as a relay's
+-- batch does from its claim to its record, by virtual transaction id: every
+-- claim locks the outbox in RowShareLock (its walks there lock rows, found or
+-- not), which producers and vacuum do not take.
 {{define "ReplayClaims"}}
 SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
 WHERE locktype = 'relation' AND relation = '{{.Table}}'::regclass AND mode = 'RowShareLock' AND granted

@@ -3,25 +3,29 @@
 -- not grow with the backlog beyond .ExactLimit index entries.
 
 -- pendingFirst: the first .N rows owed to the target in id order, with
--- columns .Cols: a merge of its two pending indexes (unkeyed and keyed rows
--- are indexed apart, for the claims).
+-- columns .Cols (.Fresh for the outbox's, which has no delivery state): a
+-- merge of the owed table's two pending indexes (unkeyed and keyed rows are
+-- indexed apart, for the claims) and the outbox's primary key.
 {{define "pendingFirst"}}(SELECT * FROM (
-		(SELECT {{.Cols}} FROM {{.Table}} WHERE key IS NULL AND {{template "owed" .}} ORDER BY id LIMIT {{.N}})
+		(SELECT {{.Cols}} FROM {{.Owed}} WHERE key IS NULL AND {{template "owed" .}} ORDER BY id LIMIT {{.N}})
 		UNION ALL
-		(SELECT {{.Cols}} FROM {{.Table}} WHERE key IS NOT NULL AND {{template "owed" .}} ORDER BY id LIMIT {{.N}})
+		(SELECT {{.Cols}} FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "owed" .}} ORDER BY id LIMIT {{.N}})
+		UNION ALL
+		(SELECT {{.Fresh}} FROM {{.Table}} ORDER BY id LIMIT {{.N}})
 	) u ORDER BY id LIMIT {{.N}}){{end}}
 
 -- pendingLast: the highest id owed to the target (NULL if none).
 {{define "pendingLast"}}greatest(
-		(SELECT id FROM {{.Table}} WHERE key IS NULL AND {{template "owed" .}} ORDER BY id DESC LIMIT 1),
-		(SELECT id FROM {{.Table}} WHERE key IS NOT NULL AND {{template "owed" .}} ORDER BY id DESC LIMIT 1)){{end}}
+		(SELECT id FROM {{.Owed}} WHERE key IS NULL AND {{template "owed" .}} ORDER BY id DESC LIMIT 1),
+		(SELECT id FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "owed" .}} ORDER BY id DESC LIMIT 1),
+		(SELECT id FROM {{.Table}} ORDER BY id DESC LIMIT 1)){{end}}
 
 -- StatsPending: the pending window and its retries, the id range for the
 -- estimate past it, and the oldest of the first 100 pending rows (the lag).
 {{define "StatsPending"}}
-WITH head AS {{template "pendingFirst" (.First "id, topic, created_at" 100)}}, first AS (
+WITH head AS {{template "pendingFirst" (.First "id, topic, created_at" "id, topic, created_at" 100)}}, first AS (
 	SELECT id, topic, created_at FROM head ORDER BY created_at, id LIMIT 1
-), win AS {{template "pendingFirst" (.First (print "id, " .P "_retry_at AS retry_at") .ExactLimit)}}
+), win AS {{template "pendingFirst" (.First (print "id, " .P "_retry_at AS retry_at") "id, NULL::timestamptz" .ExactLimit)}}
 SELECT clock_timestamp(),
 	(SELECT count(*) FROM win),
 	(SELECT count(*) FROM win WHERE retry_at > now()),
@@ -34,7 +38,7 @@ FROM (SELECT 1) one LEFT JOIN first ON true
 
 -- StatsParked: the rows parked for the target and the keys they hold.
 {{define "StatsParked"}}
-SELECT count(*), count(DISTINCT key) FROM {{.Table}}
+SELECT count(*), count(DISTINCT key) FROM {{.Owed}}
 		WHERE {{template "parked" .}}
 {{end}}
 
@@ -42,9 +46,9 @@ SELECT count(*), count(DISTINCT key) FROM {{.Table}}
 -- pending (of the window) or parked.
 {{define "StatsLastError"}}
 SELECT last_error FROM (
-		(SELECT id, last_error FROM {{template "pendingFirst" (.First (print "id, " .P "_last_error AS last_error") .ExactLimit)}} f)
+		(SELECT id, last_error FROM {{template "pendingFirst" (.First (print "id, " .P "_last_error AS last_error") "id, NULL::text" .ExactLimit)}} f)
 		UNION ALL
-		(SELECT id, {{.P}}_last_error FROM {{.Table}} WHERE {{template "parked" .}})
+		(SELECT id, {{.P}}_last_error FROM {{.Owed}} WHERE {{template "parked" .}})
 	) r WHERE last_error IS NOT NULL ORDER BY id DESC LIMIT 1
 {{end}}
 
@@ -66,10 +70,10 @@ WHERE done_at > $1 AND nats_delivered_at IS NULL
 {{end}}
 
 -- ActiveTargets: per target, whether a row was delivered to it, tried for
--- it or parked for it, in the outbox's oldest .ActiveWindow rows, the newest
+-- it or parked for it, in the owed table's oldest .ActiveWindow rows, the newest
 -- of the delivered table, or parked anywhere.
 {{define "ActiveTargets"}}
-WITH head AS (SELECT amqp_delivered_at, amqp_attempts, nats_delivered_at, nats_attempts FROM {{.Table}} ORDER BY id LIMIT {{.ActiveWindow}}),
+WITH head AS (SELECT amqp_delivered_at, amqp_attempts, nats_delivered_at, nats_attempts FROM {{.Owed}} ORDER BY id LIMIT {{.ActiveWindow}}),
 rec AS (SELECT amqp_delivered_at, nats_delivered_at FROM {{.Delivered}} ORDER BY done_at DESC LIMIT {{.ActiveWindow}})
 SELECT
 	{{template "served" .AMQP}},
@@ -78,4 +82,4 @@ SELECT
 
 {{define "served"}}EXISTS (SELECT 1 FROM head WHERE {{.P}}_delivered_at IS NOT NULL OR {{.P}}_attempts > 0)
 	OR EXISTS (SELECT 1 FROM rec WHERE {{.P}}_delivered_at IS NOT NULL)
-	OR EXISTS (SELECT 1 FROM {{.Table}} WHERE {{template "parked" .}}){{end}}
+	OR EXISTS (SELECT 1 FROM {{.Owed}} WHERE {{template "parked" .}}){{end}}

@@ -1,10 +1,10 @@
 -- VerifyOutbox: the (message id, delivered at) pairs delivered to JetStream
 -- between $1 and $2, an id once. Rows delivered to every target are in the
--- delivered table, the rest in the outbox; done_at >= nats_delivered_at, so
+-- delivered table, the rest in the owed table; done_at >= nats_delivered_at, so
 -- the delivered table's walk starts on its done_at index.
 {{define "VerifyOutbox"}}
 SELECT DISTINCT ON (msg_id) msg_id, at FROM (
-	SELECT message_id::text AS msg_id, nats_delivered_at AS at FROM {{.Table}}
+	SELECT message_id::text AS msg_id, nats_delivered_at AS at FROM {{.Owed}}
 	WHERE nats_delivered_at >= $1 AND nats_delivered_at <= $2
 	UNION ALL
 	SELECT message_id::text, nats_delivered_at FROM {{.Delivered}}
