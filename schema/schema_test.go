@@ -167,35 +167,14 @@ func TestDroppingTheChecksLetsProducersThrough(t *testing.T) {
 	checks := func() int { return testenv.Checks(t, pool, table) }
 	insert := `INSERT INTO ` + table.Ident() + ` (topic, payload) VALUES ('orders.created', '\x00')`
 
-	holder, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, insert); err != nil {
-		t.Fatal(err)
-	}
-	migrated := make(chan error, 1)
-	go func() { _, err := p.Up(ctx); migrated <- err }()
+	holder, migrated := behindAHolder(t, pool, p, insert)
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var n int
 		pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND state = 'active'
 			AND query LIKE '%DROP CONSTRAINT IF EXISTS%' AND strpos(query, $1) > 0`, table.Schema).Scan(&n)
 		return n == 1
 	}, "the migration did not start")
-	for range 3 {
-		ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := pool.Exec(ictx, insert)
-		cancel()
-		if err != nil {
-			t.Fatalf("a producer's insert while the migration waits: %v", err)
-		}
-	}
-	select {
-	case err := <-migrated:
-		t.Fatalf("the migration ended while a transaction held the outbox: %v", err)
-	default:
-	}
+	producersGoThrough(t, pool, insert, 10*time.Second, migrated)
 	if n := checks(); n != 2 {
 		t.Fatalf("%d CHECKs while the migration waits, want 2", n)
 	}
@@ -203,6 +182,55 @@ func TestDroppingTheChecksLetsProducersThrough(t *testing.T) {
 	if err := holder.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+	migrationEnds(t, migrated)
+	if n := checks(); n != 0 {
+		t.Fatalf("%d CHECKs after 00012, want 0", n)
+	}
+}
+
+// behindAHolder begins a transaction that holds the outbox (an uncommitted
+// insert), then migrates up; migrated says when that ends.
+func behindAHolder(t *testing.T, pool *pgxpool.Pool, p *goose.Provider, insert string) (pgx.Tx, chan error) {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Rollback(ctx) }) //nolint:errcheck // committed by the test
+	if _, err := holder.Exec(ctx, insert); err != nil {
+		t.Fatal(err)
+	}
+	migrated := make(chan error, 1)
+	go func() { _, err := p.Up(ctx); migrated <- err }()
+	return holder, migrated
+}
+
+// producersGoThrough has three producers' inserts each end within wait while
+// the migration waits for the holder, which it still does after them.
+func producersGoThrough(t *testing.T, pool *pgxpool.Pool, insert string, wait time.Duration, migrated chan error) {
+	t.Helper()
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		start := time.Now()
+		_, err := pool.Exec(ctx, insert)
+		cancel()
+		if err != nil {
+			t.Fatalf("a producer's insert while the migration waits: %v", err)
+		}
+		t.Logf("a producer's insert took %v", time.Since(start))
+	}
+	select {
+	case err := <-migrated:
+		t.Fatalf("the migration ended while a transaction held the outbox: %v", err)
+	default:
+	}
+}
+
+// migrationEnds waits for the migration to end, without an error, once the
+// holder's transaction has.
+func migrationEnds(t *testing.T, migrated chan error) {
+	t.Helper()
 	select {
 	case err := <-migrated:
 		if err != nil {
@@ -210,9 +238,6 @@ func TestDroppingTheChecksLetsProducersThrough(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the migration did not end 30 s after the transaction holding the outbox")
-	}
-	if n := checks(); n != 0 {
-		t.Fatalf("%d CHECKs after 00012, want 0", n)
 	}
 }
 
@@ -598,16 +623,7 @@ func TestOwedUpgradeLetsProducersThrough(t *testing.T) {
 	ctx := context.Background()
 	insert := `INSERT INTO ` + table.Ident() + ` (topic, payload) VALUES ('orders.created', '\x00')`
 
-	holder, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, insert); err != nil {
-		t.Fatal(err)
-	}
-	migrated := make(chan error, 1)
-	go func() { _, err := p.Up(ctx); migrated <- err }()
+	holder, migrated := behindAHolder(t, pool, p, insert)
 	// The migration is in its loop once it has asked for the lock.
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		var n int
@@ -615,21 +631,7 @@ func TestOwedUpgradeLetsProducersThrough(t *testing.T) {
 			table.Ident()).Scan(&n)
 		return n == 1
 	}, "the migration did not ask for the outbox's lock")
-	for range 3 {
-		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		start := time.Now()
-		_, err := pool.Exec(ictx, insert)
-		cancel()
-		if err != nil {
-			t.Fatalf("a producer's insert while the migration waits: %v", err)
-		}
-		t.Logf("a producer's insert took %v", time.Since(start))
-	}
-	select {
-	case err := <-migrated:
-		t.Fatalf("the migration ended while a transaction held the outbox: %v", err)
-	default:
-	}
+	producersGoThrough(t, pool, insert, 5*time.Second, migrated)
 	if got := query(t, pool, `SELECT coalesce(to_regclass($1)::text, '')`, table.Owed()); got != "" {
 		t.Fatalf("%s exists while the migration waits", got)
 	}
@@ -665,14 +667,7 @@ func TestOwedUpgradeLetsProducersThrough(t *testing.T) {
 	if err := holder.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-migrated:
-		if err != nil {
-			t.Fatalf("migrate after the transaction ended: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the migration did not end 30 s after the transaction holding the outbox")
-	}
+	migrationEnds(t, migrated)
 	select {
 	case err := <-queued:
 		if err != nil {
