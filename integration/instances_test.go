@@ -62,10 +62,13 @@ func TestStoppingRelayReportsUntilItsBatchesEnd(t *testing.T) {
 	polls := 0
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	deadline := time.After(time.Minute) // well past RELAY_SHUTDOWN_TIMEOUT
 	for exited := false; !exited; {
 		select {
 		case <-r.done:
 			exited = true
+		case <-deadline:
+			t.Fatalf("relayd did not exit a minute after SIGTERM (%d polls)\n%s", polls, r.out.String())
 		case <-tick.C:
 			// The row read first, the batch after: a row gone while the
 			// batch was in flight at both moments left before it ended.
