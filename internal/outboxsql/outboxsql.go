@@ -233,6 +233,13 @@ type targetData struct {
 	P       string // the target's column prefix
 	Enabled string // the claim's parameter saying whether it is active
 	Bound   *bound // for a claim walk bounded by another (see "below")
+	Row     string // the row a per-row predicate is about (see "keyFree")
+}
+
+// Of is d for a predicate about row, a table or an alias.
+func (d targetData) Of(row string) targetData {
+	d.Row = row
+	return d
 }
 
 // Below is d for a claim walk that stays below walk when it took limit rows.

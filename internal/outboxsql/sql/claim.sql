@@ -9,7 +9,7 @@
 WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
 ), a_k AS (
 	SELECT {{template "claimColumns"}}, true AS want_amqp,
-		($2::boolean AND {{template "claimable" .NATS}} AND {{template "natsFree" .}}) AS want_nats
+		($2::boolean AND {{template "claimable" .NATS}} AND {{template "keyFree" (.NATS.Of .Owed)}}) AS want_nats
 	FROM {{.Owed}}
 	WHERE id = ANY (ARRAY(SELECT id FROM h_a EXCEPT SELECT unnest($8::bigint[])))
 	  AND key IS NOT NULL AND {{template "claimable" .AMQP}} AND {{template "noFreshBefore" .}}
@@ -38,12 +38,12 @@ WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
 ), f_h AS MATERIALIZED ({{template "freshHeads" .}}
 ), f_k AS (
 	SELECT {{template "freshColumns"}},
-		$1::boolean AND {{template "keyFree" .AMQP}} AS want_amqp,
-		$2::boolean AND {{template "keyFree" .NATS}} AS want_nats
+		$1::boolean AND {{template "keyFree" (.AMQP.Of "f")}} AS want_amqp,
+		$2::boolean AND {{template "keyFree" (.NATS.Of "f")}} AS want_nats
 	FROM {{.Table}} f
 	WHERE id = ANY (ARRAY(SELECT id FROM f_h EXCEPT SELECT unnest($8::bigint[])))
 	  AND key IS NOT NULL
-	  AND (($1::boolean AND {{template "keyFree" .AMQP}}) OR ($2::boolean AND {{template "keyFree" .NATS}}))
+	  AND (($1::boolean AND {{template "keyFree" (.AMQP.Of "f")}}) OR ($2::boolean AND {{template "keyFree" (.NATS.Of "f")}}))
 	ORDER BY id LIMIT greatest(0, $6 - greatest((SELECT count(*) FROM a_k), (SELECT count(*) FROM n_k))) FOR UPDATE SKIP LOCKED
 ), f_u AS (
 	SELECT {{template "freshColumns"}}, $1::boolean AS want_amqp, $2::boolean AS want_nats
@@ -97,20 +97,16 @@ FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u 
 -- back full (.Limit rows), so JetStream does not run ahead of RabbitMQ.
 {{define "below"}}id < CASE WHEN $1::boolean AND (SELECT count(*) FROM {{.Walk}}) >= {{.Limit}} THEN (SELECT max(id) FROM {{.Walk}}) ELSE 9223372036854775807 END{{end}}
 
--- natsFree: no earlier row of the key is owed to JetStream, so a row the
--- amqp walk took goes to JetStream in the same batch.
-{{define "natsFree"}}NOT EXISTS (
-		SELECT 1 FROM {{.Owed}} e WHERE e.key = {{.Owed}}.key AND e.id < {{.Owed}}.id
-		  AND e.nats_delivered_at IS NULL AND e.done_at IS NULL
-		  AND (NOT $4::boolean OR e.nats_parked_at IS NULL)){{end}}
 
 -- noFreshBefore: no earlier row of the owed row's key is still in the outbox
 -- (its transaction committed after this row was first claimed).
 {{define "noFreshBefore"}}NOT EXISTS (SELECT 1 FROM {{.Table}} e WHERE e.key = {{.Owed}}.key AND e.id < {{.Owed}}.id){{end}}
 
--- keyFree: no earlier row of the fresh row f's key is owed to the target.
+-- keyFree: no earlier row of row .Row's key is owed to the target in the
+-- owed table: for a fresh row, and for a row the amqp walk took, so that it
+-- goes to JetStream in the same batch.
 {{define "keyFree"}}NOT EXISTS (
-		SELECT 1 FROM {{.Owed}} e WHERE e.key = f.key AND e.id < f.id
+		SELECT 1 FROM {{.Owed}} e WHERE e.key = {{.Row}}.key AND e.id < {{.Row}}.id
 		  AND e.{{.P}}_delivered_at IS NULL AND e.done_at IS NULL
 		  AND (NOT $4::boolean OR e.{{.P}}_parked_at IS NULL)){{end}}
 
