@@ -467,6 +467,68 @@ func TestOwedUpgradeWakesTheWaitingRelay(t *testing.T) {
 	}
 }
 
+// Since 00015 a table's wake function has its own channel and lock key in its
+// body, not in TG_ARGV (reading them there cost each insert a third of the
+// trigger): a relay waiting on one table is woken by that table's inserts
+// only, and down to 14 the function reads the arguments again.
+func TestWakeFunctionHoldsItsTablesKeys(t *testing.T) {
+	t.Parallel()
+	pool, a, pa := at12(t, "outbox")
+	_, b, pb := at12(t, "outbox")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, p := range []*goose.Provider{pa, pb} {
+		if _, err := p.Up(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	body := func(tb schema.Table) string {
+		return query(t, pool, `SELECT prosrc FROM pg_proc WHERE oid = ($1 || '()')::regprocedure`, tb.Side("wake"))
+	}
+	for _, tb := range []schema.Table{a, b} {
+		src := body(tb)
+		if strings.Contains(src, "TG_ARGV") || !strings.Contains(src, strconv.FormatInt(tb.WakeLock(), 10)) || !strings.Contains(src, "'"+tb.Channel()+"'") {
+			t.Errorf("%s's wake function, want its lock key and channel and no TG_ARGV:\n%s", tb, src)
+		}
+	}
+
+	relay, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Release()
+	defer relay.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
+	if _, err := relay.Exec(ctx, `SELECT pg_advisory_lock($1)`, a.WakeLock()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range []schema.Table{a, b} {
+		if _, err := relay.Exec(ctx, `LISTEN "`+tb.Channel()+`"`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b's commit comes first: a notification of it would arrive first.
+	exec(t, pool, `INSERT INTO `+b.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`,
+		`INSERT INTO `+a.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`)
+	n, err := relay.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("no notification of an insert while the relay waits: %v", err)
+	}
+	if n.Channel != a.Channel() {
+		t.Fatalf("notified on %q, want only %q, the table whose wake lock the relay holds", n.Channel, a.Channel())
+	}
+
+	if _, err := pa.DownTo(ctx, 14); err != nil {
+		t.Fatal(err)
+	}
+	if src := body(a); !strings.Contains(src, "TG_ARGV[1]") {
+		t.Errorf("the wake function at 14, want it reading TG_ARGV:\n%s", src)
+	}
+	exec(t, pool, `INSERT INTO `+a.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`)
+	if n, err = relay.Conn().WaitForNotification(ctx); err != nil || n.Channel != a.Channel() {
+		t.Fatalf("at 14, an insert while the relay waits: notified %v, %v; want on %q", n, err, a.Channel())
+	}
+}
+
 // The producers' grants, table and column ones, and the owner go to the new
 // outbox: producers keep writing under their own roles. The second case's
 // names need quoting.
