@@ -11,6 +11,7 @@ import (
 
 	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/schema"
 )
 
 // Record is a run as <table>_replay keeps it: its window, and the sequence
@@ -75,10 +76,12 @@ func (c Counts) Skipped() int64 {
 	return c.SkippedDelivered + c.SkippedBackfilled + c.SkippedOwed + c.WithoutID + c.OtherSubject
 }
 
-// records reads and writes the runs of one table.
+// records reads and writes the runs of one table; a run's position is
+// written on the session holding the replay lock.
 type records struct {
-	db *pgxpool.Pool
-	q  *outboxsql.Statements
+	db   *pgxpool.Pool
+	q    *outboxsql.Statements
+	lock *session
 }
 
 func scanRecord(row pgx.Row) (Record, error) {
@@ -126,11 +129,17 @@ func (s records) start(ctx context.Context, r Record) (Record, error) {
 var ErrAdvanced = errors.New("another relayd replay advanced this run: stopping")
 
 // advance records that run id, last recorded at expected, is done up to
-// position, adding c to its counts; finish closes it. again says an earlier
-// try of the same write went unanswered: finding the run where this write
-// leaves it means that try was recorded.
+// position, adding c to its counts; finish closes it. It writes on the lock's
+// session, taking the lock again first if that session was lost. again says
+// an earlier try of the same write went unanswered: with the lock held,
+// finding the run where this write leaves it means that try was recorded.
 func (s records) advance(ctx context.Context, id int64, expected, position uint64, c Counts, finish, again bool) error {
-	tag, err := s.db.Exec(ctx, s.q.ReplayAdvance, id, int64(position), c.Sent, c.SkippedDelivered,
+	if s.lock.lost() {
+		if err := s.lock.retake(ctx); err != nil {
+			return fmt.Errorf("take the replay lock again: %w", err)
+		}
+	}
+	tag, err := s.lock.conn.Exec(ctx, s.q.ReplayAdvance, id, int64(position), c.Sent, c.SkippedDelivered,
 		c.SkippedBackfilled, c.SkippedOwed, c.WithoutID, c.OtherSubject, c.FailedPermanent, int64(expected), finish)
 	if err != nil {
 		return fmt.Errorf("record the replay's position: %w", err)
@@ -139,11 +148,11 @@ func (s records) advance(ctx context.Context, id int64, expected, position uint6
 		return nil
 	}
 	if again {
-		run, ok, err := s.one(ctx, s.q.ReplayRun, id)
-		if err != nil {
-			return err
+		run, err := scanRecord(s.lock.conn.QueryRow(ctx, s.q.ReplayRun, id))
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("read the replay record: %w", err)
 		}
-		if ok && run.Position == position && (run.FinishedAt != nil) == finish && !run.Abandoned {
+		if err == nil && run.Position == position && (run.FinishedAt != nil) == finish && !run.Abandoned {
 			return nil
 		}
 	}
@@ -178,23 +187,8 @@ func (s records) abandon(ctx context.Context) error {
 	return nil
 }
 
-// lock takes the replay's session lock on a connection of its own, held
-// until release; ok is false when another run holds it.
-func (s records) lock(ctx context.Context) (release func(), ok bool, err error) {
-	conn, err := s.db.Acquire(ctx)
-	if err != nil {
-		return nil, false, err
-	}
-	if err := conn.QueryRow(ctx, s.q.ReplayLock).Scan(&ok); err != nil || !ok {
-		conn.Release()
-		return nil, false, err
-	}
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(ctx, s.q.ReplayUnlock); err != nil {
-			conn.Conn().Close(ctx) //nolint:errcheck // closing the session releases the lock
-		}
-		conn.Release()
-	}, true, nil
+// newRecords reads and writes the runs of table t, the lock not yet taken.
+func newRecords(db *pgxpool.Pool, t schema.Table) records {
+	q := outboxsql.For(t)
+	return records{db: db, q: q, lock: &session{db: db, q: q}}
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
@@ -116,6 +115,76 @@ func TestAdvanceAfterAnUnansweredTry(t *testing.T) {
 	}
 }
 
+// The position is written on the session that holds the replay lock. When
+// that session goes (Postgres restarted, the connection dropped), the run
+// takes the lock again before it writes, and stops if another replay has it
+// by now: it never records, nor takes a record for its own, without the lock.
+func TestRecordAfterTheLockWentWithItsSession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	for _, tc := range []struct {
+		name     string
+		applied  bool   // the run's write landed before its session went
+		other    bool   // another replay took the lock meanwhile
+		otherAt  uint64 // ...and moved the record here (0: not)
+		wantErr  error
+		wantPos  int64
+		wantSent int64
+	}{
+		{"recorded, its answer lost", true, false, 0, nil, 20, 20},
+		{"not recorded", false, false, 0, nil, 20, 20},
+		{"another replay holds the lock", false, true, 0, ErrLockLost, 0, 0},
+		{"another replay recorded the same position", false, true, 20, ErrLockLost, 20, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := lockRecords(t, pool, table)
+			run := freshRun(t, table, rec)
+			if ok, err := rec.lock.take(ctx); err != nil || !ok {
+				t.Fatalf("take the lock: %v, %v", ok, err)
+			}
+			if tc.applied {
+				if err := rec.advance(ctx, run.ID, 0, 20, Counts{Sent: 20}, false, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The session goes, and the lock with it.
+			var gone bool
+			if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, rec.lock.conn.Conn().PgConn().PID()).Scan(&gone); err != nil || !gone {
+				t.Fatalf("terminate the lock's session: %v, %v", gone, err)
+			}
+			if tc.other {
+				other := lockRecords(t, pool, table)
+				if ok, err := other.lock.take(ctx); err != nil || !ok {
+					t.Fatalf("another replay takes the lock: %v, %v", ok, err)
+				}
+				if tc.otherAt > 0 {
+					if err := other.advance(ctx, run.ID, 0, tc.otherAt, Counts{Sent: int64(tc.otherAt)}, false, false); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+
+			r := &runner{cfg: Config{DB: pool, Table: table}, log: slog.New(slog.DiscardHandler), rec: rec, run: run}
+			err := r.record(0, 20, Counts{Sent: 20}, false)
+			if !errors.Is(err, tc.wantErr) || (err != nil && tc.wantErr == nil) {
+				t.Fatalf("record: %v, want %v", err, tc.wantErr)
+			}
+			var pos, sent int64
+			if err := pool.QueryRow(ctx, `SELECT position, sent FROM `+table.Side("replay")+` WHERE id = $1`, run.ID).Scan(&pos, &sent); err != nil {
+				t.Fatal(err)
+			}
+			if pos != tc.wantPos || sent != tc.wantSent {
+				t.Errorf("record at %d, %d sent; want %d, %d", pos, sent, tc.wantPos, tc.wantSent)
+			}
+			if tc.wantErr == nil && rec.lock.lost() {
+				t.Error("the run goes on without the lock")
+			}
+		})
+	}
+}
+
 // A run whose record another replay moved stops reading at its next batch,
 // with ErrAdvanced, and records nothing more.
 func TestSettleStopsWhenAnotherReplayAdvanced(t *testing.T) {
@@ -155,7 +224,16 @@ func testRecords(t *testing.T) (*pgxpool.Pool, schema.Table, records) {
 	t.Helper()
 	pool := testenv.Pool(t)
 	table := testenv.Outbox(t, pool)
-	return pool, table, records{db: pool, q: outboxsql.For(table)}
+	return pool, table, lockRecords(t, pool, table)
+}
+
+// lockRecords is newRecords whose lock, once a write took it, is let go
+// when the test ends, before its pool closes.
+func lockRecords(t *testing.T, pool *pgxpool.Pool, table schema.Table) records {
+	t.Helper()
+	rec := newRecords(pool, table)
+	t.Cleanup(rec.lock.release)
+	return rec
 }
 
 // freshRun deletes table's runs and starts one of sequences 1..100.

@@ -23,7 +23,6 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
 )
@@ -132,17 +131,17 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		return Summary{}, err
 	}
 	r := &runner{cfg: cfg, log: cfg.Logger, start: time.Now(),
-		rec:     records{db: cfg.DB, q: outboxsql.For(cfg.Table)},
+		rec:     newRecords(cfg.DB, cfg.Table),
 		limiter: rate.NewLimiter(rate.Limit(cfg.Rate), cfg.BatchSize)}
 	r.sum.DryRun = cfg.DryRun
-	release, ok, err := r.rec.lock(ctx)
+	ok, err := r.rec.lock.take(ctx)
 	if err != nil {
 		return Summary{}, fmt.Errorf("take the replay lock: %w", err)
 	}
 	if !ok {
 		return Summary{}, ErrRunning
 	}
-	defer release()
+	defer r.rec.lock.release()
 	if err := r.checkPhase(ctx); err != nil {
 		return Summary{}, err
 	}

@@ -210,7 +210,7 @@ func (r *runner) record(expected, pos uint64, c Counts, finish bool) error {
 	wait := retryBackoff.Next(0)
 	for again := false; ; again = true {
 		err := r.rec.advance(ctx, r.run.ID, expected, pos, c, finish, again)
-		if err == nil || errors.Is(err, ErrAdvanced) {
+		if err == nil || errors.Is(err, ErrAdvanced) || errors.Is(err, ErrLockLost) {
 			return err
 		}
 		r.warn("replay: recording the position failed; trying again", "error", err.Error())

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
@@ -37,7 +36,7 @@ func TestSettleRecordsAContiguousPrefix(t *testing.T) {
 		{"never takeable: counted, passed over", relay.Permanent("amqp: routing key longer than 255 bytes"), nil, 9, 7, 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &runner{cfg: Config{DB: pool, Table: table}, log: slog.New(slog.DiscardHandler), rec: records{db: pool, q: outboxsql.For(table)}}
+			r := &runner{cfg: Config{DB: pool, Table: table}, log: slog.New(slog.DiscardHandler), rec: lockRecords(t, pool, table)}
 			if _, err := pool.Exec(ctx, `DELETE FROM `+table.Side("replay")); err != nil {
 				t.Fatal(err)
 			}

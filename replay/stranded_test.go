@@ -39,7 +39,7 @@ func TestStranded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rec := records{db: pool, q: outboxsql.For(table)}
+	rec := lockRecords(t, pool, table)
 	for _, tc := range []struct {
 		name   string
 		period phase.Period
@@ -128,7 +128,7 @@ func TestRunWarnsWhenTheDeliveredRecordIsShorterThanTheWindow(t *testing.T) {
 			}
 			var logged strings.Builder
 			r := &runner{cfg: Config{DB: pool, Table: table, Retention: 24 * time.Hour}, log: slog.New(slog.NewTextHandler(&logged, nil)),
-				rec: records{db: pool, q: outboxsql.For(table)}, run: Record{WindowStart: timePtr(tc.windowAt)}}
+				rec: lockRecords(t, pool, table), run: Record{WindowStart: timePtr(tc.windowAt)}}
 			if err := r.checkRecordReach(ctx); err != nil {
 				t.Fatal(err)
 			}
