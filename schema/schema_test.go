@@ -468,7 +468,7 @@ func TestOwedUpgradeWakesTheWaitingRelay(t *testing.T) {
 }
 
 // Since 00015 a table's wake function has its own channel and lock key in its
-// body, not in TG_ARGV (reading them there cost each insert a third of the
+// body, not in TG_ARGV (reading them there cost each insert a quarter of the
 // trigger): a relay waiting on one table is woken by that table's inserts
 // only, and down to 14 the function reads the arguments again.
 func TestWakeFunctionHoldsItsTablesKeys(t *testing.T) {

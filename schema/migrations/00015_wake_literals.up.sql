@@ -1,5 +1,5 @@
 -- The wake-up of 00013 with its channel and lock key written into the body:
--- reading them from TG_ARGV was a third of what the trigger costs an insert.
+-- reading them from TG_ARGV was a quarter of what the trigger costs an insert.
 -- No lock on the outbox; producers run the new body from their next insert.
 CREATE OR REPLACE FUNCTION {{.Qualified "wake"}}() RETURNS trigger LANGUAGE plpgsql AS $f$
 BEGIN
