@@ -96,7 +96,12 @@ func scanRecord(row pgx.Row) (Record, error) {
 
 // one reads the run q returns; ok is false when there is none.
 func (s records) one(ctx context.Context, q string, args ...any) (Record, bool, error) {
-	r, err := scanRecord(s.db.QueryRow(ctx, q, args...))
+	return oneOf(s.db.QueryRow(ctx, q, args...))
+}
+
+// oneOf is the run row holds; ok is false when there is none.
+func oneOf(row pgx.Row) (Record, bool, error) {
+	r, err := scanRecord(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, false, nil
 	}
@@ -148,11 +153,11 @@ func (s records) advance(ctx context.Context, id int64, expected, position uint6
 		return nil
 	}
 	if again {
-		run, err := scanRecord(s.lock.conn.QueryRow(ctx, s.q.ReplayRun, id))
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("read the replay record: %w", err)
+		run, ok, err := oneOf(s.lock.conn.QueryRow(ctx, s.q.ReplayRun, id))
+		if err != nil {
+			return err
 		}
-		if err == nil && run.Position == position && (run.FinishedAt != nil) == finish && !run.Abandoned {
+		if ok && run.Position == position && (run.FinishedAt != nil) == finish && !run.Abandoned {
 			return nil
 		}
 	}

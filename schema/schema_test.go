@@ -445,18 +445,7 @@ func TestOwedUpgradeWakesTheWaitingRelay(t *testing.T) {
 	if _, err := p.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
-	relay, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer relay.Release()
-	defer relay.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
-	if _, err := relay.Exec(ctx, `SELECT pg_advisory_lock($1)`, table.WakeLock()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := relay.Exec(ctx, `LISTEN "`+table.Channel()+`"`); err != nil {
-		t.Fatal(err)
-	}
+	relay := waitingRelay(t, pool, table, table)
 	exec(t, pool, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`)
 	n, err := relay.Conn().WaitForNotification(ctx)
 	if err != nil {
@@ -465,6 +454,30 @@ func TestOwedUpgradeWakesTheWaitingRelay(t *testing.T) {
 	if n.Channel != table.Channel() {
 		t.Fatalf("notified on %q, want %q", n.Channel, table.Channel())
 	}
+}
+
+// waitingRelay is a session as a relay waiting for rows of table has it:
+// holding table's wake lock, listening on the channels of listen.
+func waitingRelay(t *testing.T, pool *pgxpool.Pool, table schema.Table, listen ...schema.Table) *pgxpool.Conn {
+	t.Helper()
+	ctx := context.Background()
+	relay, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		relay.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`) //nolint:errcheck // the session is let go either way
+		relay.Release()
+	})
+	if _, err := relay.Exec(ctx, `SELECT pg_advisory_lock($1)`, table.WakeLock()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range listen {
+		if _, err := relay.Exec(ctx, `LISTEN "`+tb.Channel()+`"`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return relay
 }
 
 // Since 00015 a table's wake function has its own channel and lock key in its
@@ -492,20 +505,7 @@ func TestWakeFunctionHoldsItsTablesKeys(t *testing.T) {
 		}
 	}
 
-	relay, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer relay.Release()
-	defer relay.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
-	if _, err := relay.Exec(ctx, `SELECT pg_advisory_lock($1)`, a.WakeLock()); err != nil {
-		t.Fatal(err)
-	}
-	for _, tb := range []schema.Table{a, b} {
-		if _, err := relay.Exec(ctx, `LISTEN "`+tb.Channel()+`"`); err != nil {
-			t.Fatal(err)
-		}
-	}
+	relay := waitingRelay(t, pool, a, a, b)
 	// b's commit comes first: a notification of it would arrive first.
 	exec(t, pool, `INSERT INTO `+b.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`,
 		`INSERT INTO `+a.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`)

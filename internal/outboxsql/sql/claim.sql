@@ -97,7 +97,6 @@ FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u 
 -- back full (.Limit rows), so JetStream does not run ahead of RabbitMQ.
 {{define "below"}}id < CASE WHEN $1::boolean AND (SELECT count(*) FROM {{.Walk}}) >= {{.Limit}} THEN (SELECT max(id) FROM {{.Walk}}) ELSE 9223372036854775807 END{{end}}
 
-
 -- noFreshBefore: no earlier row of the owed row's key is still in the outbox
 -- (its transaction committed after this row was first claimed).
 {{define "noFreshBefore"}}NOT EXISTS (SELECT 1 FROM {{.Table}} e WHERE e.key = {{.Owed}}.key AND e.id < {{.Owed}}.id){{end}}
