@@ -69,14 +69,14 @@ type Relay struct {
 	tracer *tracer // nil when tracing is off
 
 	hooks *testHooks // nil in production
-	// triggerRecheck is how often the listener reads the table's trigger
+	// wakeRecheck is how often the listener reads the table's wake-up keys
 	// again while it has no wake lock.
-	triggerRecheck time.Duration
+	wakeRecheck time.Duration
 }
 
-// triggerRecheckEvery is how soon a relay started before its table was
+// wakeRecheckEvery is how soon a relay started before its table was
 // migrated to the wake lock (migration 00007) takes it.
-const triggerRecheckEvery = 10 * time.Second
+const wakeRecheckEvery = 10 * time.Second
 
 // New returns a relay for pool's database. pool should connect directly to
 // Postgres (LISTEN does not work through transaction pooling).
@@ -89,7 +89,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		wake: newKick(), drain: newKick(), back: newReconnected(), idle: newIdleState(),
 		floor: newClaimFloor(cfg.BatchSize, cfg.PollInterval), held: newHeldRows(),
 		late: make(chan lateConfirm, lateBuffer), sweep: strandedSweep{slice: sweepSliceRows},
-		triggerRecheck: triggerRecheckEvery, tracer: newTracer(cfg.TracerProvider, cfg.Sinks, cfg.Table.String())}
+		wakeRecheck: wakeRecheckEvery, tracer: newTracer(cfg.TracerProvider, cfg.Sinks, cfg.Table.String())}
 	for _, s := range cfg.Sinks {
 		t := s.Target()
 		r.sinks.Set(t, s)

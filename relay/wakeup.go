@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -133,36 +134,36 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 		return false, fmt.Errorf("listen: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx)) // releases the wake lock too
-	trig, err := readWakeTrigger(ctx, conn, r.cfg.Table)
+	keys, err := readWakeKeys(ctx, conn, r.cfg.Table)
 	if err != nil {
 		return false, fmt.Errorf("listen: %w", err)
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{trig.channel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{keys.channel}.Sanitize()); err != nil {
 		return false, fmt.Errorf("listen: %w", err)
 	}
 	errs.OK()
 	r.back.signal() // Postgres may be back: workers stalled after its errors retry now
 	r.wake.signal() // rows may have arrived while not listening
-	lock := wakeLock{conn: conn, key: trig.lock, maxID: outboxsql.For(r.cfg.Table).MaxID}
-	recheck := time.Now().Add(r.triggerRecheck)
+	lock := wakeLock{conn: conn, key: keys.lock, maxID: outboxsql.For(r.cfg.Table).MaxID}
+	recheck := time.Now().Add(r.wakeRecheck)
 	for {
 		retry, err := r.syncWakeLock(ctx, &lock)
 		if err != nil {
 			return true, fmt.Errorf("listen: wake lock: %w", err)
 		}
-		if trig.lock == 0 {
+		if keys.lock == 0 {
 			// A table not migrated to the wake lock yet: once it is, its
 			// producers notify only a relay that holds the lock.
 			if time.Until(recheck) <= 0 {
-				now, err := readWakeTrigger(ctx, conn, r.cfg.Table)
+				now, err := readWakeKeys(ctx, conn, r.cfg.Table)
 				if err != nil {
 					return true, fmt.Errorf("listen: %w", err)
 				}
-				if now != trig {
-					r.log.Info("the outbox's insert trigger changed: listening again", "channel", now.channel)
+				if now != keys {
+					r.log.Info("the outbox's wake-up changed: listening again", "channel", now.channel)
 					return true, nil
 				}
-				recheck = time.Now().Add(r.triggerRecheck)
+				recheck = time.Now().Add(r.wakeRecheck)
 			}
 			retry = time.Until(recheck)
 		}
@@ -280,8 +281,8 @@ func (r *Relay) waitNotification(ctx context.Context, conn *pgx.Conn, retry time
 	return err == nil, err
 }
 
-// wakeTrigger is what the table's insert trigger was created with.
-type wakeTrigger struct {
+// wakeKeys are the channel a producer notifies and the wake lock it tests.
+type wakeKeys struct {
 	channel string
 	lock    int64 // 0: no wake lock (a table not yet migrated to 00007)
 }
@@ -291,24 +292,50 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// readWakeTrigger reads the channel and wake lock in the table's insert
-// trigger: they follow the spelling the migration was given ("outbox" and
-// "public.outbox" are two channels). Without the trigger, the relay's own.
-func readWakeTrigger(ctx context.Context, db rowQuerier, t schema.Table) (wakeTrigger, error) {
-	def := wakeTrigger{channel: t.Channel()}
+// wakeDefault matches created_at's default since 00016, as Postgres prints
+// it: the wake lock's key, then the channel passed to <table>_wake.
+var wakeDefault = regexp.MustCompile(`^\s*CASE\s+WHEN pg_try_advisory_xact_lock_shared\('?(-?[0-9]+)'?(?:::bigint)?\) THEN now\(\)\s+` +
+	`ELSE \S+_wake\('([^']+)'(?:::text)?\)\s+END\s*$`)
+
+// parseWakeDefault reads the keys in created_at's default; ok is false for
+// another default.
+func parseWakeDefault(dflt string) (keys wakeKeys, ok bool) {
+	m := wakeDefault.FindStringSubmatch(dflt)
+	if m == nil {
+		return wakeKeys{}, false
+	}
+	lock, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return wakeKeys{}, false
+	}
+	return wakeKeys{channel: m[2], lock: lock}, true
+}
+
+// readWakeKeys reads the channel and wake lock the table's producers use:
+// from created_at's default (00016), else from the insert trigger's
+// arguments. They follow the spelling the migration was given ("outbox" and
+// "public.outbox" are two channels). With neither, the relay's own channel.
+func readWakeKeys(ctx context.Context, db rowQuerier, t schema.Table) (wakeKeys, error) {
+	def := wakeKeys{channel: t.Channel()}
+	var dflt *string
 	var args []byte
-	err := db.QueryRow(ctx, outboxsql.NotifyTrigger, t.Ident(), t.Name+"_notify").Scan(&args)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	if err := db.QueryRow(ctx, outboxsql.WakeKeys, t.Ident(), t.Name+"_notify").Scan(&dflt, &args); err != nil {
+		return def, fmt.Errorf("read the table's wake-up: %w", err)
+	}
+	if dflt != nil {
+		if keys, ok := parseWakeDefault(*dflt); ok {
+			return keys, nil
+		}
+	}
+	if args == nil {
 		return def, nil
-	case err != nil:
-		return def, fmt.Errorf("read the table's notify trigger: %w", err)
 	}
 	parts := bytes.Split(bytes.TrimSuffix(args, []byte{0}), []byte{0}) // each argument ends in a NUL
 	if len(parts[0]) > 0 {
 		def.channel = string(parts[0])
 	}
 	if len(parts) > 1 {
+		var err error
 		if def.lock, err = strconv.ParseInt(string(parts[1]), 10, 64); err != nil {
 			return def, fmt.Errorf("read the table's notify trigger: wake lock %q: %w", parts[1], err)
 		}
@@ -316,8 +343,8 @@ func readWakeTrigger(ctx context.Context, db rowQuerier, t schema.Table) (wakeTr
 	return def, nil
 }
 
-// notifyChannel is the channel the table's insert trigger notifies.
+// notifyChannel is the channel the table's producers notify.
 func notifyChannel(ctx context.Context, db rowQuerier, t schema.Table) (string, error) {
-	trig, err := readWakeTrigger(ctx, db, t)
-	return trig.channel, err
+	keys, err := readWakeKeys(ctx, db, t)
+	return keys.channel, err
 }

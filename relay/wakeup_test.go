@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,15 +21,15 @@ import (
 func wakeLockHolder(t *testing.T, pool *pgxpool.Pool, table schema.Table) int {
 	t.Helper()
 	ctx := context.Background()
-	trig, err := readWakeTrigger(ctx, pool, table)
+	keys, err := readWakeKeys(ctx, pool, table)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if trig.lock == 0 {
-		t.Fatalf("table %s has no wake lock in its trigger", table)
+	if keys.lock == 0 {
+		t.Fatalf("table %s has no wake lock", table)
 	}
 	var pid int
-	pool.QueryRow(ctx, schema.WakeLockHolderSQL(trig.lock)).Scan(&pid) //nolint:errcheck // none: 0
+	pool.QueryRow(ctx, schema.WakeLockHolderSQL(keys.lock)).Scan(&pid) //nolint:errcheck // none: 0
 	return pid
 }
 
@@ -144,73 +145,95 @@ func TestRowCommittedAsTheRelayGoesToSleep(t *testing.T) {
 	}
 }
 
-// A table migrated to the wake lock while a relay runs on it: rows owed to
-// each target and a parked row come through as before, and the relay takes
-// the lock once its trigger has one, so that the rows after the migration
-// are woken for (the poll interval is an hour).
-func TestMigrationToTheWakeLockUnderARunningRelay(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testenv.Pool(t)
-	table := schema.Table{Schema: testenv.Name("t"), Name: "outbox"}
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()+` CASCADE`)
-	}) //nolint:errcheck // best effort
-	db := stdlib.OpenDBFromPool(pool)
-	t.Cleanup(func() { db.Close() })
-	p, err := schema.NewProvider(db, table, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.UpTo(ctx, 6); err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{t: t, pool: pool, table: table}
-	ids := f.insert(5, "orders.created")
-	for i, set := range []string{
-		`nats_delivered_at = now()`, // owed to amqp
-		`amqp_delivered_at = now()`, // owed to nats
-		`amqp_parked_at = now(), amqp_attempts = 20, amqp_last_error = 'refused'`, // parked for amqp
+// A table migrated while a relay runs on it, to the wake lock (from 6) or to
+// the wake-up in created_at's default (from 15): rows owed to each target and
+// a parked row come through as before, and the relay is woken for the rows
+// after the migration (the poll interval is an hour). From 6 it takes the lock
+// once the trigger has one; from 15 it keeps the keys it read from the trigger.
+func TestMigrationOfTheWakeUpUnderARunningRelay(t *testing.T) {
+	for _, tc := range []struct {
+		from int64
+		// state sets a row's delivery state as the table at from holds it.
+		state func(f *fixture, id, set string)
+	}{
+		{6, func(f *fixture, id, set string) {
+			// Before 00013 the state is in the outbox's own columns.
+			if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.table.Ident()+` SET `+set+` WHERE message_id = $1`, id); err != nil {
+				f.t.Fatal(err)
+			}
+		}},
+		{15, (*fixture).setRow},
 	} {
-		// The table before 00013: the state is in the outbox's own columns.
-		if _, err := pool.Exec(ctx, `UPDATE `+table.Ident()+` SET `+set+` WHERE message_id = $1`, ids[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
+		t.Run(fmt.Sprint("from ", tc.from), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testenv.Pool(t)
+			table := schema.Table{Schema: testenv.Name("t"), Name: "outbox"}
+			if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()+` CASCADE`)
+			}) //nolint:errcheck // best effort
+			db := stdlib.OpenDBFromPool(pool)
+			t.Cleanup(func() { db.Close() })
+			p, err := schema.NewProvider(db, table, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.UpTo(ctx, tc.from); err != nil {
+				t.Fatal(err)
+			}
+			f := &fixture{t: t, pool: pool, table: table}
+			ids := f.insert(5, "orders.created")
+			for i, set := range []string{
+				`nats_delivered_at = now()`, // owed to amqp
+				`amqp_delivered_at = now()`, // owed to nats
+				`amqp_parked_at = now(), amqp_attempts = 20, amqp_last_error = 'refused'`, // parked for amqp
+			} {
+				tc.state(f, ids[i], set)
+			}
 
-	a, n := newFake(TargetAMQP), newFake(TargetNATS)
-	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) { r.triggerRecheck = 50 * time.Millisecond })
-	// A relay of this build claims nothing from the unmigrated table (its
-	// statements name the owed table of 00013) until the migration is in.
-	if _, err := p.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, pool, table) != 0 }, "relay took no wake lock after the migration")
-	ids = append(ids, f.insert(5, "orders.created")...)
-	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 9 }, "rows after the migration not delivered (poll interval 1h)")
+			a, n := newFake(TargetAMQP), newFake(TargetNATS)
+			f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) { r.wakeRecheck = 50 * time.Millisecond })
+			if tc.from >= 13 {
+				// A relay of this build claims nothing from a table before
+				// 00013 (its statements name the owed table).
+				testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 4 }, "rows before the migration not delivered")
+				testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, pool, table) != 0 }, "idle relay holds no wake lock")
+			}
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var triggers int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, table.Ident()).Scan(&triggers); err != nil || triggers != 0 {
+				t.Fatalf("%d triggers on the migrated outbox (%v), want none", triggers, err)
+			}
+			testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, pool, table) != 0 }, "relay took no wake lock after the migration")
+			ids = append(ids, f.insert(5, "orders.created")...)
+			testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 9 }, "rows after the migration not delivered (poll interval 1h)")
 
-	for i, id := range ids {
-		wantA, wantN := 1, 1
-		switch i {
-		case 0:
-			wantN = 0 // JetStream had it
-		case 1:
-			wantA = 0 // RabbitMQ had it
-		case 2:
-			wantA = 0 // parked
-		}
-		if gotA, _ := a.count(id); gotA != wantA {
-			t.Errorf("row %d: %d copies in RabbitMQ, want %d", i, gotA, wantA)
-		}
-		if gotN, _ := n.count(id); gotN != wantN {
-			t.Errorf("row %d: %d copies in JetStream, want %d", i, gotN, wantN)
-		}
-	}
-	if s := f.state(ids[2]); !s.amqpParked || !s.natsDelivered {
-		t.Fatalf("parked row after the migration: %+v, want still parked for amqp, delivered to nats", s)
+			for i, id := range ids {
+				wantA, wantN := 1, 1
+				switch i {
+				case 0:
+					wantN = 0 // JetStream had it
+				case 1:
+					wantA = 0 // RabbitMQ had it
+				case 2:
+					wantA = 0 // parked
+				}
+				if gotA, _ := a.count(id); gotA != wantA {
+					t.Errorf("row %d: %d copies in RabbitMQ, want %d", i, gotA, wantA)
+				}
+				if gotN, _ := n.count(id); gotN != wantN {
+					t.Errorf("row %d: %d copies in JetStream, want %d", i, gotN, wantN)
+				}
+			}
+			if s := f.state(ids[2]); !s.amqpParked || !s.natsDelivered {
+				t.Fatalf("parked row after the migration: %+v, want still parked for amqp, delivered to nats", s)
+			}
+		})
 	}
 }
 
@@ -243,10 +266,10 @@ func TestListenReconnectsAtOnceAfterEachDrop(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() bool { return f.countDone() == 1 }, "row not delivered after its NOTIFY (poll interval 1h)")
 }
 
-// The insert trigger's channel follows the spelling of the table's name
-// migrate was given: a table migrated as "name" (on the search_path) and
-// relayed as "schema.name" is one table with two channel names. The relay
-// listens on the trigger's, so its NOTIFYs are heard (they went unheard, the
+// The wake-up's channel follows the spelling of the table's name migrate was
+// given: a table migrated as "name" (on the search_path) and relayed as
+// "schema.name" is one table with two channel names. The relay listens on
+// the one in created_at's default, so its NOTIFYs are heard (they went unheard, the
 // rows waiting for the poll interval).
 func TestNotifyHeardWhateverTheSpellingOfTheTable(t *testing.T) {
 	t.Parallel()
@@ -297,6 +320,27 @@ func TestListenConnectWait(t *testing.T) {
 		cc := &pgconn.Config{ConnectTimeout: tc.timeout, Fallbacks: make([]*pgconn.FallbackConfig, tc.hosts-1)}
 		if got := listenConnectWait(cc); got != tc.want {
 			t.Errorf("%d hosts of %v: %v, want %v", tc.hosts, tc.timeout, got, tc.want)
+		}
+	}
+}
+
+// The wake-up in created_at's default is read as Postgres prints it; another
+// default is not taken for one.
+func TestWakeDefaultPattern(t *testing.T) {
+	for _, tc := range []struct {
+		dflt, channel string
+		lock          int64
+	}{
+		{"\nCASE\n    WHEN pg_try_advisory_xact_lock_shared('8243113960884112866'::bigint) THEN now()\n    ELSE s.outbox_wake('relayd_s_outbox'::text)\nEND",
+			"relayd_s_outbox", 8243113960884112866},
+		{"CASE WHEN pg_try_advisory_xact_lock_shared('-42'::bigint) THEN now() ELSE outbox_wake('relayd_outbox'::text) END", "relayd_outbox", -42},
+		{"now()", "", 0},
+		{"CASE WHEN pg_try_advisory_xact_lock_shared('1'::bigint) THEN now() ELSE clock_timestamp() END", "", 0},
+		{"CASE WHEN pg_try_advisory_xact_lock_shared('99999999999999999999'::bigint) THEN now() ELSE outbox_wake('c'::text) END", "", 0},
+	} {
+		got, ok := parseWakeDefault(tc.dflt)
+		if want := (wakeKeys{tc.channel, tc.lock}); got != want || ok != (tc.lock != 0) {
+			t.Errorf("%q: %+v, %v; want %+v", tc.dflt, got, ok, want)
 		}
 	}
 }

@@ -389,10 +389,11 @@ func TestOwedUpgradeKeepsRowsAndState(t *testing.T) {
 					FROM pg_constraint WHERE conrelid = $1::regclass`,
 					name + "_message_id_key UNIQUE (message_id), " + name + "_pkey PRIMARY KEY (id)"},
 				{"identity", outbox, `SELECT attidentity::text FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'id'`, "a"},
-				{"trigger", outbox, `SELECT concat_ws(' ', tgname, tgtype, tgqual IS NULL, encode(tgargs, 'escape'))
-					FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`,
-					// AFTER INSERT FOR EACH STATEMENT is tgtype 4, no WHEN; the args end in NULs.
-					fmt.Sprintf(`%s_notify 4 t %s\000%d\000`, name, table.Channel(), table.WakeLock())},
+				{"triggers", outbox, `SELECT count(*)::text FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, "0"},
+				{"wake-up", outbox, `SELECT btrim(regexp_replace(pg_get_expr(d.adbin, d.adrelid), '\s+', ' ', 'g')) FROM pg_attrdef d
+					JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum WHERE d.adrelid = $1::regclass AND a.attname = 'created_at'`,
+					fmt.Sprintf(`CASE WHEN pg_try_advisory_xact_lock_shared('%d'::bigint) THEN now() ELSE %s.%s_wake('%s'::text) END`,
+						table.WakeLock(), table.Schema, name, table.Channel())},
 				{"functions", outbox, `SELECT string_agg(proname, ', ' ORDER BY proname) FROM pg_proc
 					WHERE pronamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass)`,
 					name + "_wake"},
@@ -447,13 +448,7 @@ func TestOwedUpgradeWakesTheWaitingRelay(t *testing.T) {
 	}
 	relay := waitingRelay(t, pool, table, table)
 	exec(t, pool, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`)
-	n, err := relay.Conn().WaitForNotification(ctx)
-	if err != nil {
-		t.Fatalf("no notification of an insert while the relay waits: %v", err)
-	}
-	if n.Channel != table.Channel() {
-		t.Fatalf("notified on %q, want %q", n.Channel, table.Channel())
-	}
+	notifiedOn(ctx, t, relay, table, "migrated up")
 }
 
 // waitingRelay is a session as a relay waiting for rows of table has it:
@@ -480,21 +475,42 @@ func waitingRelay(t *testing.T, pool *pgxpool.Pool, table schema.Table, listen .
 	return relay
 }
 
+// notifiedOn waits for relay's next notification and fails the test unless
+// it came on want's channel; when says at which version.
+func notifiedOn(ctx context.Context, t *testing.T, relay *pgxpool.Conn, want schema.Table, when string) {
+	t.Helper()
+	n, err := relay.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("%s: no notification of an insert while the relay waits: %v", when, err)
+	}
+	if n.Channel != want.Channel() {
+		t.Fatalf("%s: notified on %q, want only %q, the table whose wake lock the relay holds", when, n.Channel, want.Channel())
+	}
+}
+
+// twoTablesAt is two outboxes, each in a schema of its own, migrated to
+// version.
+func twoTablesAt(t *testing.T, version int64) (pool *pgxpool.Pool, a, b schema.Table, pa, pb *goose.Provider) {
+	t.Helper()
+	pool, a, pa = at12(t, "outbox")
+	_, b, pb = at12(t, "outbox")
+	for _, p := range []*goose.Provider{pa, pb} {
+		if _, err := p.UpTo(context.Background(), version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pool, a, b, pa, pb
+}
+
 // Since 00015 a table's wake function has its own channel and lock key in its
 // body, not in TG_ARGV (reading them there cost each insert a quarter of the
 // trigger): a relay waiting on one table is woken by that table's inserts
 // only, and down to 14 the function reads the arguments again.
 func TestWakeFunctionHoldsItsTablesKeys(t *testing.T) {
 	t.Parallel()
-	pool, a, pa := at12(t, "outbox")
-	_, b, pb := at12(t, "outbox")
+	pool, a, b, pa, _ := twoTablesAt(t, 15)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, p := range []*goose.Provider{pa, pb} {
-		if _, err := p.Up(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
 	body := func(tb schema.Table) string {
 		return query(t, pool, `SELECT prosrc FROM pg_proc WHERE oid = ($1 || '()')::regprocedure`, tb.Side("wake"))
 	}
@@ -509,13 +525,7 @@ func TestWakeFunctionHoldsItsTablesKeys(t *testing.T) {
 	// b's commit comes first: a notification of it would arrive first.
 	exec(t, pool, `INSERT INTO `+b.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`,
 		`INSERT INTO `+a.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`)
-	n, err := relay.Conn().WaitForNotification(ctx)
-	if err != nil {
-		t.Fatalf("no notification of an insert while the relay waits: %v", err)
-	}
-	if n.Channel != a.Channel() {
-		t.Fatalf("notified on %q, want only %q, the table whose wake lock the relay holds", n.Channel, a.Channel())
-	}
+	notifiedOn(ctx, t, relay, a, "at 15")
 
 	if _, err := pa.DownTo(ctx, 14); err != nil {
 		t.Fatal(err)
@@ -524,8 +534,90 @@ func TestWakeFunctionHoldsItsTablesKeys(t *testing.T) {
 		t.Errorf("the wake function at 14, want it reading TG_ARGV:\n%s", src)
 	}
 	exec(t, pool, `INSERT INTO `+a.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`)
-	if n, err = relay.Conn().WaitForNotification(ctx); err != nil || n.Channel != a.Channel() {
-		t.Fatalf("at 14, an insert while the relay waits: notified %v, %v; want on %q", n, err, a.Channel())
+	notifiedOn(ctx, t, relay, a, "at 14")
+}
+
+// Since 00016 the wake-up is in created_at's default, the trigger gone: a
+// relay waiting on one table is woken by that table's inserts only, with the
+// key and channel of the trigger it replaced (which running relays read,
+// whatever spelling the migration was given); down to 15 the trigger is back.
+func TestWakeDefaultKeepsTheTriggersKeys(t *testing.T) {
+	t.Parallel()
+	pool, a, b, pa, pb := twoTablesAt(t, 15)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// b as migrated under another spelling: other keys in its trigger.
+	other := schema.Table{Name: b.Schema + "_" + b.Name}
+	exec(t, pool, `DROP TRIGGER outbox_notify ON `+b.Ident(),
+		fmt.Sprintf(`CREATE TRIGGER outbox_notify AFTER INSERT ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s('%s', '%d')`,
+			b.Ident(), b.Side("wake"), other.Channel(), other.WakeLock()))
+	for _, p := range []*goose.Provider{pa, pb} {
+		if _, err := p.Up(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dflt := func(tb schema.Table) string {
+		return query(t, pool, `SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+			WHERE d.adrelid = $1::regclass AND a.attname = 'created_at'`, tb.Ident())
+	}
+	for _, c := range []struct{ table, keys schema.Table }{{a, a}, {b, other}} {
+		if n := query(t, pool, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, c.table.Ident()); n != "0" {
+			t.Errorf("%s: %s triggers at 16, want none", c.table, n)
+		}
+		if d := dflt(c.table); !strings.Contains(d, strconv.FormatInt(c.keys.WakeLock(), 10)) || !strings.Contains(d, "'"+c.keys.Channel()+"'") {
+			t.Errorf("%s: created_at's default, want the lock key %d and channel %s:\n%s", c.table, c.keys.WakeLock(), c.keys.Channel(), d)
+		}
+	}
+
+	relay := waitingRelay(t, pool, a, a, b, other)
+	// b's commit comes first: a notification of it would arrive first. Either
+	// way created_at is the transaction's now().
+	for _, tb := range []schema.Table{b, a} {
+		if got := query(t, pool, `INSERT INTO `+tb.Ident()+` (topic, payload) VALUES ('orders.created', '\x00') RETURNING (created_at = now())::text`); got != "true" {
+			t.Errorf("%s: created_at is not the transaction's now()", tb)
+		}
+	}
+	notifiedOn(ctx, t, relay, a, "at 16")
+
+	if _, err := pa.DownTo(ctx, 15); err != nil {
+		t.Fatal(err)
+	}
+	if d := dflt(a); d != "now()" {
+		t.Errorf("created_at's default at 15: %s, want now()", d)
+	}
+	args := query(t, pool, `SELECT encode(tgargs, 'escape') FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = 'outbox_notify'`, a.Ident())
+	if want := a.Channel() + `\000` + strconv.FormatInt(a.WakeLock(), 10) + `\000`; args != want {
+		t.Errorf("the trigger's arguments at 15: %q, want %q", args, want)
+	}
+	exec(t, pool, `INSERT INTO `+a.Ident()+` (topic, payload) VALUES ('orders.created', '\x00')`)
+	notifiedOn(ctx, t, relay, a, "at 15")
+}
+
+// 00016 sets a default, an ACCESS EXCLUSIVE lock: while a transaction holds
+// the outbox, producers' inserts still go through, and the migration ends
+// once that transaction has.
+func TestWakeDefaultLetsProducersThrough(t *testing.T) {
+	t.Parallel()
+	pool, table, p := at12(t, "outbox")
+	ctx := context.Background()
+	if _, err := p.UpTo(ctx, 15); err != nil {
+		t.Fatal(err)
+	}
+	insert := `INSERT INTO ` + table.Ident() + ` (topic, payload) VALUES ('orders.created', '\x00')`
+	holder, migrated := behindAHolder(t, pool, p, insert)
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var n int
+		pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND state = 'active'
+			AND query LIKE '%RETURNS timestamptz%' AND strpos(query, $1) > 0`, table.Schema).Scan(&n) // within its first 1 KiB
+		return n == 1
+	}, "the migration did not start")
+	producersGoThrough(t, pool, insert, 10*time.Second, migrated)
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	migrationEnds(t, migrated)
+	if n := query(t, pool, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, table.Ident()); n != "0" {
+		t.Fatalf("%s triggers after 00016, want none", n)
 	}
 }
 

@@ -49,9 +49,9 @@ const (
 	ceilPostgres    = "postgres_claim_delete"
 	ceilAMQPConsume = "rabbitmq_consume"
 	// The producers' side, for information: single-row commits into the
-	// outbox with its insert trigger, and with the trigger disabled.
+	// outbox with its wake-up, and with a plain created_at default.
 	ceilCommitNotify = "postgres_commit_notify"
-	ceilCommitPlain  = "postgres_commit_no_trigger"
+	ceilCommitPlain  = "postgres_commit_no_wakeup"
 )
 
 // Ceiling is what one service does alone, driven as hard as relayd drives it.

@@ -41,9 +41,13 @@ var ReadBegin = []string{"BEGIN READ ONLY", "SET LOCAL enable_seqscan = off"}
 // "20ms").
 const SetLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
 
-// NotifyTrigger reads the arguments of the insert trigger named $2 on the
-// table $1 (its quoted identifier).
-const NotifyTrigger = `SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2`
+// WakeKeys reads, for the table $1 (its quoted identifier), created_at's
+// default (the wake-up since 00016) and the arguments of the insert trigger
+// named $2 (before it).
+const WakeKeys = `SELECT (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d
+		JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+		WHERE d.adrelid = to_regclass($1) AND a.attname = 'created_at'),
+	(SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)`
 
 // Statements is the SQL for one outbox table. The parameters of each are
 // documented beside it in sql/.
