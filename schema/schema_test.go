@@ -276,6 +276,15 @@ func at12(t *testing.T, name string) (*pgxpool.Pool, schema.Table, *goose.Provid
 	return pool, table, p
 }
 
+// userTriggersSQL counts the triggers of the table $1 not made by Postgres.
+const userTriggersSQL = `SELECT count(*)::text FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`
+
+// createdAtDefaultSQL is created_at's default in the table $1, as Postgres
+// prints it: the wake-up since 00016.
+const createdAtDefaultSQL = `SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d
+	JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+	WHERE d.adrelid = $1::regclass AND a.attname = 'created_at'`
+
 // exec runs each statement, failing the test on the first error.
 func exec(t *testing.T, pool *pgxpool.Pool, stmts ...string) {
 	t.Helper()
@@ -389,9 +398,8 @@ func TestOwedUpgradeKeepsRowsAndState(t *testing.T) {
 					FROM pg_constraint WHERE conrelid = $1::regclass`,
 					name + "_message_id_key UNIQUE (message_id), " + name + "_pkey PRIMARY KEY (id)"},
 				{"identity", outbox, `SELECT attidentity::text FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'id'`, "a"},
-				{"triggers", outbox, `SELECT count(*)::text FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, "0"},
-				{"wake-up", outbox, `SELECT btrim(regexp_replace(pg_get_expr(d.adbin, d.adrelid), '\s+', ' ', 'g')) FROM pg_attrdef d
-					JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum WHERE d.adrelid = $1::regclass AND a.attname = 'created_at'`,
+				{"triggers", outbox, userTriggersSQL, "0"},
+				{"wake-up", outbox, `SELECT btrim(regexp_replace((` + createdAtDefaultSQL + `), '\s+', ' ', 'g'))`,
 					fmt.Sprintf(`CASE WHEN pg_try_advisory_xact_lock_shared('%d'::bigint) THEN now() ELSE %s.%s_wake('%s'::text) END`,
 						table.WakeLock(), table.Schema, name, table.Channel())},
 				{"functions", outbox, `SELECT string_agg(proname, ', ' ORDER BY proname) FROM pg_proc
@@ -400,7 +408,7 @@ func TestOwedUpgradeKeepsRowsAndState(t *testing.T) {
 				{"owed constraints", owed, `SELECT string_agg(conname || ' ' || pg_get_constraintdef(oid), ', ' ORDER BY conname)
 					FROM pg_constraint WHERE conrelid = $1::regclass`,
 					name + "_owed_pkey PRIMARY KEY (id)"},
-				{"owed triggers", owed, `SELECT count(*)::text FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, "0"},
+				{"owed triggers", owed, userTriggersSQL, "0"},
 				{"owed identity", owed, `SELECT attidentity::text FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'id'`, ""},
 				{"owed message id index", owed, `SELECT pg_get_indexdef(indexrelid) || ' ' || indisvalid FROM pg_index
 					WHERE indrelid = $1::regclass AND indexrelid::regclass::text LIKE '%owed_message_id'`,
@@ -556,12 +564,9 @@ func TestWakeDefaultKeepsTheTriggersKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	dflt := func(tb schema.Table) string {
-		return query(t, pool, `SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-			WHERE d.adrelid = $1::regclass AND a.attname = 'created_at'`, tb.Ident())
-	}
+	dflt := func(tb schema.Table) string { return query(t, pool, createdAtDefaultSQL, tb.Ident()) }
 	for _, c := range []struct{ table, keys schema.Table }{{a, a}, {b, other}} {
-		if n := query(t, pool, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, c.table.Ident()); n != "0" {
+		if n := query(t, pool, userTriggersSQL, c.table.Ident()); n != "0" {
 			t.Errorf("%s: %s triggers at 16, want none", c.table, n)
 		}
 		if d := dflt(c.table); !strings.Contains(d, strconv.FormatInt(c.keys.WakeLock(), 10)) || !strings.Contains(d, "'"+c.keys.Channel()+"'") {
@@ -616,7 +621,7 @@ func TestWakeDefaultLetsProducersThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	migrationEnds(t, migrated)
-	if n := query(t, pool, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, table.Ident()); n != "0" {
+	if n := query(t, pool, userTriggersSQL, table.Ident()); n != "0" {
 		t.Fatalf("%s triggers after 00016, want none", n)
 	}
 }
