@@ -3,9 +3,12 @@ package relay
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayd/relayd/internal/errlog"
 )
@@ -67,7 +70,9 @@ const sweepSliceRows = 50000
 
 // finishStranded moves out of the outbox, in the nats-only phase, rows
 // JetStream has that RabbitMQ owed before the move, which no batch claims:
-// the next slice of rows each call (docs/design.md, "Stranded rows").
+// the next slice of rows each call (docs/design.md, "Stranded rows"). It
+// runs wholly before or after a change of the table's phase; while one is
+// being made it leaves the slice to the next call.
 func (r *Relay) finishStranded(ctx context.Context) error {
 	if !r.phase.now().NATSOnly() {
 		return nil
@@ -76,7 +81,21 @@ func (r *Relay) finishStranded(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var last, scanned, n int64
-	if err := r.pool.QueryRow(ctx, r.store.finishSQL, s.from, s.slice).Scan(&last, &scanned, &n); err != nil {
+	// Read committed, whatever the database's default: Finish's snapshot
+	// is its own statement's.
+	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var free bool
+		if err := tx.QueryRow(ctx, r.store.phaseShareSQL).Scan(&free); err != nil || !free {
+			return cmp.Or(err, errPhaseChanging)
+		}
+		r.hooks.onFinishing()
+		return tx.QueryRow(ctx, r.store.finishSQL, s.from, s.slice).Scan(&last, &scanned, &n)
+	})
+	if errors.Is(err, errPhaseChanging) {
+		r.log.Debug("cleanup: a change of the phase is being recorded: stranded rows wait for the next pass")
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("cleanup: finish rows JetStream has: %w", err)
 	}
 	s.from = last
@@ -88,3 +107,6 @@ func (r *Relay) finishStranded(ctx context.Context) error {
 	}
 	return nil
 }
+
+// errPhaseChanging: a change of the table's phase holds its lock.
+var errPhaseChanging = errors.New("a change of the phase holds its lock")

@@ -8,6 +8,7 @@ type testHooks struct {
 	claiming     func()                      // just before a claim, under the floor's lock
 	claimed      func(rows int, floor int64) // after a claim, under the floor's lock
 	wakeLock     func()                      // just before the listener tries the wake lock
+	finishing    func()                      // in finishStranded's transaction, under the phase lock, before Finish
 }
 
 func (h *testHooks) onAfterPublish() {
@@ -31,5 +32,11 @@ func (h *testHooks) onClaimed(rows int, floor int64) {
 func (h *testHooks) onWakeLock() {
 	if h != nil && h.wakeLock != nil {
 		h.wakeLock()
+	}
+}
+
+func (h *testHooks) onFinishing() {
+	if h != nil && h.finishing != nil {
+		h.finishing()
 	}
 }

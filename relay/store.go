@@ -26,8 +26,9 @@ type store struct {
 	cleanupDeliveredSQL  string
 	cleanupBackfilledSQL string
 	// finishSQL moves out of the owed table rows JetStream has that no
-	// batch will: see finishStranded.
-	finishSQL string
+	// batch will, after phaseShareSQL: see finishStranded.
+	finishSQL     string
+	phaseShareSQL string
 }
 
 func newStore(t schema.Table) *store {
@@ -40,6 +41,7 @@ func newStore(t schema.Table) *store {
 		cleanupDeliveredSQL:  s.CleanupDelivered,
 		cleanupBackfilledSQL: s.CleanupBackfilled,
 		finishSQL:            s.Finish,
+		phaseShareSQL:        s.PhaseShare,
 	}
 }
 

@@ -164,25 +164,22 @@ func (s records) advance(ctx context.Context, id int64, expected, position uint6
 	return fmt.Errorf("%w: run %d is no longer unfinished at sequence %d", ErrAdvanced, id, expected)
 }
 
-// stranded is the earliest nats_delivered_at of the rows that finished in
-// period p (its end plus Margin) without RabbitMQ; ok is false when there is
-// none.
-func (s records) stranded(ctx context.Context, p phase.Period) (t time.Time, ok bool, err error) {
-	var end *time.Time
+// stranded reads the rows finished without RabbitMQ since period p began,
+// and how many of them finished after its end. It reads to the record's
+// end: a batch claimed in the period records after it, and so does a relay
+// pinned to nats.
+func (s records) stranded(ctx context.Context, p phase.Period) (st Stranded, afterEnd int64, err error) {
+	var end, earliest, latest *time.Time
 	if !p.End.IsZero() {
-		// A cleanup statement that began before the move out of nats
-		// committed still finishes rows, with a later clock_timestamp().
-		e := p.End.Add(Margin)
-		end = &e
+		end = &p.End
 	}
-	var earliest *time.Time
-	if err := s.db.QueryRow(ctx, s.q.ReplayStranded, p.Start, end).Scan(&earliest); err != nil {
-		return time.Time{}, false, fmt.Errorf("read the rows finished without RabbitMQ: %w", err)
+	if err := s.db.QueryRow(ctx, s.q.ReplayStranded, p.Start, end).Scan(&earliest, &latest, &afterEnd); err != nil {
+		return Stranded{}, 0, fmt.Errorf("read the rows finished without RabbitMQ: %w", err)
 	}
-	if earliest == nil {
-		return time.Time{}, false, nil
+	if earliest != nil {
+		st = Stranded{Earliest: *earliest, Latest: *latest}
 	}
-	return *earliest, true, nil
+	return st, afterEnd, nil
 }
 
 func (s records) abandon(ctx context.Context) error {

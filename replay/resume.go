@@ -78,22 +78,36 @@ func (r *runner) choose(ctx context.Context, stream jetstream.Stream) (end time.
 	return w.End, nil
 }
 
-// plan is Plan with the rows of the latest nats-only period that finished
-// without RabbitMQ, read when the start is to come from the history.
+// plan is Plan with the rows finished without RabbitMQ since the latest
+// nats-only period began, read unless the request names a sequence: they
+// move a default window's edges, and a --since after them is warned of.
 func (r *runner) plan(ctx context.Context, history []phase.Change) (Window, error) {
-	var stranded time.Time
-	if p, ok := phase.LastPeriod(history, phase.NATS); ok && r.cfg.Request.Since.IsZero() && r.cfg.Request.FromSeq == 0 {
-		t, found, err := r.rec.stranded(ctx, p)
+	var stranded Stranded
+	req := r.cfg.Request
+	if p, ok := phase.LastPeriod(history, phase.NATS); ok && req.FromSeq == 0 {
+		s, afterEnd, err := r.rec.stranded(ctx, p)
 		if err != nil {
 			return Window{}, err
 		}
-		if found && t.Before(p.Start) {
-			stranded = t
-			r.log.Info("replay: rows RabbitMQ was owed at the move to nats reached JetStream before the period: the window starts earlier",
-				"period_start", p.Start, "earliest_nats_delivered_at", t)
+		switch {
+		case !req.Since.IsZero():
+			if !s.Earliest.IsZero() && s.Earliest.Before(req.Since) {
+				r.log.Warn("replay: rows finished without RabbitMQ since the nats-only period began reached JetStream before --since, and are not replayed: run without --since to include them",
+					"since", req.Since, "earliest_nats_delivered_at", s.Earliest)
+			}
+		default:
+			stranded = s
+			if !s.Earliest.IsZero() && s.Earliest.Before(p.Start) {
+				r.log.Info("replay: rows RabbitMQ was owed at the move to nats reached JetStream before the period: the window starts earlier",
+					"period_start", p.Start, "earliest_nats_delivered_at", s.Earliest)
+			}
+			if afterEnd > 0 {
+				r.log.Info("replay: rows finished without RabbitMQ after the nats-only period ended (batches claimed in it, or a relay pinned to nats): the window reaches them",
+					"period_end", p.End, "rows", afterEnd, "latest_nats_delivered_at", s.Latest)
+			}
 		}
 	}
-	return Plan(r.cfg.Request, history, stranded)
+	return Plan(req, history, stranded)
 }
 
 // abandon gives up the unfinished run for --restart. The sequences it

@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"log/slog"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +15,9 @@ import (
 	"github.com/relayd/relayd/phase"
 )
 
-// The rows a period strands are those that finished in it without RabbitMQ;
-// the earliest JetStream delivery among them is the window's start.
+// The rows finished without RabbitMQ from a period's start on: the earliest
+// JetStream delivery among them moves the window's start, the latest its
+// end; those after the period's end are counted.
 func TestStranded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -30,8 +32,7 @@ func TestStranded(t *testing.T) {
 		{done: ptr(at(62)), nats: ptr(at(40))},                   // stranded, later
 		{done: ptr(at(63)), amqp: ptr(at(10)), nats: ptr(at(5))}, // RabbitMQ has it
 		{done: ptr(at(30)), nats: ptr(at(1))},                    // finished before the period
-		{done: ptr(at(95)), nats: ptr(at(2))},                    // finished after it
-		{done: ptr(at(90).Add(time.Second)), nats: ptr(at(3))},   // by a cleanup whose statement began before the move back committed
+		{done: ptr(at(95)), nats: ptr(at(94))},                   // recorded after it, by a batch claimed in it
 		{done: ptr(at(64)), amqp: ptr(at(64))},                   // never on JetStream
 	} {
 		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent)
@@ -41,22 +42,79 @@ func TestStranded(t *testing.T) {
 	}
 	rec := lockRecords(t, pool, table)
 	for _, tc := range []struct {
-		name   string
-		period phase.Period
-		want   time.Time // zero: none
+		name         string
+		period       phase.Period
+		want         Stranded
+		wantAfterEnd int64
 	}{
-		{"an ended period, and the Margin after it", phase.Period{Start: at(60), End: at(90)}, at(3)},
-		{"an ended period", phase.Period{Start: at(60), End: at(80)}, at(20)},
-		{"an ongoing period reads to now", phase.Period{Start: at(60)}, at(2)},
-		{"a period without such rows", phase.Period{Start: at(0), End: at(29)}, time.Time{}},
+		{"an ended period, and the rows after it", phase.Period{Start: at(60), End: at(90)}, Stranded{at(20), at(94)}, 1},
+		{"an ongoing period", phase.Period{Start: at(60)}, Stranded{at(20), at(94)}, 0},
+		{"a later period", phase.Period{Start: at(80), End: at(85)}, Stranded{at(94), at(94)}, 1},
+		{"a period without such rows after it", phase.Period{Start: at(96), End: at(99)}, Stranded{}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok, err := rec.stranded(ctx, tc.period)
+			got, afterEnd, err := rec.stranded(ctx, tc.period)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ok != !tc.want.IsZero() || !got.Equal(tc.want) {
-				t.Errorf("stranded = %s, %v; want %s", got, ok, tc.want)
+			if !got.Earliest.Equal(tc.want.Earliest) || !got.Latest.Equal(tc.want.Latest) || afterEnd != tc.wantAfterEnd {
+				t.Errorf("stranded = %+v, %d after the end; want %+v, %d", got, afterEnd, tc.want, tc.wantAfterEnd)
+			}
+		})
+	}
+}
+
+// plan says when rows finished without RabbitMQ move a default window's
+// edges, and when a --since leaves some of them out.
+func TestPlanSaysWhereTheStrandedRowsAre(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	t0 := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	for i, row := range []struct{ done, nats time.Time }{
+		{done: at(61), nats: at(20)}, // stranded at the move
+		{done: at(95), nats: at(94)}, // recorded after the period
+	} {
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, nats_delivered_at, amqp_sent)
+			VALUES ($1, $2, $3, $4, false)`, row.done, i+1, uuid.NewString(), row.nats); err != nil {
+			t.Fatal(err)
+		}
+	}
+	history := []phase.Change{{Phase: phase.Dual, ChangedAt: at(0)}, {Phase: phase.NATS, ChangedAt: at(60)}, {Phase: phase.Dual, ChangedAt: at(90)}}
+	for _, tc := range []struct {
+		name string
+		req  Request
+		want Window
+		logs []string // what the log says, in order
+	}{
+		{"the default window", Request{}, Window{Source: "phase", Start: at(19), End: at(95)},
+			[]string{"the window starts earlier", "the window reaches them"}},
+		{"a --since after a stranded row", Request{Since: at(30)}, Window{Source: "since", Start: at(30)},
+			[]string{"before --since, and are not replayed"}},
+		{"a --since before them", Request{Since: at(10)}, Window{Source: "since", Start: at(10)}, nil},
+		{"a window by sequence", Request{FromSeq: 5}, Window{Source: "seq", FromSeq: 5}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logged strings.Builder
+			r := &runner{cfg: Config{DB: pool, Table: table, Request: tc.req}, log: slog.New(slog.NewTextHandler(&logged, nil)),
+				rec: newRecords(pool, table)}
+			got, err := r.plan(ctx, history)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if utc(got) != utc(tc.want) {
+				t.Errorf("plan:\n got %+v\nwant %+v", got, tc.want)
+			}
+			lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+			if len(tc.logs) == 0 && logged.Len() > 0 || len(tc.logs) > 0 && len(lines) != len(tc.logs) {
+				t.Fatalf("logged:\n%s\nwant %d lines: %q", logged.String(), len(tc.logs), tc.logs)
+			}
+			for i, want := range tc.logs {
+				if !strings.Contains(lines[i], want) {
+					t.Errorf("log line %d: %s\nwant it to say %q", i, lines[i], want)
+				}
 			}
 		})
 	}
@@ -88,12 +146,18 @@ func TestStrandedUsesThePrimaryKey(t *testing.T) {
 		plan.WriteString(line + "\n")
 	}
 	rows.Close()
-	if p := plan.String(); !strings.Contains(p, table.Name+"_delivered_pkey") || !strings.Contains(p, "Index Cond: ((done_at >=") {
+	if p := plan.String(); !strings.Contains(p, table.Name+"_delivered_pkey") || !regexp.MustCompile(`Index Cond: \(+done_at >=`).MatchString(p) {
 		t.Errorf("ReplayStranded is not a range of %s_delivered_pkey:\n%s", table.Name, p)
 	}
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// utc is w with its times in UTC, to compare with ==.
+func utc(w Window) Window {
+	w.Start, w.End = w.Start.UTC(), w.End.UTC()
+	return w
+}
 
 // The lookups and the stranded rows need the delivered record back to the
 // window's start: past RELAY_RETENTION it is gone, and the run says so

@@ -52,12 +52,18 @@ type Window struct {
 	Ongoing bool      // the nats-only period has not ended
 }
 
-// Plan makes r definite against the phase history (oldest first): a start
+// Stranded is what the delivered record says of the rows finished without
+// RabbitMQ since the latest nats-only period began: the earliest and latest
+// JetStream delivery among them (zero: none).
+type Stranded struct{ Earliest, Latest time.Time }
+
+// Plan makes r definite against the phase history (oldest first). A start
 // not given is the earlier of the latest nats-only period's start and
-// stranded (the rows it finished without RabbitMQ: JetStream got them
-// early; zero: none), less Margin; an end not given is that period's end
-// plus Margin, when the start came from it and it has ended.
-func Plan(r Request, history []phase.Change, stranded time.Time) (Window, error) {
+// s.Earliest (rows RabbitMQ owed at the move reached JetStream before it),
+// less Margin. An end not given, when the start came from the period and it
+// has ended, is the later of its end and s.Latest (batches claimed in it
+// that recorded after it), plus Margin.
+func Plan(r Request, history []phase.Change, s Stranded) (Window, error) {
 	if err := r.check(); err != nil {
 		return Window{}, err
 	}
@@ -72,15 +78,20 @@ func Plan(r Request, history []phase.Change, stranded time.Time) (Window, error)
 		if !ok {
 			return Window{}, ErrNoPeriod
 		}
-		w.Source, w.Start = "phase", p.Start.Add(-Margin)
-		if !stranded.IsZero() && stranded.Add(-Margin).Before(w.Start) {
-			w.Start = stranded.Add(-Margin)
+		w.Source, w.Start = "phase", p.Start
+		if !s.Earliest.IsZero() && s.Earliest.Before(w.Start) {
+			w.Start = s.Earliest
 		}
+		w.Start = w.Start.Add(-Margin)
 		if r.ToSeq == 0 {
 			if p.End.IsZero() {
 				w.Ongoing = true
 			} else {
-				w.End = p.End.Add(Margin)
+				w.End = p.End
+				if s.Latest.After(w.End) {
+					w.End = s.Latest
+				}
+				w.End = w.End.Add(Margin)
 			}
 		}
 	}

@@ -46,7 +46,7 @@ func TestPlan(t *testing.T) {
 		{"--to-seq without a start or a period", Request{ToSeq: 5}, nil, Window{}, ErrNoPeriod},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Plan(tc.req, tc.history, time.Time{})
+			got, err := Plan(tc.req, tc.history, Stranded{})
 			if !errors.Is(err, tc.wantErr) {
 				t.Fatalf("Plan error %v, want %v", err, tc.wantErr)
 			}
@@ -59,22 +59,27 @@ func TestPlan(t *testing.T) {
 
 // Rows RabbitMQ was owed at the move to nats reached JetStream before the
 // period: the default window starts at the earliest of them, less Margin.
+// Rows recorded after the period's end (a batch claimed in it) move its end
+// to the latest of them, plus Margin.
 func TestPlanStranded(t *testing.T) {
 	t0 := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
 	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
 	ended := []phase.Change{{Phase: phase.Dual, ChangedAt: at(0)}, {Phase: phase.NATS, ChangedAt: at(60)}, {Phase: phase.Dual, ChangedAt: at(90)}}
+	inPeriod := at(70)
 	for _, tc := range []struct {
 		name     string
 		req      Request
-		stranded time.Time
+		stranded Stranded
 		want     Window
 	}{
-		{"none", Request{}, time.Time{}, Window{Source: "phase", Start: at(59), End: at(91)}},
-		{"long before the period: the start moves to it", Request{}, at(15), Window{Source: "phase", Start: at(14), End: at(91)}},
-		{"after the period's start: its start stays", Request{}, at(60).Add(30 * time.Second), Window{Source: "phase", Start: at(59), End: at(91)}},
-		{"with --to-seq", Request{ToSeq: 9}, at(15), Window{Source: "phase", Start: at(14), ToSeq: 9}},
-		{"--since is the operator's", Request{Since: at(40)}, at(15), Window{Source: "since", Start: at(40)}},
-		{"--from-seq is the operator's", Request{FromSeq: 3}, at(15), Window{Source: "seq", FromSeq: 3}},
+		{"none", Request{}, Stranded{}, Window{Source: "phase", Start: at(59), End: at(91)}},
+		{"long before the period: the start moves to it", Request{}, Stranded{at(15), inPeriod}, Window{Source: "phase", Start: at(14), End: at(91)}},
+		{"after the period's start: its start stays", Request{}, Stranded{at(60).Add(30 * time.Second), inPeriod}, Window{Source: "phase", Start: at(59), End: at(91)}},
+		{"after the period's end: the end moves to it", Request{}, Stranded{at(61), at(95)}, Window{Source: "phase", Start: at(59), End: at(96)}},
+		{"both", Request{}, Stranded{at(15), at(95)}, Window{Source: "phase", Start: at(14), End: at(96)}},
+		{"with --to-seq", Request{ToSeq: 9}, Stranded{at(15), at(95)}, Window{Source: "phase", Start: at(14), ToSeq: 9}},
+		{"--since is the operator's", Request{Since: at(40)}, Stranded{at(15), at(95)}, Window{Source: "since", Start: at(40)}},
+		{"--from-seq is the operator's", Request{FromSeq: 3}, Stranded{at(15), at(95)}, Window{Source: "seq", FromSeq: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Plan(tc.req, ended, tc.stranded)
@@ -93,7 +98,7 @@ func TestPlanRefusesContradictions(t *testing.T) {
 		{Since: time.Now(), FromSeq: 3},
 		{FromSeq: 30, ToSeq: 20},
 	} {
-		if _, err := Plan(req, nil, time.Time{}); err == nil {
+		if _, err := Plan(req, nil, Stranded{}); err == nil {
 			t.Errorf("Plan(%+v) took it", req)
 		}
 	}

@@ -58,7 +58,8 @@ type Statements struct {
 	Late   ByTarget[string] // confirms that came after their batch gave up
 	// LateWait goes before Late, in its transaction.
 	LateWait string
-	// Finish moves out rows JetStream has that no batch will (nats-only).
+	// Finish moves out rows JetStream has that no batch will (nats-only),
+	// after PhaseShare in its transaction.
 	Finish string
 
 	// Retention.
@@ -83,8 +84,8 @@ type Statements struct {
 	VerifyBackfill string
 
 	// The shared phase and the running relays (package phase).
-	PhaseRead, PhaseLock, PhaseSet, PhaseHistory           string
-	InstanceBeat, InstanceLeave, InstancesPrune, Instances string
+	PhaseRead, PhaseLock, PhaseShare, PhaseSet, PhaseHistory string
+	InstanceBeat, InstanceLeave, InstancesPrune, Instances   string
 
 	// `relayd replay`: what RabbitMQ has, and the run's record (package
 	// replay).
@@ -174,6 +175,7 @@ func render(t schema.Table) *Statements {
 		VerifyBackfill:           exec("VerifyBackfill", d),
 		PhaseRead:                exec("PhaseRead", d),
 		PhaseLock:                exec("PhaseLock", d),
+		PhaseShare:               exec("PhaseShare", d),
 		PhaseSet:                 exec("PhaseSet", d),
 		PhaseHistory:             exec("PhaseHistory", d),
 		InstanceBeat:             exec("InstanceBeat", d),

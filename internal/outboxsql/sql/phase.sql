@@ -8,11 +8,18 @@
 -- phase do not wait for it.
 {{define "PhaseLock"}}SELECT pg_advisory_xact_lock('{{.Phase}}'::regclass::oid::bigint){{end}}
 
+-- PhaseShare: what decides on the phase and writes by it (Finish) holds
+-- PhaseLock shared to its commit, so it runs wholly before or after a
+-- change; false while a change holds it.
+{{define "PhaseShare"}}SELECT pg_try_advisory_xact_lock_shared('{{.Phase}}'::regclass::oid::bigint){{end}}
+
 -- PhaseSet: $1 phase, $2 changed by, $3 reason, $4 forced; the change goes
--- into the history with the same time.
+-- into the history with the same time. The time is taken under PhaseLock, not
+-- at the transaction's start: a period ends after every write made under
+-- PhaseShare before the change.
 {{define "PhaseSet"}}
 WITH h AS (
-	INSERT INTO {{.PhaseHistory}} (phase, changed_by, reason, forced) VALUES ($1, $2, $3, $4)
+	INSERT INTO {{.PhaseHistory}} (phase, changed_at, changed_by, reason, forced) VALUES ($1, clock_timestamp(), $2, $3, $4)
 	RETURNING changed_at
 )
 INSERT INTO {{.Phase}} (phase, changed_at, changed_by, reason) SELECT $1, changed_at, $2, $3 FROM h

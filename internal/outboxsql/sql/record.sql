@@ -95,7 +95,9 @@ SELECT * FROM moved UNION ALL SELECT * FROM upd
 -- key's order, never a scan of the whole backlog. It returns the slice's
 -- last id, its rows, and the rows moved. It moves nothing once the table's
 -- phase is set to another: a relay that has not read the change yet would
--- finish rows the relays in dual write still send RabbitMQ.
+-- finish rows the relays in dual write still send RabbitMQ. It runs after
+-- PhaseShare, in its transaction, so its snapshot sees every change before
+-- it and no change commits until it has.
 {{define "Finish"}}
 WITH slice AS MATERIALIZED (
 	SELECT id FROM {{.Owed}} WHERE id > $1 ORDER BY id LIMIT $2

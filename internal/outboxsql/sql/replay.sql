@@ -27,13 +27,15 @@ WHERE message_id = ANY($1::text[]::uuid[])
 -- backfill moved from the legacy queue: RabbitMQ had them first.
 {{define "ReplayBackfilled"}}SELECT message_id FROM {{.Backfilled}} WHERE message_id = ANY($1::text[]){{end}}
 
--- ReplayStranded: the earliest nats_delivered_at of the rows finished without
--- RabbitMQ in the nats-only period $1..$2 (NULL: it goes on), which JetStream
--- got early; a range of the primary key (done_at, id): the period's rows only.
+-- ReplayStranded: of the rows finished without RabbitMQ since $1 (a nats-only
+-- period's start), the earliest and latest nats_delivered_at, and how many
+-- finished at or after $2 (the period's end; NULL: it goes on). Those came
+-- after the end: batches claimed in the period, relays pinned to nats. A
+-- range of the primary key (done_at, id), from the period's start.
 {{define "ReplayStranded"}}
-SELECT min(nats_delivered_at) FROM {{.Delivered}}
-WHERE done_at >= $1::timestamptz AND done_at < coalesce($2::timestamptz, 'infinity')
-  AND amqp_delivered_at IS NULL AND nats_delivered_at IS NOT NULL
+SELECT min(nats_delivered_at), max(nats_delivered_at), count(*) FILTER (WHERE done_at >= $2::timestamptz)
+FROM {{.Delivered}}
+WHERE done_at >= $1::timestamptz AND amqp_delivered_at IS NULL AND nats_delivered_at IS NOT NULL
 {{end}}
 
 -- ReplayRecordStart: when the delivered record begins (RELAY_RETENTION removes
