@@ -117,6 +117,7 @@ func (b *runner) publish(ctx context.Context, items []*item, dlq *deadLetter, r 
 			}
 			continue
 		}
+		err = cmp.Or(b.streamRefusal(ctx, it, err, lookup), err)
 		b.log.Debug("backfill: publish failed, trying again", "message_id", it.id, "error", err.Error())
 		r.add(it, err)
 	}
@@ -162,7 +163,7 @@ func (b *runner) duplicates(ids []string) {
 }
 
 // permanent says why err means JetStream will never take the message, or "".
-// lookup asks JetStream whether a stream captures the subject, once a batch.
+// lookup asks JetStream the stream's MaxBytes, once a batch.
 func (b *runner) permanent(ctx context.Context, it *item, err error, lookup *jspub.Lookup) string {
 	var apiErr *jetstream.APIError
 	switch {
@@ -172,17 +173,29 @@ func (b *runner) permanent(ctx context.Context, it *item, err error, lookup *jsp
 		return "a header NATS refuses"
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10054:
 		return "message exceeds the stream's maximum message size"
-	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10060:
-		return fmt.Sprintf("subject %q belongs to another stream than %q", it.subject, b.cfg.Stream)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10077:
 		if maxBytes, tooLarge := lookup.TooLarge(ctx, b.cfg.Stream, it.msg, err); tooLarge {
 			return fmt.Sprintf("message of about %d bytes is larger than stream %q's MaxBytes %d", jspub.StoredSize(it.msg), b.cfg.Stream, maxBytes)
 		}
-	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse):
-		// No stream for the subject, or JetStream restarting: ask.
-		if lookup.NoStream(ctx, it.subject) {
-			return fmt.Sprintf("no stream captures subject %q", it.subject)
-		}
 	}
 	return ""
+}
+
+// streamRefusal names what the operator must fix when JetStream refused
+// it for where its subject goes: the stream missing, or not capturing the
+// subject (no stream does, or another one). The messages wait, unacked, and
+// are never dead-lettered for it; nil for other refusals.
+func (b *runner) streamRefusal(ctx context.Context, it *item, err error, lookup *jspub.Lookup) error {
+	var apiErr *jetstream.APIError
+	mismatch := errors.As(err, &apiErr) && apiErr.ErrorCode == 10060
+	noResponders := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
+	if !mismatch && (!noResponders || !lookup.NoStream(ctx, it.subject)) {
+		return nil // JetStream restarting, or another refusal
+	}
+	if missing, known := lookup.StreamMissing(ctx, b.cfg.Stream); !known {
+		return nil // JetStream does not answer: err says so
+	} else if missing {
+		return fmt.Errorf("JetStream has no stream %s: create it, and the messages move: %w", b.cfg.Stream, err)
+	}
+	return fmt.Errorf("stream %s does not capture subject %q: add the subject to it, and the messages move: %w", b.cfg.Stream, it.subject, err)
 }

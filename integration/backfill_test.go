@@ -958,3 +958,49 @@ func TestBackfillWaitsForAGhostConsumer(t *testing.T) {
 		}
 	}
 }
+
+// The stream deleted mid-run is the operator's to put back: the backfill
+// says at once which stream is missing, keeps the messages unacked (none
+// dead-lettered, none lost), and moves them once the stream is created
+// again, each once.
+func TestBackfillWaitsForADeletedStream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var first, later []amqp.Publishing
+	for i := range 20 {
+		first = append(first, amqp.Publishing{MessageId: fmt.Sprintf("first-%d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
+	}
+	for i := range 40 {
+		later = append(later, amqp.Publishing{MessageId: fmt.Sprintf("later-%d", i), Body: []byte("x"), DeliveryMode: amqp.Persistent})
+	}
+	e.legacyPublish(first, "orders.moved")
+	_, out, done := e.startBackfill(t, "", "--limit", "60")
+	testenv.Eventually(t, 30*time.Second, func() bool { return e.streamCount() == 20 }, "the first 20 never reached the stream")
+
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, e.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	if err := e.js.DeleteStream(ctx, e.stream); err != nil {
+		t.Fatal(err)
+	}
+	e.legacyPublish(later, "orders.moved")
+	want := "JetStream has no stream " + e.stream
+	testenv.Eventually(t, 5*time.Second, func() bool { return strings.Contains(out.String(), want) }, "no line saying %q:\n%s", want, out)
+	testenv.CreateStream(t, ctx, e.js, cfg)
+	sum := finished(t, done, out, 60*time.Second, "backfill after the stream was created again")
+	if sum.Moved != 60 || sum.Failed != 0 || sum.DeadLettered != 0 {
+		t.Fatalf("summary %+v: want 60 moved, none failed or dead-lettered", sum)
+	}
+	ids := e.streamIDs()
+	for i := range 40 {
+		if id := fmt.Sprintf("later-%d", i); ids[id] != 1 {
+			t.Errorf("%s in the stream %d times, want once", id, ids[id])
+		}
+	}
+	if n, _ := e.queueDepth(e.queue); n != 0 {
+		t.Errorf("%d messages left in the legacy queue, want none", n)
+	}
+}

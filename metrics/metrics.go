@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +36,8 @@ type Relay struct {
 	tablePhase   *prometheus.GaugeVec
 	mismatch     prometheus.Gauge
 	pinned       prometheus.Gauge
+	// paused is set once by WatchPaused, read at each scrape.
+	paused atomic.Pointer[func() []relay.Target]
 
 	// The per-target children of published and latency, looked up once:
 	// Published runs for every row and target, and WithLabelValues hashes
@@ -97,6 +101,13 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 	}
 	m.targets = make(map[relay.Target]targetMetrics, len(relay.Targets))
 	for _, t := range relay.Targets {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "relayd_target_paused", Help: "1 while the relay publishes nothing to the target: its broker connection is down, or every publish of its last batches failed for want of the broker (a missing stream, a sealed one).",
+			ConstLabels: prometheus.Labels{"target": string(t)},
+		}, func() float64 {
+			f := m.paused.Load()
+			return b2f(f != nil && slices.Contains((*f)(), t))
+		}))
 		m.targets[t] = targetMetrics{
 			published: m.published.WithLabelValues(string(t)),
 			latency:   m.latency.WithLabelValues(string(t)),
@@ -111,6 +122,10 @@ func NewRelay(reg prometheus.Registerer, version string) *Relay {
 	reg.MustRegister(bi, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// WatchPaused has relayd_target_paused read paused (relay.Relay.Paused)
+// at each scrape; until then it says 0.
+func (m *Relay) WatchPaused(paused func() []relay.Target) { m.paused.Store(&paused) }
 
 // Batch implements relay.Observer.
 func (m *Relay) Batch(d time.Duration, _ int) {

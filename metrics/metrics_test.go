@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -87,6 +88,47 @@ func TestPhaseGauges(t *testing.T) {
 			}
 			if got := testutil.ToFloat64(m.pinned); got != tc.pinned {
 				t.Errorf("relayd_phase_pinned = %v, want %v", got, tc.pinned)
+			}
+		})
+	}
+}
+
+// relayd_target_paused says what the relay's Paused says at the scrape,
+// per target; 0 before WatchPaused.
+func TestTargetPaused(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewRelay(reg, "test")
+	var paused []relay.Target
+	for _, tc := range []struct {
+		name   string
+		watch  bool
+		paused []relay.Target
+		want   map[string]float64
+	}{
+		{"before WatchPaused", false, nil, map[string]float64{"amqp": 0, "nats": 0}},
+		{"nothing paused", true, nil, map[string]float64{"amqp": 0, "nats": 0}},
+		{"nats paused", true, []relay.Target{relay.TargetNATS}, map[string]float64{"amqp": 0, "nats": 1}},
+		{"both", true, []relay.Target{relay.TargetAMQP, relay.TargetNATS}, map[string]float64{"amqp": 1, "nats": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.watch {
+				m.WatchPaused(func() []relay.Target { return paused })
+			}
+			paused = tc.paused
+			fams, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]float64{}
+			for _, f := range fams {
+				if f.GetName() == "relayd_target_paused" {
+					for _, mt := range f.GetMetric() {
+						got[mt.GetLabel()[0].GetValue()] = mt.GetGauge().GetValue()
+					}
+				}
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("relayd_target_paused = %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -32,15 +32,36 @@ func (r *Relay) Unready() []string {
 		out = append(out, "phase: the table's phase not read from Postgres yet: not claiming")
 	}
 	for _, t := range r.phase.now().targets() {
-		if err := r.sinks.Get(t).Ready(); err != nil {
-			out = append(out, fmt.Sprintf("%s: %v", t, err))
-			continue
-		}
-		if n, last := r.breaker.Get(t).failing(time.Now(), r.cfg.PublishTimeout+r.cfg.PollInterval+time.Second); n > 0 {
-			out = append(out, fmt.Sprintf("%s: paused after %d failed batch(es) in a row: %s", t, n, last))
+		if why := r.pausedBy(t); why != "" {
+			out = append(out, fmt.Sprintf("%s: %s", t, why))
 		}
 	}
 	return out
+}
+
+// Paused returns the enabled targets the relay publishes nothing to now:
+// their broker connection is down, or every publish of their last batches
+// failed for want of the broker. Safe for concurrent use; the
+// relayd_target_paused gauge reads it.
+func (r *Relay) Paused() []Target {
+	var out []Target
+	for _, t := range r.phase.now().targets() {
+		if r.pausedBy(t) != "" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// pausedBy says why target t is paused, or "".
+func (r *Relay) pausedBy(t Target) string {
+	if err := r.sinks.Get(t).Ready(); err != nil {
+		return err.Error()
+	}
+	if n, last := r.breaker.Get(t).failing(time.Now(), r.cfg.PublishTimeout+r.cfg.PollInterval+time.Second); n > 0 {
+		return fmt.Sprintf("paused after %d failed batch(es) in a row: %s", n, last)
+	}
+	return ""
 }
 
 // nextTargetCheck is how long to wait before looking at the targets again

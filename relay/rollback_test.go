@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -20,7 +19,6 @@ import (
 	"github.com/relayd/relayd/relay/amqpsink"
 	"github.com/relayd/relayd/relay/natssink"
 	"github.com/relayd/relayd/replay"
-	"github.com/relayd/relayd/schema"
 )
 
 // A rollback out of nats against what finishes rows without RabbitMQ: the
@@ -115,7 +113,7 @@ func TestRollbackLosesNoRow(t *testing.T) {
 			relay.SetAfterPublish(r, func() { once.Do(func() { close(published); <-release }) })
 		})
 		e.waitRunning(r, relay.TargetNATS)
-		id := e.insert()
+		id := e.insert(1, "orders.rollback")[0]
 		e.await(published, "no batch published the row")
 		dualAt := e.setPhase(phase.Dual)
 		e.open()
@@ -136,9 +134,7 @@ func TestRollbackLosesNoRow(t *testing.T) {
 // rollback is an outbox in phase nats after dual write, its stream, and a
 // legacy exchange with one queue bound to every routing key.
 type rollback struct {
-	t               *testing.T
-	pool            *pgxpool.Pool
-	table           schema.Table
+	*relayFixture
 	st              *testenv.Stream
 	ch              *amqp.Channel
 	exchange, queue string
@@ -151,9 +147,8 @@ type rollback struct {
 
 func newRollback(t *testing.T) *rollback {
 	t.Helper()
-	e := &rollback{t: t, pool: testenv.Pool(t), st: testenv.NewStream(t, "rollback"),
+	e := &rollback{relayFixture: newRelayFixture(t), st: testenv.NewStream(t, "rollback"),
 		exchange: testenv.Name("rollback"), queue: testenv.Name("rollback")}
-	e.table = testenv.Outbox(t, e.pool)
 	conn, err := amqp.Dial(testenv.AMQPURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -190,23 +185,19 @@ func newRollback(t *testing.T) *rollback {
 }
 
 // start runs a relay that follows the table's phase until the test ends;
-// prepare, when not nil, sets its hooks.
+// prepare, when not nil, sets its hooks. A hook's gate opens before the
+// relay stops.
 func (e *rollback) start(prepare func(*relay.Relay)) *relay.Relay {
 	e.t.Helper()
-	r, err := relay.New(e.pool, relay.Config{Table: e.table, Sinks: []relay.Sink{e.amqpSink, e.natsSink},
+	var hooks []func(*relay.Relay)
+	if prepare != nil {
+		hooks = append(hooks, prepare)
+	}
+	r := e.relayFixture.start(relay.Config{Table: e.table, Sinks: []relay.Sink{e.amqpSink, e.natsSink},
 		Phase: phase.Source{DB: e.pool, Table: e.table}, PhaseInterval: 20 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
-		PublishTimeout: 5 * time.Second, CleanupInterval: time.Hour})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if prepare != nil {
-		prepare(r)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(ctx) }() //nolint:errcheck // ends with the test
-	e.t.Cleanup(func() { e.open(); cancel(); <-done })
+		PublishTimeout: 5 * time.Second, CleanupInterval: time.Hour}, hooks...)
+	e.t.Cleanup(e.open)
 	return r
 }
 
@@ -274,22 +265,11 @@ func (e *rollback) await(c <-chan struct{}, msg string) {
 	}
 }
 
-// insert writes a row and returns its message id.
-func (e *rollback) insert() string {
-	e.t.Helper()
-	var id string
-	if err := e.pool.QueryRow(context.Background(), `INSERT INTO `+e.table.Ident()+` (topic, payload)
-		VALUES ('orders.rollback', '\x7b7d') RETURNING message_id::text`).Scan(&id); err != nil {
-		e.t.Fatal(err)
-	}
-	return id
-}
-
 // strandedRow writes a row as a RabbitMQ outage during dual write leaves
 // it: JetStream has it (10 minutes ago), RabbitMQ owes it, due now.
 func (e *rollback) strandedRow() string {
 	e.t.Helper()
-	id := e.insert()
+	id := e.insert(1, "orders.rollback")[0]
 	m := &nats.Msg{Subject: e.st.Prefix + "orders.rollback", Data: []byte("{}"), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
 	if _, err := e.st.JS.PublishMsg(context.Background(), m); err != nil {
 		e.t.Fatal(err)

@@ -112,6 +112,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 	if err != nil {
 		return err
 	}
+	m.WatchPaused(r.Paused)
 	ob := metrics.NewOutbox(reg)
 	go ob.Run(ctx, cfg.StatsInterval, func(ctx context.Context) ([]relay.TargetStats, error) {
 		return relay.ReadStats(ctx, pool, cfg.table, r.Phase().Running)

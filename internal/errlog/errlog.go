@@ -56,3 +56,56 @@ func (l *Limiter) OK() {
 	}
 	l.failing, l.dropped = false, 0
 }
+
+// PerKey rate-limits a warning that repeats for each of many keys (a topic,
+// a subject): at once for a key, then at most once per key every Every,
+// with the count it left out. It remembers at most Max keys. Safe for
+// concurrent use.
+type PerKey struct {
+	log *slog.Logger
+	now func() time.Time
+	max int
+
+	mu         sync.Mutex
+	last       map[string]time.Time // key -> when it was last warned of
+	suppressed map[string]int
+}
+
+// NewPerKey returns a limiter that remembers at most max keys.
+func NewPerKey(log *slog.Logger, max int) *PerKey {
+	return &PerKey{log: log, now: time.Now, max: max, last: map[string]time.Time{}, suppressed: map[string]int{}}
+}
+
+// Warn logs msg with args and the count suppressed, unless key was warned
+// of within Every.
+func (p *PerKey) Warn(key, msg string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	if at, ok := p.last[key]; ok && now.Sub(at) < Every {
+		p.suppressed[key]++
+		return
+	}
+	if len(p.last) >= p.max {
+		p.forget(now)
+	}
+	p.log.Warn(msg, append(args, "suppressed", p.suppressed[key])...)
+	p.last[key] = now
+	delete(p.suppressed, key)
+}
+
+// forget drops the keys not warned of within Every, and all of them if that
+// leaves the map full: a flood of distinct keys costs at most one line each
+// per reset, never unbounded memory.
+func (p *PerKey) forget(now time.Time) {
+	for key, at := range p.last {
+		if now.Sub(at) >= Every {
+			delete(p.last, key)
+			delete(p.suppressed, key)
+		}
+	}
+	if len(p.last) >= p.max {
+		clear(p.last)
+		clear(p.suppressed)
+	}
+}

@@ -43,3 +43,44 @@ func TestLimiter(t *testing.T) {
 		t.Fatalf("recovery: want one 'recovered' line:\n%s", buf.String())
 	}
 }
+
+// One line per key at once, then none for that key for Every, however many
+// come; the next line counts those left out. Another key is not held back
+// by the first.
+func TestPerKeyIsRateLimitedPerKey(t *testing.T) {
+	var buf bytes.Buffer
+	p := NewPerKey(slog.New(slog.NewTextHandler(&buf, nil)), 10)
+	now := time.Unix(1_000_000, 0)
+	p.now = func() time.Time { return now }
+	lines := func() []string { return strings.Split(strings.TrimSpace(buf.String()), "\n") }
+
+	p.Warn("orders.created", "refused", "topic", "orders.created")
+	if got := lines(); len(got) != 1 || !strings.Contains(got[0], "topic=orders.created") {
+		t.Fatalf("after the first: %q, want one line naming the topic", got)
+	}
+	for range 5 {
+		now = now.Add(time.Second)
+		p.Warn("orders.created", "refused", "topic", "orders.created")
+	}
+	p.Warn("orders.paid", "refused", "topic", "orders.paid")
+	if got := lines(); len(got) != 2 || !strings.Contains(got[1], "topic=orders.paid") {
+		t.Fatalf("after repeats and a second key: %q, want the first line and one for orders.paid", got)
+	}
+	now = now.Add(Every)
+	p.Warn("orders.created", "refused", "topic", "orders.created")
+	if got := lines(); len(got) != 3 || !strings.Contains(got[2], "suppressed=5") {
+		t.Fatalf("after %v: %q, want a third line with suppressed=5", Every, got)
+	}
+}
+
+// However many distinct keys come, the limiter remembers a bounded number.
+func TestPerKeyIsBounded(t *testing.T) {
+	const most = 64
+	p := NewPerKey(slog.New(slog.DiscardHandler), most)
+	for i := range 3 * most {
+		p.Warn(fmt.Sprint("k", i), "refused")
+	}
+	if n := len(p.last); n > most {
+		t.Fatalf("%d keys remembered, want at most %d", n, most)
+	}
+}

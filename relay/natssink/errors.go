@@ -13,11 +13,22 @@ import (
 	"github.com/relayd/relayd/relay"
 )
 
-// JetStream API error codes that no retry will fix.
+// JetStream API error codes.
 const (
-	errCodeMaxMsgSize     = 10054 // message size exceeds maximum allowed
-	errCodeStreamMismatch = 10060 // expected stream does not match
+	errCodeMaxMsgSize     = 10054 // message size exceeds maximum allowed: no retry will fix it
+	errCodeStreamMismatch = 10060 // expected stream does not match: another stream captures the subject
+	errCodeStreamSealed   = 10109 // invalid operation on sealed stream: for good, for every row
 )
+
+// ErrNoStream: the configured stream (RELAY_NATS_STREAM) does not exist:
+// deleted, or not re-created yet. It wraps relay.ErrUnavailable: the target
+// waits for it, and no row uses up an attempt.
+var ErrNoStream = errors.New("stream does not exist")
+
+// ErrNotCaptured: the configured stream exists but does not capture the
+// message's subject, the twin of an AMQP message returned unroutable: the
+// row is retried, counting its attempts, and parked when they run out.
+var ErrNotCaptured = errors.New("subject not captured by the stream")
 
 // badHeaders says why NATS refuses one of h's keys, or "".
 func badHeaders(h map[string]string) string {
@@ -27,14 +38,17 @@ func badHeaders(h map[string]string) string {
 func classify(err error) error {
 	var apiErr *jetstream.APIError
 	switch {
-	case errors.As(err, &apiErr) && (apiErr.ErrorCode == errCodeMaxMsgSize || apiErr.ErrorCode == errCodeStreamMismatch):
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeMaxMsgSize:
 		return relay.Permanent("nats: %v", err)
 	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadHeaderMsg):
 		return relay.Permanent("nats: %v", err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStreamSealed:
+		// The stream takes nothing more: the operator's to replace.
+		return relay.Unavailable(fmt.Errorf("nats: %w: set RELAY_NATS_STREAM to a stream that takes new messages", err))
 	case errors.As(err, &apiErr) && jspub.OutOfRoom(apiErr):
 		return relay.OutOfRoom(fmt.Errorf("nats: %w", err))
 	case errors.As(err, &apiErr):
-		return fmt.Errorf("nats: %w", err) // a per-message refusal: retry later
+		return fmt.Errorf("nats: %w", err) // a per-message refusal (or a stream mismatch: see Sink.route): retry later
 	default:
 		// Timeouts, disconnects, no responders (JetStream restarting, or
 		// no stream for the subject): unknown, publish again.

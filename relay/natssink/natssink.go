@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/relayd/relayd/internal/errlog"
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/outbox"
 	"github.com/relayd/relayd/relay"
@@ -54,6 +55,8 @@ type Sink struct {
 	// stream is the Nats-Expected-Stream header's value, shared by every
 	// message (read-only).
 	stream []string
+	// warn says what the operator must fix on JetStream (route).
+	warn *errlog.PerKey
 }
 
 var (
@@ -69,6 +72,9 @@ func (s *Sink) RetryBound() time.Duration {
 	w := s.cfg.DuplicateWindow
 	return max(w/2-s.cfg.AckTimeout, w/4)
 }
+
+// warnKeys bounds the subjects route remembers between warnings.
+const warnKeys = 1024
 
 // New returns a sink publishing through cfg.Conn.
 func New(cfg Config) (*Sink, error) {
@@ -95,7 +101,7 @@ func New(cfg Config) (*Sink, error) {
 		return nil, fmt.Errorf("natssink: %w", err)
 	}
 	return &Sink{cfg: cfg, js: js, pub: jspub.New(cfg.Conn, cfg.Stream, cfg.MaxPending, cfg.AckTimeout),
-		stream: []string{cfg.Stream}}, nil
+		stream: []string{cfg.Stream}, warn: errlog.NewPerKey(cfg.Logger, warnKeys)}, nil
 }
 
 // Target implements relay.Sink.
@@ -157,7 +163,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 				s.cfg.OnDuplicate()
 			}
 		default:
-			results[i] = s.noStream(ctx, msgs[i], classify(results[i]), lookup)
+			results[i] = s.route(ctx, msgs[i], classify(results[i]), lookup)
 			if maxBytes, tooLarge := lookup.TooLarge(ctx, s.cfg.Stream, m, results[i]); tooLarge {
 				results[i] = relay.Permanent("nats: message of about %d bytes is larger than stream %s's MaxBytes %d", jspub.StoredSize(m), s.cfg.Stream, maxBytes)
 			}
@@ -165,15 +171,43 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 	}
 }
 
-// noStream turns "no responders" into a permanent error when no stream
-// captures the message's subject at all. The same answer also comes while
-// JetStream restarts; then the stream lookup fails too and err stands.
-func (s *Sink) noStream(ctx context.Context, m *relay.Message, err error, lookup *jspub.Lookup) error {
-	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
+// streamLookup is what JetStream says, in one batch, of where a subject
+// goes (*jspub.Lookup).
+type streamLookup interface {
+	NoStream(ctx context.Context, subject string) bool
+	StreamMissing(ctx context.Context, name string) (missing, known bool)
+}
+
+// route settles the refusals that say where a subject goes: "no
+// responders" (no stream captures the subject, or JetStream restarts) and
+// an expected-stream mismatch (another stream captures it). The configured
+// stream missing pauses the target (ErrNoStream); existing without the
+// subject, the row is retried and counts an attempt (ErrNotCaptured). Both
+// are said at once, then every errlog.Every.
+func (s *Sink) route(ctx context.Context, m *relay.Message, err error, lookup streamLookup) error {
+	var apiErr *jetstream.APIError
+	mismatch := errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStreamMismatch
+	noResponders := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
+	subject := s.Subject(m.Topic)
+	if !mismatch && (!noResponders || !lookup.NoStream(ctx, subject)) {
 		return err
 	}
-	if subject := s.Subject(m.Topic); lookup.NoStream(ctx, subject) {
-		return relay.Permanent("nats: no stream captures subject %q", subject)
+	missing, known := lookup.StreamMissing(ctx, s.cfg.Stream)
+	switch {
+	case !known:
+		return relay.Unavailable(err)
+	case missing:
+		s.warn.Warn("stream "+s.cfg.Stream, "JetStream has no stream "+s.cfg.Stream+" (RELAY_NATS_STREAM): the target waits, and every row is delivered once it exists. "+
+			"Create the stream, or set RELAY_NATS_STREAM to the stream that captures the subjects",
+			"stream", s.cfg.Stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted())
+		return relay.Unavailable(fmt.Errorf("nats: %w: %s (subject %q)", ErrNoStream, s.cfg.Stream, subject))
 	}
-	return err
+	fix := "add the subject to stream " + s.cfg.Stream + "'s subjects, or check the row's topic"
+	if mismatch {
+		fix = "another stream captures it: move the subject to stream " + s.cfg.Stream + ", or set RELAY_NATS_STREAM to that stream"
+	}
+	s.warn.Warn("subject "+subject, "stream "+s.cfg.Stream+" does not capture a row's subject: "+fix+"; "+
+		"until then the row is retried, and parked when its attempts run out",
+		"stream", s.cfg.Stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted(), "message_id", m.MessageID)
+	return fmt.Errorf("nats: %w: stream %s, subject %q: %s", ErrNotCaptured, s.cfg.Stream, subject, fix)
 }

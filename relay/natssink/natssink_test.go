@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -150,8 +151,9 @@ func TestOversizePayloadIsPermanent(t *testing.T) {
 }
 
 // The sink publishes with Nats-Expected-Stream set to Stream: the stream is
-// named right, so the publish is stored, under the expected-stream header;
-// a sink naming another stream gets a permanent error and stores nothing.
+// named right, so the publish is stored, under the expected-stream header.
+// A sink naming a stream that does not exist waits for it (ErrNoStream,
+// unavailable: no attempt used) and stores nothing.
 func TestExpectStream(t *testing.T) {
 	t.Parallel()
 	e := setupReady(t, setupEmbedded(t))
@@ -168,29 +170,33 @@ func TestExpectStream(t *testing.T) {
 	}
 	bad := sinktest.Messages("expect", 1)
 	results := sinktest.Publish(t, wrong, 10*time.Second, bad)
-	var pe *relay.PermanentError
-	if !errors.As(results[0], &pe) {
-		t.Fatalf("sink configured with stream %q, subject in %q: result %v (%T), want a *relay.PermanentError", e.stream+"_OTHER", e.stream, results[0], results[0])
+	if !errors.Is(results[0], natssink.ErrNoStream) || !errors.Is(results[0], relay.ErrUnavailable) {
+		t.Fatalf("sink configured with stream %q, which does not exist: result %v (%T), want ErrNoStream, unavailable", e.stream+"_OTHER", results[0], results[0])
 	}
 	if n := len(sinktest.Settle(t, e.sink, e)[bad[0].MessageID]); n != 0 {
 		t.Fatalf("message refused for its expected stream is stored %d times, want 0", n)
 	}
 }
 
-// A subject no stream captures is refused for good (parked), not retried
-// for ever as if JetStream were down.
-func TestSubjectWithoutStreamIsPermanent(t *testing.T) {
+// A subject the stream does not capture is the twin of an unroutable AMQP
+// message: retried, counting an attempt (not permanent, not the broker
+// being down), and said at once naming the subject and the stream.
+func TestSubjectTheStreamDoesNotCaptureIsRetried(t *testing.T) {
 	t.Parallel()
 	e := setupReady(t, setupEmbedded(t))
-	orphan, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: "nostream." + e.prefix, AckTimeout: 5 * time.Second})
+	var logged testenv.SyncBuffer
+	orphan, err := natssink.New(natssink.Config{Conn: e.nc, Stream: e.stream, SubjectPrefix: "nostream." + e.prefix, AckTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	msgs := sinktest.Messages("orphan", 1)
 	results := sinktest.Publish(t, orphan, 10*time.Second, msgs)
-	var pe *relay.PermanentError
-	if !errors.As(results[0], &pe) || !strings.Contains(pe.Reason, "no stream captures") {
-		t.Fatalf("result %v (%T), want a *relay.PermanentError saying no stream captures the subject", results[0], results[0])
+	if !errors.Is(results[0], natssink.ErrNotCaptured) || relay.IsPermanent(results[0]) || errors.Is(results[0], relay.ErrUnavailable) {
+		t.Fatalf("result %v (%T), want ErrNotCaptured: a retry that counts an attempt", results[0], results[0])
+	}
+	if l := logged.String(); !strings.Contains(l, "subject=nostream."+e.prefix) || !strings.Contains(l, "stream="+e.stream) {
+		t.Fatalf("log does not name the subject and the stream:\n%s", l)
 	}
 }
 
@@ -489,9 +495,8 @@ func TestNoStreamIsAskedOncePerSubject(t *testing.T) {
 	}
 	results := sinktest.Publish(t, orphan, 10*time.Second, msgs)
 	for i, err := range results {
-		var pe *relay.PermanentError
-		if !errors.As(err, &pe) {
-			t.Fatalf("message %d: result %v (%T), want a *relay.PermanentError", i, err, err)
+		if !errors.Is(err, natssink.ErrNotCaptured) {
+			t.Fatalf("message %d: result %v (%T), want ErrNotCaptured", i, err, err)
 		}
 	}
 	if err := e.nc.Flush(); err != nil {

@@ -59,7 +59,7 @@ func EnsureStream(ctx context.Context, nc *nats.Conn, name, subjectPrefix string
 	c := st.CachedInfo().Config
 	found := Stream{DuplicateWindow: c.Duplicates}
 	if !slices.ContainsFunc(c.Subjects, func(f string) bool { return Covers(f, subject) }) {
-		found.Warning = fmt.Sprintf("stream %q's subjects %q do not capture all of %q: a row whose subject falls outside them is parked (no stream, or another stream, captures it)", name, c.Subjects, subject)
+		found.Warning = fmt.Sprintf("stream %q's subjects %q do not capture all of %q: a row whose subject falls outside them is retried, and parked when its attempts run out (no stream, or another stream, captures it)", name, c.Subjects, subject)
 	}
 	return found, nil
 }
