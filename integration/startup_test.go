@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -14,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/outbox"
 )
 
 // relayd started before Postgres and RabbitMQ accept connections (a compose
@@ -130,5 +132,29 @@ func TestStatusFailsFastWithoutPostgres(t *testing.T) {
 				t.Errorf("relayd status: output lacks postgres and %q (or has the password):\n%s", tc.reason, out)
 			}
 		})
+	}
+}
+
+// Through PgBouncer in session mode, told to ignore relayd's startup
+// parameters (docs/deploying.md), relayd runs as on a direct connection:
+// woken by LISTEN, every row delivered once to each broker, a clean stop.
+func TestRelayThroughPgBouncerSessionPooling(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	via := testenv.PgBouncer(t, "session", "idle_in_transaction_session_timeout", "jit")
+	r := e.startRelay("relay", "RELAY_DATABASE_URL="+via)
+	ctx := context.Background()
+	ids := map[string]bool{}
+	for i := range 200 {
+		written, err := e.writer.Write(ctx, e.pool, outbox.Message{Topic: "orders.pooled", Payload: []byte{byte(i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[written[0]] = true
+	}
+	e.waitDelivered(30 * time.Second)
+	e.checkExactlyOnce(ids, false)
+	if code := r.stop(30 * time.Second); code != 0 {
+		t.Fatalf("relayd exited %d through PgBouncer:\n%s", code, r.out.String())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -49,6 +50,13 @@ func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog
 	if rp["jit"] == "" {
 		rp["jit"] = "off"
 	}
+	// A pooler in session mode told to ignore these startup parameters
+	// (PgBouncer's ignore_startup_parameters) drops them: set them again.
+	idleMS, jit := rp["idle_in_transaction_session_timeout"], rp["jit"]
+	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, false), set_config('jit', $2, false)", idleMS, jit)
+		return err
+	}
 	cctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(cctx, pc)
@@ -82,11 +90,27 @@ func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog
 		var pgErr *pgconn.PgError
 		if (errors.As(err, &pgErr) && !startingUp(pgErr)) || cctx.Err() != nil {
 			pool.Close()
+			if errors.As(last, &pgErr) && poolerRefused(pgErr) {
+				return nil, fmt.Errorf("postgres: %w: %s", last, errPooler)
+			}
 			return nil, fmt.Errorf("postgres: %w", last)
 		}
 		wait.failed(err)
 		backoff.Sleep(cctx, 500*time.Millisecond)
 	}
+}
+
+// errPooler says why relayd refuses a pooler that refused its session
+// settings, and what works.
+var errPooler = errors.New("a connection pooler refused relayd's session settings. relayd needs a session of its own " +
+	"(LISTEN, its wake lock, row locks held through a batch): connect to Postgres directly, or through PgBouncer in session mode " +
+	"with ignore_startup_parameters = idle_in_transaction_session_timeout, jit (relayd then sets them itself); " +
+	"transaction and statement pooling cannot work (docs/deploying.md)")
+
+// poolerRefused says whether a pooler, not Postgres, refused a startup
+// parameter: PgBouncer's "unsupported startup parameter" (08P01).
+func poolerRefused(e *pgconn.PgError) bool {
+	return e.Code == "08P01" && strings.HasPrefix(e.Message, "unsupported startup parameter")
 }
 
 // startingUp says whether Postgres refused a connection for now only: it is

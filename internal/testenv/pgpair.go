@@ -301,15 +301,9 @@ func pgRunner() (func(string, ...string) *exec.Cmd, error) {
 	if bin == "" {
 		return nil, fmt.Errorf("no Postgres installation with initdb and pg_basebackup in /usr/lib/postgresql/*/bin")
 	}
-	var cred *syscall.Credential
-	if os.Getuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("running as root, and no postgres user to run the servers as: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	cred, err := postgresCredential()
+	if err != nil {
+		return nil, err
 	}
 	return func(name string, args ...string) *exec.Cmd {
 		cmd := exec.Command(filepath.Join(bin, name), args...)
@@ -318,6 +312,21 @@ func pgRunner() (func(string, ...string) *exec.Cmd, error) {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 		return cmd
 	}, nil
+}
+
+// postgresCredential is the postgres user's, for a server that will not
+// run as root; nil when the test does not run as root.
+func postgresCredential() (*syscall.Credential, error) {
+	if os.Getuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("running as root, and no postgres user to run the servers as: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
 func pgMajor(binDir string) int {
