@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/relayd/relayd/internal/testenv"
@@ -166,4 +168,72 @@ func (e *streamOps) ids(name string) map[string]int {
 		got[m.Header.Get(jetstream.MsgIDHeader)]++
 	}
 	return got
+}
+
+// The relay's NATS user loses its publish permission on the stream's
+// subjects, then gets it back (a private server, its options reloaded):
+// the server's refusal is named in the log at once, the target pauses
+// without using up attempts or parking, and every row is in the stream
+// once after the permission is restored.
+func TestNATSPublishPermissionRevokedAndRestored(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t)
+	const prefix, user, password = "perm.", "relay", "relay-secret"
+	storeDir, port := t.TempDir(), testenv.FreePort(t)
+	opts := func(deny ...string) *natsserver.Options {
+		return &natsserver.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: storeDir, NoSigs: true, NoLog: true,
+			Users: []*natsserver.User{{Username: user, Password: password, Permissions: &natsserver.Permissions{
+				Publish: &natsserver.SubjectPermission{Allow: []string{">"}, Deny: deny}}}}}
+	}
+	srv := testenv.NATSServer(t, opts())
+	var logged testenv.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, password), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.ErrorHandler(natssink.ErrorHandler(log)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	e := &streamOps{t: t, name: "PERM", prefix: prefix}
+	if e.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	e.create(e.name, ">")
+	sink, err := natssink.New(natssink.Config{Conn: nc, Stream: e.name, SubjectPrefix: prefix, AckTimeout: 2 * time.Second, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := f.start(relay.Config{Table: f.table, Sinks: []relay.Sink{sink}, MaxAttempts: 1000, PublishTimeout: 3 * time.Second,
+		PollInterval: 20 * time.Millisecond, RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+	warm := f.insert(1, "orders.kept")
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.done(warm...) }, "the first row never reached the stream")
+
+	if err := srv.ReloadOptions(opts(prefix + ">")); err != nil {
+		t.Fatalf("revoke: %v", err)
+	}
+	ids := f.insert(100, "orders.moved")
+	testenv.Eventually(t, 2*time.Second, func() bool { return strings.Contains(logged.String(), "Permissions Violation for Publish") },
+		"no log line naming the refused permission within 2 s:\n%s", &logged)
+	testenv.Eventually(t, 15*time.Second, func() bool { return f.tried("nats", ids) && slices.Contains(r.Paused(), relay.TargetNATS) },
+		"the rows were never tried, or the target never paused: %q", r.Unready())
+	if s := f.stats(relay.TargetNATS); s.Lag <= 0 || s.Parked != 0 || s.Pending != int64(len(ids)) {
+		t.Errorf("while refused: %+v, want the lag up, every row pending, none parked", s)
+	}
+	if n := f.attempts("nats", ids); n != 0 {
+		t.Errorf("rows' attempts while refused: %d, want 0", n)
+	}
+
+	if err := srv.ReloadOptions(opts()); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.done(ids...) }, "the rows never reached the stream once the permission was back")
+	got := e.ids(e.name)
+	for _, id := range ids {
+		if got[id] != 1 {
+			t.Fatalf("row %s is in the stream %d times, want once", id, got[id])
+		}
+	}
+	if s := f.stats(relay.TargetNATS); s.Parked != 0 {
+		t.Errorf("%d rows parked", s.Parked)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/relayd/relayd/internal/backoff"
+	"github.com/relayd/relayd/relay/natssink"
 )
 
 // newPool is connectPostgres without a log of the wait.
@@ -142,6 +143,7 @@ func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn
 			}
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) { log.Info("nats reconnected") }),
+		nats.ErrorHandler(natssink.ErrorHandler(log)),
 	}
 	if cfg.NATSCreds != "" {
 		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))

@@ -4,10 +4,12 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/relayd/relayd/internal/errlog"
 	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/relay"
@@ -53,5 +55,21 @@ func classify(err error) error {
 		// Timeouts, disconnects, no responders (JetStream restarting, or
 		// no stream for the subject): unknown, publish again.
 		return relay.Unavailable(fmt.Errorf("nats: %w", err))
+	}
+}
+
+// ErrorHandler logs what the NATS server refuses outside any reply (a
+// permissions violation on publish, a slow consumer), at once and then at
+// most every 30 s per error: a publish it refuses only times out, and the
+// target pauses without saying why. Set it on the sink's connection
+// (nats.ErrorHandler).
+func ErrorHandler(log *slog.Logger) nats.ErrHandler {
+	warn := errlog.NewPerKey(log, warnKeys)
+	return func(nc *nats.Conn, _ *nats.Subscription, err error) {
+		if err == nil {
+			return
+		}
+		warn.Warn(err.Error(), "the NATS server refused an operation: publishes it refuses time out, and the target waits until it is fixed "+
+			"(a permission: grant publish on the stream's subjects and $JS.API.>)", "error", err.Error(), "server", nc.ConnectedUrlRedacted())
 	}
 }
