@@ -60,10 +60,7 @@ func TestRollbackLosesNoRow(t *testing.T) {
 				done, amqpDone, dualAt)
 		}
 		e.waitRunning(r, relay.TargetAMQP, relay.TargetNATS)
-		if sum := e.replay(); sum.Sent != 1 {
-			t.Errorf("replay sent %d (window %s), want the stranded row", sum.Sent, sum.Record.Request)
-		}
-		e.wantQueue(id)
+		e.replayEnds(id, 1) // the stranded row
 	})
 
 	t.Run("the change holds the phase lock when the cleanup comes", func(t *testing.T) {
@@ -98,10 +95,7 @@ func TestRollbackLosesNoRow(t *testing.T) {
 		e.waitRunning(r, relay.TargetAMQP, relay.TargetNATS)
 		testenv.Eventually(t, 20*time.Second, func() bool { _, amqpDone := e.delivered(id); return amqpDone },
 			"the relays in dual write never delivered the row RabbitMQ owed")
-		if sum := e.replay(); sum.Sent != 0 {
-			t.Errorf("replay sent %d (window %s), want none: the relays delivered the row", sum.Sent, sum.Record.Request)
-		}
-		e.wantQueue(id)
+		e.replayEnds(id, 0) // the relays delivered the row
 	})
 
 	t.Run("a batch claimed in nats records after the change", func(t *testing.T) {
@@ -124,10 +118,7 @@ func TestRollbackLosesNoRow(t *testing.T) {
 				done, amqpDone, dualAt)
 		}
 		e.waitRunning(r, relay.TargetAMQP, relay.TargetNATS)
-		if sum := e.replay(); sum.Sent != 1 {
-			t.Errorf("replay sent %d (window %s), want the row its batch finished without RabbitMQ", sum.Sent, sum.Record.Request)
-		}
-		e.wantQueue(id)
+		e.replayEnds(id, 1) // the row its batch finished without RabbitMQ
 	})
 }
 
@@ -291,8 +282,10 @@ func (e *rollback) delivered(id string) (done time.Time, amqpDone bool) {
 	return done, amqpDone
 }
 
-// replay runs relayd replay's default window to the legacy exchange.
-func (e *rollback) replay() replay.Summary {
+// replayEnds runs relayd replay's default window to the legacy exchange
+// (replay.Run), wants it to send sent messages, and the legacy queue to hold
+// id once and nothing else.
+func (e *rollback) replayEnds(id string, sent int64) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -301,7 +294,10 @@ func (e *rollback) replay() replay.Summary {
 	if err != nil {
 		e.t.Fatalf("replay: %v", err)
 	}
-	return sum
+	if sum.Sent != sent {
+		e.t.Errorf("replay sent %d (window %s), want %d", sum.Sent, sum.Record.Request, sent)
+	}
+	e.wantQueue(id)
 }
 
 // wantQueue checks that the legacy queue holds id once and nothing else:

@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/schema"
 )
 
 // The rows finished without RabbitMQ from a period's start on: the earliest
@@ -21,25 +23,14 @@ import (
 func TestStranded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.Pool(t)
-	table := testenv.Outbox(t, pool)
-	t0 := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
-	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
-	for i, row := range []struct {
-		done, amqp, nats *time.Time
-	}{
+	pool, table := delivered(t, []deliveredRow{
 		{done: ptr(at(61)), nats: ptr(at(20))},                   // stranded at the move: the earliest in the period
 		{done: ptr(at(62)), nats: ptr(at(40))},                   // stranded, later
 		{done: ptr(at(63)), amqp: ptr(at(10)), nats: ptr(at(5))}, // RabbitMQ has it
 		{done: ptr(at(30)), nats: ptr(at(1))},                    // finished before the period
 		{done: ptr(at(95)), nats: ptr(at(94))},                   // recorded after it, by a batch claimed in it
 		{done: ptr(at(64)), amqp: ptr(at(64))},                   // never on JetStream
-	} {
-		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent)
-			VALUES ($1, $2, $3, $4, $5, $6)`, row.done, i+1, uuid.NewString(), row.amqp, row.nats, row.amqp != nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	rec := lockRecords(t, pool, table)
 	for _, tc := range []struct {
 		name         string
@@ -69,19 +60,10 @@ func TestStranded(t *testing.T) {
 func TestPlanSaysWhereTheStrandedRowsAre(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testenv.Pool(t)
-	table := testenv.Outbox(t, pool)
-	t0 := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
-	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
-	for i, row := range []struct{ done, nats time.Time }{
-		{done: at(61), nats: at(20)}, // stranded at the move
-		{done: at(95), nats: at(94)}, // recorded after the period
-	} {
-		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, nats_delivered_at, amqp_sent)
-			VALUES ($1, $2, $3, $4, false)`, row.done, i+1, uuid.NewString(), row.nats); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pool, table := delivered(t, []deliveredRow{
+		{done: ptr(at(61)), nats: ptr(at(20))}, // stranded at the move
+		{done: ptr(at(95)), nats: ptr(at(94))}, // recorded after the period
+	})
 	history := []phase.Change{{Phase: phase.Dual, ChangedAt: at(0)}, {Phase: phase.NATS, ChangedAt: at(60)}, {Phase: phase.Dual, ChangedAt: at(90)}}
 	for _, tc := range []struct {
 		name string
@@ -152,6 +134,29 @@ func TestStrandedUsesThePrimaryKey(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// at is minute m of the stranded tests' day.
+func at(m int) time.Time {
+	return time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC).Add(time.Duration(m) * time.Minute)
+}
+
+// deliveredRow is a row of the delivered record: when it was done, and
+// when each broker had it (nil: never).
+type deliveredRow struct{ done, amqp, nats *time.Time }
+
+// delivered is an outbox of the test's own whose delivered record holds rows.
+func delivered(t *testing.T, rows []deliveredRow) (*pgxpool.Pool, schema.Table) {
+	t.Helper()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	for i, row := range rows {
+		if _, err := pool.Exec(context.Background(), `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent)
+			VALUES ($1, $2, $3, $4, $5, $6)`, row.done, i+1, uuid.NewString(), row.amqp, row.nats, row.amqp != nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pool, table
+}
 
 // utc is w with its times in UTC, to compare with ==.
 func utc(w Window) Window {
