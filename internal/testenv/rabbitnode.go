@@ -201,10 +201,17 @@ func (n *RabbitNode) serverOut() string {
 // (connection.blocked) and stops reading from it.
 func (n *RabbitNode) MemoryAlarm(on bool) {
 	n.t.Helper()
-	args := []string{"set_vm_memory_high_watermark", "0.4"}
 	if on {
-		args = []string{"set_vm_memory_high_watermark", "absolute", "1"}
+		n.Ctl("set_vm_memory_high_watermark", "absolute", "1")
+	} else {
+		n.Ctl("set_vm_memory_high_watermark", "0.4")
 	}
+}
+
+// Ctl runs rabbitmqctl with args against the node, failing the test when it
+// fails: add_user, set_permissions, set_policy.
+func (n *RabbitNode) Ctl(args ...string) {
+	n.t.Helper()
 	if out, err := n.ctl(30*time.Second, args...).CombinedOutput(); err != nil {
 		n.t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/internal/errlog"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -74,6 +75,8 @@ type Sink struct {
 	onLate func(msgID string) // see OnLateConfirm
 
 	unroutable *unroutableWarner
+	// nacked says, per topic, that RabbitMQ nacked its messages (Publish).
+	nacked *errlog.PerKey
 
 	stop    chan struct{}
 	stopped chan struct{}
@@ -101,6 +104,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), nodes: amqpio.NewNodes(cfg.URL),
 		stop: make(chan struct{}), stopped: make(chan struct{}), late: map[string]time.Time{}}
 	s.unroutable = newUnroutableWarner(s.log)
+	s.nacked = errlog.NewPerKey(s.log, unroutableTopics)
 	var first *link
 	var err error
 	for {
