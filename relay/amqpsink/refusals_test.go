@@ -1,0 +1,65 @@
+package amqpsink
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/relay"
+)
+
+// Every answer RabbitMQ gives a publish, as the sink turns it into a
+// result, and what the relay makes of it. A new refusal needs a row here:
+// what an operator can fix on the broker pauses, never parks.
+func TestRefusals(t *testing.T) {
+	const (
+		park    = "park"              // the row, wrong in itself
+		attempt = "retry, an attempt" // parked when its attempts run out
+		pause   = "pause the target"  // the broker's state, for every row
+	)
+	verdict := func(err error) string {
+		switch {
+		case relay.IsPermanent(err):
+			return park
+		case errors.Is(err, relay.ErrUnavailable):
+			return pause
+		}
+		return attempt
+	}
+	confirmed := func(returned string, ack bool) error {
+		p := &pending{done: make(chan struct{}), returned: returned}
+		p.confirm(ack)
+		return p.err
+	}
+	closed := func(blocked string, e *amqp.Error) error {
+		p := &pending{done: make(chan struct{})}
+		l := &link{byTag: map[uint64]*pending{1: p}, byMsgID: map[string]*pending{}, blocked: blocked}
+		l.failAll(e)
+		return p.err
+	}
+	checked := func(m relay.Message) error {
+		_, err := checkedPublishing(&m, 131072)
+		return err
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"returned unroutable: no queue bound for the topic", confirmed("NO_ROUTE", true), attempt},
+		{"nacked: a queue full with reject-publish, or failing", confirmed("", false), attempt},
+		{"the exchange missing (404 closes the channel)", closed("", &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no exchange 'x'"}), pause},
+		{"write access refused (403 closes the channel)", closed("", &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED"}), pause},
+		{"a node shutting down or in maintenance (320)", closed("", &amqp.Error{Code: amqp.ConnectionForced, Reason: "CONNECTION_FORCED"}), pause},
+		{"the connection lost", closed("", nil), pause},
+		{"the connection lost while blocked by an alarm", closed("memory", nil), pause},
+		{"a routing key over 255 bytes", checked(relay.Message{Topic: strings.Repeat("k", 256), MessageID: "m"}), park},
+		{"a header over 255 bytes", checked(relay.Message{Topic: "t", MessageID: "m", Headers: map[string]string{strings.Repeat("h", 256): "v"}}), park},
+	} {
+		if got := verdict(tc.err); got != tc.want {
+			t.Errorf("%s: %s (%v), want %s", tc.name, got, tc.err, tc.want)
+		}
+	}
+}
