@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"time"
+
+	"github.com/relayd/relayd/internal/backoff"
 )
 
 // lateConfirm is a message a target confirmed after its batch gave up.
@@ -30,6 +32,8 @@ func (r *Relay) onLateConfirm(t Target) func(msgID string) {
 // queued up: until then another instance retrying the row would publish a
 // second copy. After stop it records what is still queued and returns.
 func (r *Relay) recordLate(stop <-chan struct{}) {
+	sctx, cancel := afterStop(stop, lateStopGrace)
+	defer cancel()
 	for {
 		var first lateConfirm
 		stopping := false
@@ -54,7 +58,7 @@ func (r *Relay) recordLate(stop <-chan struct{}) {
 		}
 		byTarget.Each(func(t Target, ids []string) {
 			if len(ids) > 0 {
-				r.recordLateSet(t, ids, stopping)
+				r.recordLateSet(sctx, t, ids, stopping)
 			}
 		})
 		if stopping {
@@ -63,17 +67,23 @@ func (r *Relay) recordLate(stop <-chan struct{}) {
 	}
 }
 
-// recordLateSet records one set, three tries in all (one when stopping).
-func (r *Relay) recordLateSet(t Target, ids []string, stopping bool) {
+// lateStopGrace is how long a record of late confirms may go on once the
+// relay stops: one under way then (a Postgres that does not answer) would
+// otherwise hold Run past RELAY_SHUTDOWN_TIMEOUT.
+const lateStopGrace = 5 * time.Second
+
+// recordLateSet records one set, three tries in all (one when stopping);
+// sctx ends lateStopGrace after the relay stops.
+func (r *Relay) recordLateSet(sctx context.Context, t Target, ids []string, stopping bool) {
 	for attempt := 1; ; attempt++ {
 		// A row a batch in flight holds stays locked for up to the batch's
 		// publish timeout and its record.
 		lockWait := r.cfg.PublishTimeout + 30*time.Second
 		limit := lockWait + 30*time.Second
 		if stopping {
-			limit = 5 * time.Second // the process is on its way out
+			limit = lateStopGrace // the process is on its way out
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), limit)
+		ctx, cancel := context.WithTimeout(sctx, limit)
 		n, err := r.store.recordLate(ctx, r.pool, t, ids, r.phase.now(), lockWait)
 		cancel()
 		if err == nil {
@@ -81,11 +91,31 @@ func (r *Relay) recordLateSet(t Target, ids []string, stopping bool) {
 			r.log.Info("late confirms recorded", "target", string(t), "confirms", len(ids), "rows_marked", n)
 			return
 		}
-		if attempt == 3 || stopping {
+		if attempt == 3 || stopping || sctx.Err() != nil {
 			r.log.Warn("late confirms not recorded: another instance may publish these rows again",
 				"target", string(t), "confirms", len(ids), "error", err.Error())
 			return
 		}
-		time.Sleep(time.Second)
+		backoff.Sleep(sctx, time.Second)
 	}
+}
+
+// afterStop returns a context that ends grace after stop is closed.
+func afterStop(stop <-chan struct{}, grace time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-stop:
+		case <-ctx.Done():
+			return
+		}
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }

@@ -124,3 +124,40 @@ func TestLateConfirmsAtStopAreRecorded(t *testing.T) {
 		t.Fatalf("%d of %d rows recorded delivered when Run returned", n, len(ids))
 	}
 }
+
+// A record of late confirms under way when the relay stops (here waiting
+// for a row another transaction holds, as for a Postgres that does not
+// answer) gets lateStopGrace more, not its whole limit: Run returns within
+// seconds, not past RELAY_SHUTDOWN_TIMEOUT.
+func TestStopCutsShortALateRecordUnderWay(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ids := f.insert(1, "orders.created")
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // only held
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+f.table.Ident()+` WHERE message_id = $1 FOR UPDATE`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	r, cancel, done := f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}, Workers: 1})
+	r.onLateConfirm(TargetAMQP)(ids[0])
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var n int
+		err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`,
+			f.table.Schema).Scan(&n)
+		return err == nil && n > 0
+	}, "the late record never waited for the row")
+	start := time.Now()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(lateStopGrace + 10*time.Second):
+		t.Fatalf("Run did not return within %v of the stop: the late record held it", lateStopGrace+10*time.Second)
+	}
+	if took := time.Since(start); took < lateStopGrace-time.Second {
+		t.Errorf("Run returned after %v: the late record was not given its grace", took)
+	}
+}
