@@ -20,6 +20,18 @@ import (
 // producerClients are the connection counts of the producers' commit runs.
 var producerClients = []int{16, 32, 64}
 
+// smokeClientsDivisor shrinks them in a smoke run, which shares Postgres's
+// max_connections (100 by default) with the rest of the test suite.
+const smokeClientsDivisor = 8
+
+// clients is the connection count of producers' run c.
+func (b *bench) clients(c int) int {
+	if b.o.Smoke {
+		return max(1, c/smokeClientsDivisor)
+	}
+	return c
+}
+
 // producerRounds is how many times each table is measured per connection
 // count, the tables taking turns. The figures are the rounds' medians, the
 // ratio the median of each round's: one slow moment of the machine moves a
@@ -46,6 +58,7 @@ func (b *bench) producers(ctx context.Context, res *Results) error {
 		res.Producers = p
 		outbox := cr.table.Ident()
 		for _, c := range producerClients {
+			c = b.clients(c)
 			bareRate, outboxRate, ratio, err := b.commitRounds(ctx, bare, outbox, c)
 			if err != nil {
 				return err
@@ -57,10 +70,10 @@ func (b *bench) producers(ctx context.Context, res *Results) error {
 		if err := b.killWaitingRelay(ctx, cr); err != nil {
 			return err
 		}
-		for i, c := range producerClients {
+		for i := range producerClients {
 			run := &p.Runs[i]
 			var err error
-			if run.BareAfterKill, run.AfterKill, run.AfterKillRatio, err = b.commitRounds(ctx, bare, outbox, c); err != nil {
+			if run.BareAfterKill, run.AfterKill, run.AfterKillRatio, err = b.commitRounds(ctx, bare, outbox, run.Clients); err != nil {
 				return err
 			}
 		}
