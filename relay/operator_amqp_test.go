@@ -22,12 +22,12 @@ import (
 // permission refused pauses the target and uses up no attempt; a queue full
 // with reject-publish nacks, an attempt each), and once the operator's next
 // change fixes it, every row is in the queue once. Real Postgres and
-// RabbitMQ (a node of the test's own for the permissions).
+// RabbitMQ (a user of the test's own for the permissions).
 func TestOperatorChangesToRabbitMQParkNothing(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name        string
-		ownNode     bool       // a RabbitMQ node of the test's own, with a user for the relay
+		ownUser     bool       // the relay logs in as a user of the test's own
 		queueArgs   amqp.Table // the bound queue's arguments
 		broken, fix func(e *amqpOps)
 		wantLog     string
@@ -42,15 +42,14 @@ func TestOperatorChangesToRabbitMQParkNothing(t *testing.T) {
 		},
 		{
 			name:    "publish permission revoked on the vhost, then restored",
-			ownNode: true,
+			ownUser: true,
 			broken: func(e *amqpOps) {
-				e.node.Ctl("set_permissions", "-p", "/", relayUser, ".*", "^$", ".*")
+				testenv.RabbitCtl(e.t, "set_permissions", "-p", "/", e.user, ".*", "^$", ".*")
 				// Channels cache their permission checks: the revocation
 				// holds from the relay's next connection.
-				e.node.Ctl("close_all_connections", "permissions changed")
-				e.reconnect()
+				testenv.RabbitCtl(e.t, "close_all_user_connections", e.user, "permissions changed")
 			},
-			fix:       func(e *amqpOps) { e.node.Ctl("set_permissions", "-p", "/", relayUser, ".*", ".*", ".*") },
+			fix:       func(e *amqpOps) { testenv.RabbitCtl(e.t, "set_permissions", "-p", "/", e.user, ".*", ".*", ".*") },
 			wantLog:   "ACCESS_REFUSED",
 			wantPause: true,
 		},
@@ -65,7 +64,7 @@ func TestOperatorChangesToRabbitMQParkNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			f := newRelayFixture(t)
-			e := newAMQPOps(t, tc.ownNode, tc.queueArgs)
+			e := newAMQPOps(t, tc.ownUser, tc.queueArgs)
 			var logged testenv.SyncBuffer
 			sink, err := amqpsink.New(context.Background(), amqpsink.Config{URL: e.relayURL, Exchange: e.exchange,
 				Logger: slog.New(slog.NewTextHandler(&logged, nil))})
@@ -105,13 +104,10 @@ func TestOperatorChangesToRabbitMQParkNothing(t *testing.T) {
 	}
 }
 
-// relayUser is the relay's user on a node of the test's own.
-const relayUser = "relay"
-
 // amqpOps is what an operator does to one test's exchange and queue.
 type amqpOps struct {
 	t               *testing.T
-	node            *testenv.RabbitNode // nil: the shared broker
+	user            string // the relay's, when not guest
 	adminURL        string
 	relayURL        string
 	conn            *amqp.Connection
@@ -124,16 +120,12 @@ type amqpOps struct {
 	done     chan struct{}  // closed when drain's consumer has ended
 }
 
-func newAMQPOps(t *testing.T, ownNode bool, queueArgs amqp.Table) *amqpOps {
+func newAMQPOps(t *testing.T, ownUser bool, queueArgs amqp.Table) *amqpOps {
 	t.Helper()
 	e := &amqpOps{t: t, adminURL: testenv.AMQPURL(t), exchange: testenv.Name("ops"), queue: testenv.Name("ops"), queueArgs: queueArgs}
 	e.relayURL = e.adminURL
-	if ownNode {
-		e.node = testenv.NewRabbitNode(t)
-		e.adminURL = e.node.URL
-		e.node.Ctl("add_user", relayUser, "relay-secret")
-		e.node.Ctl("set_permissions", "-p", "/", relayUser, ".*", ".*", ".*")
-		e.relayURL = strings.Replace(e.node.URL, "guest:guest", relayUser+":relay-secret", 1)
+	if ownUser {
+		e.user, e.relayURL = testenv.RabbitUser(t)
 	}
 	e.reconnect()
 	if _, err := e.ch.QueueDeclare(e.queue, false, false, false, false, queueArgs); err != nil {
@@ -153,8 +145,7 @@ func newAMQPOps(t *testing.T, ownNode bool, queueArgs amqp.Table) *amqpOps {
 	return e
 }
 
-// reconnect opens the operator's connection (again: close_all_connections
-// closes it too).
+// reconnect opens the operator's connection.
 func (e *amqpOps) reconnect() {
 	e.t.Helper()
 	conn, err := amqp.Dial(e.adminURL)

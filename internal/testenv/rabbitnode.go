@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -217,10 +218,15 @@ func (n *RabbitNode) Ctl(args ...string) {
 	}
 }
 
+// ctl is rabbitmqctl against node n; a RabbitNode without a Name is the
+// shared broker (rabbitmqctl's default node).
 func (n *RabbitNode) ctl(timeout time.Duration, args ...string) *exec.Cmd {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	n.t.Cleanup(cancel)
-	return n.run(ctx, "rabbitmqctl", append([]string{"-n", n.Name}, args...)...)
+	if n.Name != "" {
+		args = append([]string{"-n", n.Name}, args...)
+	}
+	return n.run(ctx, "rabbitmqctl", args...)
 }
 
 // rabbitRunner returns how to run Debian's RabbitMQ scripts as the rabbitmq
@@ -273,4 +279,39 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// RabbitUser adds a user of the test's own to the shared RabbitMQ, with
+// every permission on the default vhost, and deletes it when the test ends;
+// it returns its name and the AMQP URL that logs in as it. Ctl changes its
+// permissions. Without rabbitmqctl (a broker in a container) the test is
+// skipped, except with CI=true, where it fails.
+func RabbitUser(t testing.TB) (name, url string) {
+	t.Helper()
+	run, err := rabbitRunner()
+	if err != nil {
+		skipOrFail(t, "cannot run rabbitmqctl against the shared RabbitMQ", err)
+	}
+	name, password := Name("relay"), Name("pw")
+	u := &RabbitNode{t: t, run: run}
+	u.Ctl("add_user", name, password)
+	t.Cleanup(func() { u.Ctl("delete_user", name) })
+	u.Ctl("set_permissions", "-p", "/", name, ".*", ".*", ".*")
+	u2, err := neturl.Parse(AMQPURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u2.User = neturl.UserPassword(name, password)
+	return name, u2.String()
+}
+
+// RabbitCtl runs rabbitmqctl with args against the shared RabbitMQ, failing
+// the test when it fails: for the user RabbitUser made, and nothing else.
+func RabbitCtl(t testing.TB, args ...string) {
+	t.Helper()
+	run, err := rabbitRunner()
+	if err != nil {
+		skipOrFail(t, "cannot run rabbitmqctl against the shared RabbitMQ", err)
+	}
+	(&RabbitNode{t: t, run: run}).Ctl(args...)
 }
