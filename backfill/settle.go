@@ -182,20 +182,16 @@ func (b *runner) permanent(ctx context.Context, it *item, err error, lookup *jsp
 }
 
 // streamRefusal names what the operator must fix when JetStream refused
-// it for where its subject goes: the stream missing, or not capturing the
-// subject (no stream does, or another one). The messages wait, unacked, and
-// are never dead-lettered for it; nil for other refusals.
+// it for where its subject goes (jspub.WhereTo): the stream missing, or not
+// capturing the subject. The messages wait, unacked, and are never
+// dead-lettered for it; nil for other refusals, and while JetStream does
+// not say (err says so).
 func (b *runner) streamRefusal(ctx context.Context, it *item, err error, lookup *jspub.Lookup) error {
-	var apiErr *jetstream.APIError
-	mismatch := errors.As(err, &apiErr) && apiErr.ErrorCode == 10060
-	noResponders := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
-	if !mismatch && (!noResponders || !lookup.NoStream(ctx, it.subject)) {
-		return nil // JetStream restarting, or another refusal
-	}
-	if missing, known := lookup.StreamMissing(ctx, b.cfg.Stream); !known {
-		return nil // JetStream does not answer: err says so
-	} else if missing {
+	switch jspub.WhereTo(ctx, lookup, err, it.subject, b.cfg.Stream) {
+	case jspub.WhereNoStream:
 		return fmt.Errorf("JetStream has no stream %s: create it, and the messages move: %w", b.cfg.Stream, err)
+	case jspub.WhereNotCaptured, jspub.WhereOtherStream:
+		return fmt.Errorf("stream %s does not capture subject %q: add the subject to it, and the messages move: %w", b.cfg.Stream, it.subject, err)
 	}
-	return fmt.Errorf("stream %s does not capture subject %q: add the subject to it, and the messages move: %w", b.cfg.Stream, it.subject, err)
+	return nil
 }

@@ -20,9 +20,8 @@ type Lookup struct {
 	js   jetstream.JetStream
 	none map[string]bool
 	down bool // a lookup failed other than "not found"
-	// stream: whether the configured stream exists (0 not asked yet, 1
-	// yes, 2 no, 3 JetStream did not say).
-	stream int
+	// stream: whether the configured stream exists, asked once.
+	stream streamAnswer
 	// maxBytes: the stream's MaxBytes, looked up by TooLarge (-1: not yet;
 	// 0: the lookup failed, or no limit).
 	maxBytes int64
@@ -48,24 +47,34 @@ func (l *Lookup) NoStream(ctx context.Context, subject string) bool {
 	return none
 }
 
+// streamAnswer is what JetStream said of a stream's existence.
+type streamAnswer int
+
+const (
+	streamNotAsked streamAnswer = iota
+	streamExists
+	streamMissing
+	streamUnknown // JetStream did not answer
+)
+
 // StreamMissing reports whether JetStream said that the stream name does
 // not exist (deleted, or not re-created yet); known is false when it did
 // not answer. It asks once per batch.
 func (l *Lookup) StreamMissing(ctx context.Context, name string) (missing, known bool) {
-	if l.stream == 0 {
+	if l.stream == streamNotAsked {
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		_, err := l.js.Stream(lctx, name)
 		switch {
 		case err == nil:
-			l.stream = 1
+			l.stream = streamExists
 		case errors.Is(err, jetstream.ErrStreamNotFound):
-			l.stream = 2
+			l.stream = streamMissing
 		default:
-			l.stream = 3
+			l.stream = streamUnknown
 		}
 	}
-	return l.stream == 2, l.stream != 3
+	return l.stream == streamMissing, l.stream != streamUnknown
 }
 
 // JetStream's refusals of a publish for want of room: the broker's state,

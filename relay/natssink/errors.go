@@ -17,9 +17,8 @@ import (
 
 // JetStream API error codes.
 const (
-	errCodeMaxMsgSize     = 10054 // message size exceeds maximum allowed: no retry will fix it
-	errCodeStreamMismatch = 10060 // expected stream does not match: another stream captures the subject
-	errCodeStreamSealed   = 10109 // invalid operation on sealed stream: for good, for every row
+	errCodeMaxMsgSize   = 10054 // message size exceeds maximum allowed: no retry will fix it
+	errCodeStreamSealed = 10109 // invalid operation on sealed stream: for good, for every row
 )
 
 // ErrNoStream: the configured stream (RELAY_NATS_STREAM) does not exist:
@@ -50,7 +49,7 @@ func classify(err error) error {
 	case errors.As(err, &apiErr) && jspub.OutOfRoom(apiErr):
 		return relay.OutOfRoom(fmt.Errorf("nats: %w", err))
 	case errors.As(err, &apiErr):
-		return fmt.Errorf("nats: %w", err) // a per-message refusal (or a stream mismatch: see Sink.route): retry later
+		return fmt.Errorf("nats: %w", err) // a per-message refusal (a stream mismatch: see Sink.route): retry later
 	default:
 		// Timeouts, disconnects, no responders (JetStream restarting, or
 		// no stream for the subject): unknown, publish again.

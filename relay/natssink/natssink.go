@@ -171,39 +171,24 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 	}
 }
 
-// streamLookup is what JetStream says, in one batch, of where a subject
-// goes (*jspub.Lookup).
-type streamLookup interface {
-	NoStream(ctx context.Context, subject string) bool
-	StreamMissing(ctx context.Context, name string) (missing, known bool)
-}
-
-// route settles the refusals that say where a subject goes: "no
-// responders" (no stream captures the subject, or JetStream restarts) and
-// an expected-stream mismatch (another stream captures it). The configured
-// stream missing pauses the target (ErrNoStream); existing without the
-// subject, the row is retried and counts an attempt (ErrNotCaptured). Both
-// are said at once, then every errlog.Every.
-func (s *Sink) route(ctx context.Context, m *relay.Message, err error, lookup streamLookup) error {
-	var apiErr *jetstream.APIError
-	mismatch := errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStreamMismatch
-	noResponders := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
+// route settles the refusals that say where a subject goes (jspub.WhereTo):
+// the configured stream missing pauses the target (ErrNoStream); existing
+// without the subject, the row is retried and counts an attempt
+// (ErrNotCaptured). Both are said at once, then every errlog.Every.
+func (s *Sink) route(ctx context.Context, m *relay.Message, err error, lookup jspub.StreamLookup) error {
 	subject := s.Subject(m.Topic)
-	if !mismatch && (!noResponders || !lookup.NoStream(ctx, subject)) {
+	fix := "add the subject to stream " + s.cfg.Stream + "'s subjects, or check the row's topic"
+	switch jspub.WhereTo(ctx, lookup, err, subject, s.cfg.Stream) {
+	case jspub.WhereElse:
 		return err
-	}
-	missing, known := lookup.StreamMissing(ctx, s.cfg.Stream)
-	switch {
-	case !known:
+	case jspub.WhereUnknown:
 		return relay.Unavailable(err)
-	case missing:
+	case jspub.WhereNoStream:
 		s.warn.Warn("stream "+s.cfg.Stream, "JetStream has no stream "+s.cfg.Stream+" (RELAY_NATS_STREAM): the target waits, and every row is delivered once it exists. "+
 			"Create the stream, or set RELAY_NATS_STREAM to the stream that captures the subjects",
 			"stream", s.cfg.Stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted())
 		return relay.Unavailable(fmt.Errorf("nats: %w: %s (subject %q)", ErrNoStream, s.cfg.Stream, subject))
-	}
-	fix := "add the subject to stream " + s.cfg.Stream + "'s subjects, or check the row's topic"
-	if mismatch {
+	case jspub.WhereOtherStream:
 		fix = "another stream captures it: move the subject to stream " + s.cfg.Stream + ", or set RELAY_NATS_STREAM to that stream"
 	}
 	s.warn.Warn("subject "+subject, "stream "+s.cfg.Stream+" does not capture a row's subject: "+fix+"; "+

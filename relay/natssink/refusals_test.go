@@ -36,7 +36,7 @@ func verdictOf(err error) verdict {
 	return attempt
 }
 
-// lookupAnswers is a streamLookup with set answers.
+// lookupAnswers is a jspub.StreamLookup with set answers.
 type lookupAnswers struct {
 	noStream       bool
 	missing, known bool
