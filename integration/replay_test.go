@@ -54,6 +54,22 @@ func (e *env) replayRecord() (fromSeq, position, sent int64, ok bool) {
 	return fromSeq, position, sent, true
 }
 
+// streamOrders publishes n messages m-0000… on orders.a to the stream alone,
+// as the nats-only phase leaves them, and returns their ids.
+func (e *env) streamOrders(n int) map[string]bool {
+	e.t.Helper()
+	want := map[string]bool{}
+	for i := range n {
+		id := fmt.Sprintf("m-%04d", i)
+		want[id] = true
+		m := &nats.Msg{Subject: e.prefix + "orders.a", Data: []byte(id), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+		if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return want
+}
+
 // amqpMsg is what the drill checks of each message the legacy queue got.
 type amqpMsg struct {
 	routingKey, tenant string
@@ -396,16 +412,7 @@ func TestReplayPassesOverAMessageRabbitMQCanNeverTake(t *testing.T) {
 func TestReplayRidesOutANATSOutage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := context.Background()
-	want := map[string]bool{}
-	for i := range 3000 {
-		id := fmt.Sprintf("m-%04d", i)
-		want[id] = true
-		m := &nats.Msg{Subject: e.prefix + "orders.a", Data: []byte(id), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
-		if _, err := e.js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	want := e.streamOrders(3000)
 	px := newFaultProxy(t, "nats", hostOf(t, e.natsURL))
 	cmd := e.replayCmd("--from-seq", "1", "--rate", "300")
 	cmd.Env = append(cmd.Env, "RELAY_NATS_URL="+px.url(e.natsURL))
@@ -433,5 +440,71 @@ func TestReplayRidesOutANATSOutage(t *testing.T) {
 	got, _ := e.drainQueue(time.Second)
 	if missing, extra, dupes := tally(want, got); missing > 0 || extra > 0 || dupes > 0 {
 		t.Errorf("legacy queue: %d missing, %d extra, %d duplicates", missing, extra, dupes)
+	}
+}
+
+// The exchange deleted in the middle of a replay: RabbitMQ closes the
+// channel (404), which the run names at once and waits out, sending again
+// what it did not hear confirmed; once the exchange is declared again, it
+// goes on to the end of its window. Nothing is passed over or counted
+// failed; RabbitMQ gets every message, a copy more only within the batches
+// in flight.
+func TestReplayWaitsForADeletedExchange(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	want := e.streamOrders(3000)
+	const rate = 300
+	cmd := e.replayCmd("--from-seq", "1", "--rate", fmt.Sprint(rate))
+	out, done := startCmd(t, cmd)
+	testenv.Eventually(t, 30*time.Second, func() bool { _, pos, _, ok := e.replayRecord(); return ok && pos > 0 }, "the replay made no progress")
+
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDelete(e.exchange, false, false); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	named := fmt.Sprintf("no exchange '%s'", e.exchange)
+	testenv.Eventually(t, 30*time.Second, func() bool { return strings.Contains(out.String(), named) },
+		"the replay did not name the missing exchange:\n%s", out)
+	if took := time.Since(deleted); took > 2*time.Second {
+		t.Errorf("the replay named the missing exchange %s after its deletion, want within 2 s", took)
+	}
+	_, held, _, _ := e.replayRecord()
+	select {
+	case err := <-done:
+		t.Fatalf("the replay ended while the exchange was missing: %v\n%s", err, out)
+	case <-time.After(3 * time.Second):
+	}
+	if _, pos, _, ok := e.replayRecord(); !ok || pos > held+rate {
+		t.Errorf("the run moved from %d to %d (unfinished %v) while the exchange was missing", held, pos, ok)
+	}
+	if err := ch.ExchangeDeclare(e.exchange, "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(e.queue, "orders.#", e.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("replay after the exchange came back: %v\n%s", err, out)
+		}
+	case <-time.After(90 * time.Second):
+		cmd.Process.Signal(syscall.SIGQUIT)
+		<-done
+		t.Fatalf("the replay did not finish within 90 s of the exchange coming back:\n%s", out)
+	}
+	s := decodeReplay(t, []byte(out.String()))
+	if !s.Finished || s.Record.Position != 3000 || s.Failed != 0 || s.Record.FailedPermanent != 0 {
+		t.Errorf("replay: finished %v at %d, %d failed, %d failed for good; want finished at 3000, none failed", s.Finished, s.Record.Position, s.Failed, s.Record.FailedPermanent)
+	}
+	got, _ := e.drainQueue(time.Second)
+	bound := replay.DefaultInFlight * max(1, rate/10)
+	if missing, extra, dupes := tally(want, got); missing > 0 || extra > 0 || dupes > bound {
+		t.Errorf("legacy queue: %d missing, %d extra, %d duplicates (bound %d)", missing, extra, dupes, bound)
 	}
 }

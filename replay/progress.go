@@ -31,6 +31,14 @@ type Record struct {
 	UpdatedAt  time.Time  `json:"updated_at"`
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
 	Abandoned  bool       `json:"abandoned,omitempty"`
+	// StreamCreated is the stream's creation time: the run reads only that
+	// stream (nil: recorded before 00017).
+	StreamCreated *time.Time `json:"stream_created,omitempty"`
+}
+
+// where names the run and how far it got, for its errors.
+func (r Record) where() string {
+	return fmt.Sprintf("replay run %d, at sequence %d of %d..%d", r.ID, r.Position, r.FromSeq, r.ToSeq)
 }
 
 // Counts are what happened to the messages read.
@@ -89,7 +97,7 @@ func scanRecord(row pgx.Row) (Record, error) {
 	var from, to, pos int64
 	err := row.Scan(&r.ID, &r.Stream, &r.Exchange, &r.Request, &r.WindowStart, &r.WindowEnd, &from, &to, &pos,
 		&r.Sent, &r.SkippedDelivered, &r.SkippedBackfilled, &r.SkippedOwed, &r.WithoutID, &r.OtherSubject,
-		&r.FailedPermanent, &r.StartedAt, &r.UpdatedAt, &r.FinishedAt, &r.Abandoned)
+		&r.FailedPermanent, &r.StartedAt, &r.UpdatedAt, &r.FinishedAt, &r.Abandoned, &r.StreamCreated)
 	r.FromSeq, r.ToSeq, r.Position = uint64(max(from, 0)), uint64(max(to, 0)), uint64(max(pos, 0))
 	return r, err
 }
@@ -121,7 +129,7 @@ func (s records) overlapping(ctx context.Context, stream string, from, to uint64
 
 func (s records) start(ctx context.Context, r Record) (Record, error) {
 	out, err := scanRecord(s.db.QueryRow(ctx, s.q.ReplayStart, r.Stream, r.Exchange, r.Request,
-		r.WindowStart, r.WindowEnd, int64(r.FromSeq), int64(r.ToSeq)))
+		r.WindowStart, r.WindowEnd, int64(r.FromSeq), int64(r.ToSeq), r.StreamCreated))
 	if err != nil {
 		return Record{}, fmt.Errorf("record the replay run: %w", err)
 	}

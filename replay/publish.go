@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/relayd/relayd/internal/backoff"
@@ -29,8 +30,10 @@ func (r *runner) publish(ctx context.Context, b *batch) {
 			idx = append(idx, i)
 		}
 	}
-	wait := retryBackoff.Next(0)
 	for len(idx) > 0 {
+		if !r.pause.wait(ctx) {
+			return // interrupted: these stay unconfirmed
+		}
 		msgs := make([]*relay.Message, len(idx))
 		for j, i := range idx {
 			msgs[j] = b.items[i].msg
@@ -49,13 +52,44 @@ func (r *runner) publish(ctx context.Context, b *batch) {
 			}
 		}
 		if len(again) == 0 {
+			r.pause.ok()
 			return
 		}
-		r.warn("replay: RabbitMQ did not confirm some messages; sending them again", "messages", len(again), "error", first.Error())
-		if !backoff.Sleep(ctx, wait) {
-			return // interrupted: these stay unconfirmed
-		}
-		wait = retryBackoff.Next(wait)
+		r.pause.failed()
+		r.warn("replay: RabbitMQ refused or did not confirm some messages; sending them again once it takes them", "messages", len(again), "error", first.Error())
 		idx = again
 	}
+}
+
+// pause holds every batch back while RabbitMQ refuses them (a missing
+// exchange, a lost connection): they try again together, at a doubling
+// interval, rather than each close the channel on its own schedule.
+type pause struct {
+	mu    sync.Mutex
+	until time.Time
+	last  time.Duration
+}
+
+// failed moves the next try away, once per round of tries.
+func (p *pause) failed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now := time.Now(); !now.Before(p.until) {
+		p.last = retryBackoff.Next(p.last)
+		p.until = now.Add(p.last)
+	}
+}
+
+func (p *pause) ok() {
+	p.mu.Lock()
+	p.last = 0
+	p.mu.Unlock()
+}
+
+// wait returns when a try may go, false if ctx ends first.
+func (p *pause) wait(ctx context.Context) bool {
+	p.mu.Lock()
+	d := time.Until(p.until)
+	p.mu.Unlock()
+	return d <= 0 || backoff.Sleep(ctx, d)
 }

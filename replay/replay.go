@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
 	"github.com/relayd/relayd/phase"
@@ -96,6 +97,27 @@ func (e *OverlapError) Error() string {
 		e.Run.ID, e.Run.FromSeq, e.Run.ToSeq, e.Run.Stream)
 }
 
+// StreamGoneError: the stream the run reads does not exist. The messages of
+// its window not yet replayed are in no stream; a restore from a backup keeps
+// the stream's sequences and creation time, and a rerun resumes on it.
+type StreamGoneError struct{ Stream string }
+
+func (e *StreamGoneError) Error() string {
+	return fmt.Sprintf("stream %s does not exist: the messages of the window not yet replayed are in no stream; restore it from a backup (which keeps its sequences) and rerun to resume", e.Stream)
+}
+
+// StreamReplacedError: a stream of the run's name exists, but not the one the
+// run read: it was re-created, and its sequences are other messages.
+type StreamReplacedError struct {
+	Stream    string
+	Read, Now time.Time // the creation times of the stream the run read and of the one there now
+}
+
+func (e *StreamReplacedError) Error() string {
+	return fmt.Sprintf("stream %s was re-created at %s, after the one the run read (created at %s): its sequences are other messages and are not read; restore the stream the run read and rerun to resume, or rerun with --restart to replay a window of this one",
+		e.Stream, e.Now.UTC().Format(time.RFC3339Nano), e.Read.UTC().Format(time.RFC3339Nano))
+}
+
 // item is one message of the window.
 type item struct {
 	seq  uint64
@@ -115,6 +137,7 @@ type runner struct {
 	log     *slog.Logger
 	rec     records
 	limiter *rate.Limiter
+	pause   pause
 	start   time.Time
 
 	mu       sync.Mutex
@@ -150,9 +173,9 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 			return Summary{}, err
 		}
 	}
-	stream, err := cfg.JS.Stream(ctx, cfg.Stream)
+	stream, err := r.stream(ctx)
 	if err != nil {
-		return Summary{}, fmt.Errorf("stream %s: %w", cfg.Stream, err)
+		return Summary{}, err
 	}
 	window, err := r.choose(ctx, stream)
 	if err != nil || r.sum.AlreadyDone {
@@ -165,6 +188,23 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		"to_seq", r.run.ToSeq, "position", r.run.Position, "resumed", r.sum.Resumed, "dry_run", cfg.DryRun)
 	err = r.replay(ctx, stream, window)
 	return r.finish(), err
+}
+
+// stream looks the configured stream up. When it does not exist, an
+// unfinished run of it cannot go on: the error says so.
+func (r *runner) stream(ctx context.Context) (jetstream.Stream, error) {
+	stream, err := r.cfg.JS.Stream(ctx, r.cfg.Stream)
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", r.cfg.Stream, err)
+		}
+		return stream, nil
+	}
+	run, ok, rerr := r.rec.unfinished(ctx)
+	if rerr != nil || !ok || run.Stream != r.cfg.Stream || r.cfg.Restart {
+		return nil, fmt.Errorf("stream %s does not exist in JetStream: nothing to replay from (RELAY_NATS_STREAM)", r.cfg.Stream)
+	}
+	return nil, fmt.Errorf("%s: %w", run.where(), &StreamGoneError{Stream: r.cfg.Stream})
 }
 
 // checkPhase refuses a run while the table is in the nats-only phase, or a

@@ -15,6 +15,7 @@ import (
 // requested window, recorded before anything is sent. It returns the time
 // past which the read stops (zero: none).
 func (r *runner) choose(ctx context.Context, stream jetstream.Stream) (end time.Time, err error) {
+	created := stream.CachedInfo().Created
 	history, err := phase.History(ctx, r.cfg.DB, r.cfg.Table)
 	if err != nil {
 		return time.Time{}, err
@@ -35,6 +36,9 @@ func (r *runner) choose(ctx context.Context, stream jetstream.Stream) (end time.
 			// its messages are owed to that exchange.
 			return time.Time{}, &ElsewhereError{Run: unfinished, Stream: r.cfg.Stream, Exchange: r.cfg.Exchange}
 		}
+		if c := unfinished.StreamCreated; c != nil && !sameStream(*c, created) {
+			return time.Time{}, fmt.Errorf("%s: %w", unfinished.where(), &StreamReplacedError{Stream: r.cfg.Stream, Read: *c, Now: created})
+		}
 		r.run, r.sum.Resumed = unfinished, true
 		return endOf(unfinished), nil
 	}
@@ -52,7 +56,8 @@ func (r *runner) choose(ctx context.Context, stream jetstream.Stream) (end time.
 		return time.Time{}, err
 	}
 	rec := Record{Stream: r.cfg.Stream, Exchange: r.cfg.Exchange, Request: w.Key(),
-		WindowStart: timePtr(w.Start), WindowEnd: timePtr(w.End), FromSeq: from, ToSeq: to, Position: from - 1}
+		WindowStart: timePtr(w.Start), WindowEnd: timePtr(w.End), FromSeq: from, ToSeq: to, Position: from - 1,
+		StreamCreated: &created}
 	if from <= to && !r.cfg.Restart {
 		done, ok, err := r.rec.overlapping(ctx, r.cfg.Stream, from, to)
 		switch {

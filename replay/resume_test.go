@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 )
 
 // --restart forgets what the abandoned run settled: when it had settled
@@ -55,25 +56,29 @@ func TestRestartWarnsOfWhatItSendsAgain(t *testing.T) {
 // An unfinished run's sequences are its stream's, and its messages go to
 // its exchange: a rerun configured with another stream or exchange would
 // read other messages at those sequences, or send the rest elsewhere. It is
-// refused, naming both; the same configuration resumes.
+// refused, naming both; the same configuration resumes, on the same stream:
+// not one re-created under its name.
 func TestResumeKeepsTheRunsStreamAndExchange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, table, rec := testRecords(t)
-	if _, err := rec.start(ctx, Record{Stream: "OUTBOX", Exchange: "outbox", Request: "from-seq=1", FromSeq: 1, ToSeq: 9}); err != nil {
+	created := time.Date(2026, 11, 2, 9, 0, 0, 123456789, time.UTC)
+	if _, err := rec.start(ctx, Record{Stream: "OUTBOX", Exchange: "outbox", Request: "from-seq=1", FromSeq: 1, ToSeq: 9, StreamCreated: &created}); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		name, stream, exchange string
-		want                   []string // "": resumed
+		created                time.Time // the stream's now
+		want                   []string  // "": resumed
 	}{
-		{"the same", "OUTBOX", "outbox", nil},
-		{"another stream", "OTHER", "outbox", []string{`stream "OUTBOX"`, `"OTHER"`, "RELAY_NATS_STREAM"}},
-		{"another exchange", "OUTBOX", "legacy", []string{`exchange "outbox"`, `"legacy"`, "RELAY_AMQP_EXCHANGE"}},
+		{"the same", "OUTBOX", "outbox", created, nil},
+		{"another stream", "OTHER", "outbox", created, []string{`stream "OUTBOX"`, `"OTHER"`, "RELAY_NATS_STREAM"}},
+		{"another exchange", "OUTBOX", "legacy", created, []string{`exchange "outbox"`, `"legacy"`, "RELAY_AMQP_EXCHANGE"}},
+		{"the stream re-created", "OUTBOX", "outbox", created.Add(time.Hour), []string{"stream OUTBOX was re-created", "--restart", "run 1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &runner{cfg: Config{DB: pool, Table: table, Stream: tc.stream, Exchange: tc.exchange}, log: slog.New(slog.DiscardHandler), rec: rec}
-			_, err := r.choose(ctx, nil)
+			_, err := r.choose(ctx, createdStream{created: tc.created})
 			if tc.want == nil {
 				if err != nil || !r.sum.Resumed {
 					t.Fatalf("choose: %v, resumed %v; want the run resumed", err, r.sum.Resumed)

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/errlog"
 )
 
@@ -62,41 +64,63 @@ func firstAfter(ctx context.Context, stream jetstream.Stream, t time.Time) (uint
 
 // source reads the window's messages in stream order through an ordered
 // consumer, which recreates itself from the next sequence after a hiccup.
+// It reads only the stream created at created: one deleted, or re-created
+// under its name, stops the read (StreamGoneError, StreamReplacedError).
 type source struct {
-	stream jetstream.Stream
-	cons   jetstream.Consumer
-	it     jetstream.MessagesContext
-	to     uint64
-	end    time.Time // zero: none
-	prefix string
-	done   bool
-	stop   func() bool
-	expect uint64                // the sequence that comes next unless it is gone
-	gone   func(from, to uint64) // sequences of the window not in the stream
-	errs   *errlog.Limiter       // JetStream not answering
+	stream  jetstream.Stream
+	created time.Time
+	cons    jetstream.Consumer
+	it      jetstream.MessagesContext
+	unhook  func() bool // stops it when the run's context ends
+	reader  string      // the server-side consumer the last message came from
+	batch   int
+	to      uint64
+	end     time.Time // zero: none
+	prefix  string
+	done    bool
+	expect  uint64                // the sequence that comes next unless it is gone
+	gone    func(from, to uint64) // sequences of the window not in the stream
+	errs    *errlog.Limiter       // JetStream not answering
 }
 
-func openSource(ctx context.Context, stream jetstream.Stream, from, to uint64, end time.Time, prefix string, batch int, gone func(from, to uint64), log *slog.Logger) (*source, error) {
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from,
+func openSource(ctx context.Context, stream jetstream.Stream, created time.Time, from, to uint64, end time.Time, prefix string, batch int, gone func(from, to uint64), log *slog.Logger) (*source, error) {
+	s := &source{stream: stream, created: created, batch: batch, to: to, end: end, prefix: prefix,
+		expect: from, gone: gone, errs: errlog.New(log, "replay: read the stream from JetStream")}
+	if err := s.open(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// open reads on from the expected sequence. The ordered consumer tries once
+// to recreate itself after a hiccup; next finds out why that failed.
+func (s *source) open(ctx context.Context) error {
+	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: s.expect,
 		// The server removes it soon if this process dies mid-run.
 		InactiveThreshold: time.Minute,
+		MaxResetAttempts:  1,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create ordered consumer: %w", err)
+		return fmt.Errorf("create ordered consumer: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(min(2*batch, 2000)))
+	it, err := cons.Messages(jetstream.PullMaxMessages(min(2*s.batch, 2000)))
 	if err != nil {
-		return nil, fmt.Errorf("consume: %w", err)
+		deleteConsumer(s.stream, cons)
+		return fmt.Errorf("consume: %w", err)
 	}
-	return &source{stream: stream, cons: cons, it: it, to: to, end: end, prefix: prefix, stop: context.AfterFunc(ctx, it.Stop),
-		expect: from, gone: gone, errs: errlog.New(log, "replay: read the stream from JetStream")}, nil
+	s.cons, s.it, s.unhook = cons, it, context.AfterFunc(ctx, it.Stop)
+	return nil
 }
 
 func (s *source) close() {
-	s.stop()
+	if s.it == nil {
+		return
+	}
+	s.unhook()
 	s.it.Stop()
 	deleteConsumer(s.stream, s.cons)
+	s.it = nil
 }
 
 // idleWait is how long next waits for a message before it asks whether any
@@ -110,24 +134,47 @@ const (
 // next returns the next message of the window, or ok false past its end.
 func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 	for !s.done {
+		if s.it == nil {
+			// The consumer could not recreate itself: read on once the
+			// stream answers, and is still the run's.
+			if err := s.check(ctx); err != nil {
+				if !s.waitOut(ctx, err) {
+					return item{}, false, cmp.Or(ctx.Err(), err)
+				}
+				continue
+			}
+			if err := s.open(ctx); err != nil {
+				if !s.waitOut(ctx, err) {
+					return item{}, false, cmp.Or(ctx.Err(), err)
+				}
+				continue
+			}
+		}
 		msg, err := s.it.Next(jetstream.NextMaxWait(idleWait))
 		if err != nil {
 			if ctx.Err() != nil {
 				return item{}, false, ctx.Err()
 			}
 			if !errors.Is(err, nats.ErrTimeout) {
-				return item{}, false, fmt.Errorf("read the stream: %w", err)
+				s.close()
+				continue
 			}
-			// Nothing for a while: the messages up to `to` were deleted, or
-			// JetStream does not answer (the run waits for it, saying so).
+			// Nothing for a while: the messages up to `to` were deleted, the
+			// stream was, or JetStream does not answer (the run waits for
+			// it, saying so).
+			if err := s.check(ctx); err != nil {
+				if !s.waitOut(ctx, err) {
+					return item{}, false, cmp.Or(ctx.Err(), err)
+				}
+				continue
+			}
 			ictx, cancel := context.WithTimeout(ctx, infoWait)
 			ci, err := s.cons.Info(ictx)
 			cancel()
 			if err != nil {
-				if ctx.Err() != nil {
+				if !s.waitOut(ctx, fmt.Errorf("consumer info: %w", err)) {
 					return item{}, false, ctx.Err()
 				}
-				s.errs.Error(fmt.Errorf("consumer info: %w", err))
 				continue
 			}
 			s.errs.OK()
@@ -145,6 +192,18 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 		if err != nil {
 			return item{}, false, fmt.Errorf("message metadata: %w", err)
 		}
+		if meta.Consumer != s.reader {
+			// The ordered consumer recreated itself: on this stream, or on
+			// one re-created under its name?
+			if err := s.check(ctx); err != nil {
+				s.close()
+				if !s.waitOut(ctx, err) {
+					return item{}, false, cmp.Or(ctx.Err(), err)
+				}
+				continue
+			}
+			s.reader = meta.Consumer
+		}
 		seq := meta.Sequence.Stream
 		s.skipTo(min(seq, s.to+1))
 		if seq > s.to || (!s.end.IsZero() && meta.Timestamp.After(s.end)) {
@@ -160,6 +219,40 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 		return item{seq: seq, msg: m, skip: why}, true, nil
 	}
 	return item{}, false, nil
+}
+
+// check asks JetStream whether the stream is still the one the run reads.
+func (s *source) check(ctx context.Context) error {
+	ictx, cancel := context.WithTimeout(ctx, infoWait)
+	defer cancel()
+	info, err := s.stream.Info(ictx)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return &StreamGoneError{Stream: s.stream.CachedInfo().Config.Name}
+	case err != nil:
+		return fmt.Errorf("stream info: %w", err)
+	case !sameStream(info.Created, s.created):
+		return &StreamReplacedError{Stream: info.Config.Name, Read: s.created, Now: info.Created}
+	}
+	return nil
+}
+
+// waitOut logs err, which JetStream may answer differently in a while, and
+// waits a little; it is false when the run stops: ctx is done, or err is
+// the stream's own end.
+func (s *source) waitOut(ctx context.Context, err error) bool {
+	var gone *StreamGoneError
+	var replaced *StreamReplacedError
+	if ctx.Err() != nil || errors.As(err, &gone) || errors.As(err, &replaced) {
+		return false
+	}
+	s.errs.Error(err)
+	return backoff.Sleep(ctx, idleWait)
+}
+
+// sameStream compares creation times as Postgres keeps them (microseconds).
+func sameStream(a, b time.Time) bool {
+	return a.Truncate(time.Microsecond).Equal(b.Truncate(time.Microsecond))
 }
 
 // skipTo reports the sequences from the expected one up to seq (exclusive)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -32,6 +33,20 @@ func (c *infoConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
 	return &c.ci, nil
 }
 
+// createdStream is a stream created at created, all its Info says.
+type createdStream struct {
+	jetstream.Stream
+	created time.Time
+}
+
+func (s createdStream) Info(context.Context, ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error) {
+	return s.CachedInfo(), nil
+}
+
+func (s createdStream) CachedInfo() *jetstream.StreamInfo {
+	return &jetstream.StreamInfo{Created: s.created}
+}
+
 // A consumer with nothing pending ends the window only once everything it
 // delivered was read: what the server delivered past the last message read
 // is on its way, or lost and asked for again; it is not gone.
@@ -52,7 +67,7 @@ func TestSourceEndsOnlyWhenNothingDeliveredIsUnread(t *testing.T) {
 			cons := &infoConsumer{stop: cancel}
 			cons.ci.Delivered.Stream = tc.delivered
 			var gone [][2]uint64
-			s := &source{cons: cons, it: quietMessages{}, to: 10, expect: 5,
+			s := &source{stream: createdStream{}, cons: cons, it: quietMessages{}, to: 10, expect: 5,
 				gone: func(from, to uint64) { gone = append(gone, [2]uint64{from, to}) }, errs: errlog.New(nil, "test")}
 			_, ok, err := s.next(ctx)
 			if ok {

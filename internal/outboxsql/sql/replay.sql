@@ -68,7 +68,7 @@ WHERE locktype = 'relation' AND relation = '{{.Table}}'::regclass AND mode = 'Ro
 
 {{define "replayCols"}}id, stream, exchange, request, window_start, window_end, from_seq, to_seq, position,
 	sent, skipped_delivered, skipped_backfilled, skipped_owed, without_id, other_subject, failed_permanent,
-	started_at, updated_at, finished_at, abandoned{{end}}
+	started_at, updated_at, finished_at, abandoned, stream_created{{end}}
 
 -- ReplayRun: run $1.
 {{define "ReplayRun"}}SELECT {{template "replayCols"}} FROM {{.Replay}} WHERE id = $1{{end}}
@@ -85,10 +85,11 @@ ORDER BY id DESC LIMIT 1
 {{end}}
 
 -- ReplayStart: a new run: $1 stream, $2 exchange, $3 request, $4 window
--- start, $5 window end, $6 from seq, $7 to seq; nothing done yet.
+-- start, $5 window end, $6 from seq, $7 to seq, $8 the stream's creation
+-- time; nothing done yet.
 {{define "ReplayStart"}}
-INSERT INTO {{.Replay}} (stream, exchange, request, window_start, window_end, from_seq, to_seq, position)
-VALUES ($1, $2, $3, $4, $5, $6::bigint, $7::bigint, $6::bigint - 1)
+INSERT INTO {{.Replay}} (stream, exchange, request, window_start, window_end, from_seq, to_seq, position, stream_created)
+VALUES ($1, $2, $3, $4, $5, $6::bigint, $7::bigint, $6::bigint - 1, $8)
 RETURNING {{template "replayCols"}}
 {{end}}
 

@@ -1,0 +1,1 @@
+ALTER TABLE {{.Qualified "replay"}} DROP COLUMN stream_created;
