@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -31,7 +33,15 @@ func TestMigrateDownToTheReleaseBefore(t *testing.T) {
 		Table  string  `json:"table"`
 		Undone []int64 `json:"undone"`
 	}
-	if err := json.Unmarshal([]byte(out), &down); code != exitOK || err != nil || !slices.Equal(down.Undone, []int64{16, 15, 14, 13}) {
+	ups, err := filepath.Glob("../../schema/migrations/*.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []int64 // every migration after 12, the latest first
+	for v := int64(len(ups)); v > 12; v-- {
+		want = append(want, v)
+	}
+	if err := json.Unmarshal([]byte(out), &down); code != exitOK || err != nil || !slices.Equal(down.Undone, want) {
 		t.Fatalf("migrate down-to 12: exit %d, %v, %+v\n%s", code, err, down, errOut)
 	}
 	var owed *string
@@ -63,7 +73,7 @@ func TestMigrateDownToTheReleaseBefore(t *testing.T) {
 		t.Fatalf("a producer's insert after down-to 12: %v", err)
 	}
 
-	if out := mustRun(t, env, "migrate"); out != table.String()+": 4 migration(s) applied\n" {
+	if out := mustRun(t, env, "migrate"); out != fmt.Sprintf("%s: %d migration(s) applied\n", table, len(want)) {
 		t.Fatalf("migrate up again: %q", out)
 	}
 	var n int

@@ -86,7 +86,7 @@ func openAMQPSink(ctx context.Context, cfg *config, log *slog.Logger) (relay.Sin
 		return nil, nil, err
 	}
 	s, err := amqpsink.New(sctx, amqpsink.Config{URL: cfg.AMQPURL, Exchange: cfg.AMQPExchange, TLS: tlsCfg, Logger: log,
-		StallTimeout: 2 * cfg.PublishTimeout})
+		StallTimeout: 2 * cfg.PublishTimeout, HoldAfter: cfg.PublishTimeout})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,6 +1,7 @@
 package amqpsink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,9 +37,10 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 // send publishes the batch on l in one write (see amqpio.Conn), before any
 // waiting starts, and returns the publish each result waits for (nil: the
 // result is already set). Nothing new goes onto a connection RabbitMQ has
-// blocked: the write would wait in the socket, and the confirms with it.
+// blocked (the write would wait in the socket, and the confirms with it), or
+// has acked nothing on for HoldAfter while publishes wait.
 func (s *Sink) send(ctx context.Context, l *link, msgs []*relay.Message, results []error) []*pending {
-	blocked := l.blockedErr()
+	blocked := cmp.Or(l.blockedErr(), l.quietErr(s.cfg.HoldAfter))
 	if blocked == nil {
 		deadline, _ := ctx.Deadline()
 		l.cork.Cork()

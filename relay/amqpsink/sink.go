@@ -50,6 +50,12 @@ type Config struct {
 	// a quorum queue's leader was lost nacks everything. Default
 	// StallTimeoutDefault (30 s).
 	StallTimeout time.Duration
+	// HoldAfter is how long RabbitMQ may ack nothing while publishes wait
+	// before nothing new goes onto the connection until it answers or is
+	// replaced: a message never sent there is not sent twice when the
+	// connection is lost (docs/design.md, "Never re-sent to a broker that
+	// confirmed it"). Default StallTimeout / 2.
+	HoldAfter time.Duration
 
 	// wrapConn, in tests, wraps each TCP connection below the cork.
 	wrapConn func(net.Conn) net.Conn
@@ -101,6 +107,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.StallTimeout = cmp.Or(cfg.StallTimeout, StallTimeoutDefault)
+	cfg.HoldAfter = cmp.Or(cfg.HoldAfter, cfg.StallTimeout/2)
 	s := &Sink{cfg: cfg, log: cfg.Logger.With("target", "amqp"), nodes: amqpio.NewNodes(cfg.URL),
 		stop: make(chan struct{}), stopped: make(chan struct{}), late: map[string]time.Time{}}
 	s.unroutable = newUnroutableWarner(s.log)

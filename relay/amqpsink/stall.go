@@ -3,6 +3,8 @@ package amqpsink
 import (
 	"fmt"
 	"time"
+
+	"github.com/relayd/relayd/relay"
 )
 
 // StallTimeoutDefault is Config.StallTimeout's default.
@@ -41,6 +43,23 @@ func (l *link) stalled(after time.Duration) bool {
 	}
 	l.cut = fmt.Errorf("amqp: no ack for %s (%d nacks, %d publishes waiting) on a connection RabbitMQ has not blocked: closed it, to publish again on a new one", after, l.nacks, len(l.byTag))
 	return true
+}
+
+// quietErr is the error of a publish held back because RabbitMQ has acked
+// nothing for after while publishes wait on the link, nil otherwise. Those
+// may be stored or not; each new one would be unknown too when the link is
+// lost, and sent again on the next.
+func (l *link) quietErr(after time.Duration) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dead || len(l.byTag) == 0 || l.blocked != "" {
+		return nil
+	}
+	if quiet := time.Since(l.acked); quiet >= after {
+		return relay.Unavailable(fmt.Errorf("amqp: RabbitMQ has acked nothing for %s while %d publishes wait: nothing new goes on this connection until it answers, or is replaced",
+			quiet.Round(time.Millisecond), len(l.byTag)))
+	}
+	return nil
 }
 
 // answered notes RabbitMQ's answer to a publish (called with mu held): an

@@ -129,3 +129,41 @@ func TestNackingConnectionIsReplaced(t *testing.T) {
 type lazyCount struct{ n *atomic.Int32 }
 
 func (l lazyCount) String() string { return strconv.Itoa(int(l.n.Load())) }
+
+// Once RabbitMQ has acked nothing for HoldAfter while publishes wait, a new
+// message is not put on the connection: it is refused at once, unknown to
+// nobody, so the loss of the connection cannot make it a second copy. The
+// connection replaced, it goes once.
+func TestQuietConnectionTakesNothingNew(t *testing.T) {
+	t.Parallel()
+	var conns atomic.Int32
+	var drop atomic.Bool
+	e := setupReadyWith(t, func(c *amqpsink.Config) {
+		c.StallTimeout, c.HoldAfter = 3*time.Second, 500*time.Millisecond
+		amqpsink.WrapConn(c, func(nc net.Conn) net.Conn {
+			if conns.Add(1) == 1 {
+				return dropWrites{Conn: nc, drop: &drop}
+			}
+			return nc
+		})
+	})
+	first, later := sinktest.Messages("quiet-first", 10), sinktest.Messages("quiet-later", 10)
+	drop.Store(true)
+	sinktest.RequireAllUnavailable(t, first, sinktest.Publish(t, e.sink, 600*time.Millisecond, first))
+	start := time.Now()
+	results := sinktest.Publish(t, e.sink, 10*time.Second, later)
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("the held-back publish took %v, want at once", took)
+	}
+	sinktest.RequireAllUnavailable(t, later, results)
+	for i, err := range results {
+		if !strings.Contains(err.Error(), "acked nothing for") {
+			t.Fatalf("message %d: %v, want it held back as RabbitMQ acked nothing", i, err)
+		}
+	}
+	testenv.Eventually(t, 15*time.Second, func() bool { return conns.Load() == 2 && e.sink.Ready() == nil },
+		"the sink did not connect again: %d connections", lazyCount{&conns})
+	both := append(first, later...)
+	sinktest.RequireAllNil(t, both, sinktest.Publish(t, e.sink, 15*time.Second, both))
+	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), both, 1)
+}
