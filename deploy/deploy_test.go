@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,6 +58,9 @@ func exportedMetrics(t *testing.T) map[string]string {
 	m := metrics.NewRelay(reg, "test")
 	// Figures read once: the backlog gauges export nothing before.
 	metrics.NewOutbox(reg).Set([]relay.TargetStats{{Target: relay.TargetAMQP, Pending: 1}})
+	metrics.NewPostgres(reg).Set(relay.PostgresHealth{
+		Horizon: []relay.HorizonHolder{{Kind: "snapshot", Age: time.Hour, AgeKnown: true}},
+		Tables:  []relay.TableHealth{{Table: "outbox"}}})
 	m.PublishFailed("amqp", nil)
 	m.Parked("amqp")
 	// The pool connects lazily: New registers the counters, nothing dials.

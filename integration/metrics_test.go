@@ -161,6 +161,10 @@ func TestLagGaugeAndReadinessFollowAnOutage(t *testing.T) {
 	if pub := scrape(t, addr, "relayd_published_total"); pub["nats"] < 20 || pub["amqp"] < 20 {
 		t.Fatalf("published_total %v, want >= 20 per target", pub)
 	}
+	// What the database does to relayd's tables is read on the same interval.
+	if size := scrapeBy(t, addr, "relayd_postgres_table_bytes", "table"); size["outbox"] <= 0 || size["owed"] <= 0 || size["delivered"] <= 0 {
+		t.Fatalf("relayd_postgres_table_bytes %v, want each table's size", size)
+	}
 	if !r.running() {
 		t.Fatal("relayd exited")
 	}

@@ -91,22 +91,29 @@ func (o *Outbox) Set(stats []relay.TargetStats) {
 // errors are logged once per outage; the old figures stay (and the lag
 // keeps growing).
 func (o *Outbox) Run(ctx context.Context, interval time.Duration, read func(context.Context) ([]relay.TargetStats, error), log *slog.Logger) {
+	poll(ctx, interval, read, o.Set, log, "outbox stats")
+}
+
+// poll reads every interval until ctx is done, at once on start, and sets
+// what it read. Read errors are logged once per outage, as what; the old
+// figures stay.
+func poll[T any](ctx context.Context, interval time.Duration, read func(context.Context) (T, error), set func(T), log *slog.Logger, what string) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	failing := false
 	for {
 		rctx, cancel := context.WithTimeout(ctx, max(interval, 5*time.Second))
-		stats, err := read(rctx)
+		v, err := read(rctx)
 		cancel()
 		switch {
 		case err == nil:
-			o.Set(stats)
+			set(v)
 			if failing {
-				log.Info("outbox stats recovered")
+				log.Info(what + " recovered")
 			}
 			failing = false
 		case ctx.Err() == nil && !failing:
-			log.Error("read outbox stats", "error", err.Error())
+			log.Error("read "+what, "error", err.Error())
 			failing = true
 		}
 		select {

@@ -283,6 +283,7 @@ func docRegistered(t *testing.T) map[string]string {
 	r := &docRecorder{reg: prometheus.NewRegistry()}
 	metrics.NewRelay(r, "test")
 	metrics.NewOutbox(r)
+	metrics.NewPostgres(r)
 	(&reporter{}).register(r)
 	pool, err := pgxpool.New(context.Background(), "postgres://docs@127.0.0.1:1/docs") // connects lazily: never here
 	if err != nil {

@@ -117,6 +117,10 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 	go ob.Run(ctx, cfg.StatsInterval, func(ctx context.Context) ([]relay.TargetStats, error) {
 		return relay.ReadStats(ctx, pool, cfg.table, r.Phase().Running)
 	}, log)
+	pg := metrics.NewPostgres(reg)
+	go pg.Run(ctx, cfg.StatsInterval, func(ctx context.Context) (relay.PostgresHealth, error) {
+		return relay.ReadPostgres(ctx, pool, cfg.table)
+	}, log)
 	// The report outlives ctx: a stopping relay's batches in flight still run
 	// their phase. Its row goes once they end, before the pool closes.
 	rctx, stopReport := context.WithCancel(context.WithoutCancel(ctx))

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -153,5 +155,31 @@ func TestStatusPhaseAndRelays(t *testing.T) {
 	if len(doc.Targets) == 0 || doc.Phase == nil || doc.Phase.Phase != phase.Dual || len(doc.Relays) != 1 ||
 		doc.Relays[0].Instance != "h9:99" || doc.Relays[0].Phase != phase.NATS || !doc.Relays[0].Pinned || !doc.Relays[0].Differs {
 		t.Errorf("status --json: %+v", doc)
+	}
+}
+
+// status names what holds back VACUUM's horizon, in a database of the
+// test's own: a pg_dump-like snapshot left open, by its application name,
+// pid and state; then relayd's tables' dead rows and size.
+func TestStatusNamesWhatHoldsTheHorizon(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.Database(t)
+	env := map[string]string{"RELAY_DATABASE_URL": url, "RELAY_OUTBOX_TABLE": "outbox"}
+	mustRun(t, env, "migrate")
+	dump := testenv.Session(t, url, "nightly-dump")
+	if _, err := dump.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT count(*) FROM pg_class`); err != nil {
+		t.Fatal(err)
+	}
+	out := mustRun(t, env, "status")
+	want := regexp.MustCompile(fmt.Sprintf(`(?m)^horizon  held by a snapshot \(nightly-dump, pid %d, idle in transaction\) for \d+s, \d+ transaction ids back$`, dump.PgConn().PID()))
+	if !want.MatchString(out) {
+		t.Errorf("status does not name the snapshot (%s):\n%s", want, out)
+	}
+	if !regexp.MustCompile(`(?m)^tables   outbox 0 dead, 0 live, \d+ kB; owed 0 dead, 0 live, \d+ kB; delivered 0 dead, 0 live, \d+ kB$`).MatchString(out) {
+		t.Errorf("status does not give the tables' figures:\n%s", out)
 	}
 }

@@ -75,6 +75,9 @@ type Statements struct {
 	RetryParked              ByTarget[string]
 	MaxID                    string
 
+	// What holds back VACUUM's horizon, and what relayd's tables hold.
+	Horizon, TableHealth string
+
 	// The backfill's lookups and record.
 	Known       string
 	RecordMoved string
@@ -169,6 +172,8 @@ func render(t schema.Table) *Statements {
 		ListParked:               exec("ListParked", d),
 		RetryParked:              perTarget("RetryParked"),
 		MaxID:                    exec("MaxID", d),
+		Horizon:                  exec("Horizon", d),
+		TableHealth:              exec("TableHealth", d),
 		Known:                    exec("Known", d),
 		RecordMoved:              exec("RecordMoved", d),
 		VerifyOutbox:             exec("VerifyOutbox", d),

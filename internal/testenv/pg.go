@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"errors"
+	"net/url"
 	"testing"
 	"time"
 
@@ -94,4 +95,61 @@ func SetState(t testing.TB, db interface {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Database creates a database of the test's own on the test server and
+// returns its URL; it is dropped, sessions and all, when the test ends. For
+// a test that reads what the whole database does (pg_stat_activity), which
+// the other tests' sessions would muddle.
+func Database(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, DatabaseURL(t))
+	if err != nil {
+		t.Fatalf("connect to postgres: %v", err)
+	}
+	defer admin.Close(ctx)
+	name := Name("db")
+	if _, err := admin.Exec(ctx, `CREATE DATABASE `+name); err != nil {
+		t.Fatalf("create database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, DatabaseURL(t))
+		if err != nil {
+			t.Logf("drop database %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, `DROP DATABASE `+name+` WITH (FORCE)`); err != nil {
+			t.Logf("drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// Session connects to url as application name app, for a test that reads
+// what a session does in pg_stat_activity; it is closed when the test ends.
+func Session(t testing.TB, url, app string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("connect to postgres as %s: %v", app, err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
 }
