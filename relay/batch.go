@@ -31,7 +31,13 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 		return 0, 0, fmt.Errorf("begin: %w", err)
 	}
 	var held []int64 // the batch's keyed rows, in r.held until its transaction ends
+	// The outbox row the claims walk back to if the batch ends unrecorded:
+	// its rows are claimable again, below the floor. -1: none.
+	walkBack := int64(-1)
 	defer func() {
+		if walkBack >= 0 {
+			r.floor.walkBack(walkBack)
+		}
 		// A transaction still open (or failed) ends without a trace; a
 		// connection that cannot roll back is closed on release.
 		if conn.Conn().PgConn().TxStatus() != 'I' {
@@ -44,21 +50,22 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 	}()
 
 	// One claim at a time, each starting where the one before it ended.
-	floor := r.floor.begin(time.Now())
+	fl := r.floor.begin(time.Now())
 	r.hooks.onClaiming()
 	claimStart := time.Now()
-	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, floor, r.held.list())
+	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, fl, r.held.list())
 	claimedAt := time.Now()
 	if err == nil {
-		r.floor.advance(rows, floor, snap, time.Since(claimStart))
+		r.floor.claimed(rows, fl, snap, claimedAt, claimedAt.Sub(claimStart))
 		held = r.held.add(rows)
-		r.hooks.onClaimed(len(rows), floor)
+		r.hooks.onClaimed(len(rows), fl.fresh.from)
 	}
 	r.floor.end()
 	if err != nil {
 		return 0, 0, err
 	}
 	r.idle.claimed(rows)
+	walkBack = lowestFresh(rows)
 	if len(rows) == 0 {
 		if _, err := conn.Exec(cctx, "COMMIT"); err != nil { // holds nothing: stops with the relay too
 			return 0, 0, fmt.Errorf("commit empty claim: %w", err)
@@ -73,6 +80,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 	if err := bt.record(len(rows), func() error { return r.store.record(bctx, conn, rec) }); err != nil {
 		return len(rows), len(held), err
 	}
+	walkBack = -1
 	r.cfg.Metrics.Batch(time.Since(start), len(rows))
 	return len(rows), len(held), nil
 }
@@ -241,4 +249,16 @@ func firstErr(errs []error) string {
 		}
 	}
 	return ""
+}
+
+// lowestFresh is the lowest id of the outbox's unkeyed rows among rows, -1
+// if none.
+func lowestFresh(rows []*claimed) int64 {
+	low := int64(-1)
+	for _, c := range rows {
+		if c.fresh && !c.msg.HasKey && (low < 0 || c.msg.ID < low) {
+			low = c.msg.ID
+		}
+	}
+	return low
 }

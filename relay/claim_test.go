@@ -226,7 +226,7 @@ func TestKeyOrderAcrossTheTwoTables(t *testing.T) {
 			}
 			defer conn.Release()
 			defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
-			rows, _, err := newStore(f.table).claim(ctx, conn, phase{perTarget[bool]{AMQP: true, NATS: true}}, 500, tc.skipParked, 0, nil)
+			rows, _, err := newStore(f.table).claim(ctx, conn, phase{perTarget[bool]{AMQP: true, NATS: true}}, 500, tc.skipParked, floors{}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -5,9 +5,10 @@ import (
 	"time"
 )
 
-// claimFloor is where a relay's claims start their unkeyed walks, so that
-// during a backlog they skip the rows other batches hold; its lock lets one
-// claim run at a time (docs/design.md, "The claim floor").
+// claimFloor is where a relay's claims start their walks of the owed
+// table's unkeyed rows, so that during a backlog they skip the rows other
+// batches hold, and, in fresh, the outbox's; its lock lets one claim run at
+// a time (docs/design.md, "The claim floor").
 type claimFloor struct {
 	mu sync.Mutex
 
@@ -22,6 +23,8 @@ type claimFloor struct {
 	safe      int64            // every row below it was taken
 	seenXmin  int64            // the newest claim snapshot's oldest running transaction
 	tops      []floorCandidate // short claims' tops, waiting for seenXmin
+
+	fresh *freshFloor // the outbox's unkeyed walk
 }
 
 // quickWalkEvery is how often, at most, claims walk from the oldest row
@@ -31,8 +34,16 @@ const (
 	cheapWalkTook  = 20 * time.Millisecond
 )
 
-func newClaimFloor(batchSize int, poll time.Duration) *claimFloor {
-	return &claimFloor{batchSize: batchSize, poll: poll, quickWalk: quickWalkEvery, cheapTook: cheapWalkTook}
+func newClaimFloor(batchSize int, poll, lease time.Duration) *claimFloor {
+	return &claimFloor{batchSize: batchSize, poll: poll, quickWalk: quickWalkEvery, cheapTook: cheapWalkTook,
+		fresh: newFreshFloor(batchSize, poll, lease, time.Now())}
+}
+
+// floors is where one claim's walks start: the owed table's unkeyed walks,
+// and the outbox's.
+type floors struct {
+	owed  int64
+	fresh freshWalk
 }
 
 // floorCandidate is the top of a short claim that walked from the safe
@@ -45,9 +56,31 @@ const maxFloorCandidates = 64
 
 // begin takes the floor's lock for one claim and returns where its walks
 // start; end releases it.
-func (f *claimFloor) begin(now time.Time) int64 {
+func (f *claimFloor) begin(now time.Time) floors {
 	f.mu.Lock()
-	return f.start(now)
+	return floors{owed: f.start(now), fresh: f.fresh.start(now)}
+}
+
+// claimed places the next claims after one that walked from fl under snap
+// and took rows in took.
+func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, now time.Time, took time.Duration) {
+	f.advance(rows, fl.owed, snap, took)
+	f.fresh.advance(rows, fl.fresh, snap, len(rows) >= f.batchSize, now, took)
+}
+
+// walkBack makes the next claim walk the outbox from id: a batch of this
+// relay's rolled back, and its rows are claimable again.
+func (f *claimFloor) walkBack(id int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fresh.walkBack(id)
+}
+
+// lowestFresh is where the outbox's backlog figures start (freshFloor.lowest).
+func (f *claimFloor) lowestFresh(now time.Time) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fresh.lowest(now)
 }
 
 func (f *claimFloor) end() { f.mu.Unlock() }
@@ -67,8 +100,8 @@ func (f *claimFloor) start(now time.Time) int64 {
 	return f.highWater
 }
 
-// advance places the next claims after one from floor that took rows in
-// took under snap: a full claim moves the high-water mark, a short one
+// advance places the owed table's next walks after a claim from floor that
+// took rows (the owed table's unkeyed ones count) in took under snap: a full claim moves the high-water mark, a short one
 // proposes its top as the safe floor, taken once snap's transactions end.
 func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took time.Duration) {
 	full := len(rows) >= f.batchSize
@@ -77,7 +110,7 @@ func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took t
 	}
 	var top int64
 	for _, c := range rows {
-		if !c.msg.HasKey {
+		if !c.msg.HasKey && !c.fresh {
 			top = max(top, c.msg.ID)
 		}
 	}

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -161,19 +159,18 @@ func TestClaimsOfOneRelayDoNotOverlap(t *testing.T) {
 	}
 }
 
-// At a steady rate (every claim short), claims start past the rows known to
-// be taken instead of walking from the oldest row over the rows the batches
-// in flight hold — yet a row whose transaction took a lower id and commits
-// after later rows were delivered is taken at once, not by the walk from
-// the oldest row every PollInterval (an hour here).
-func TestShortClaimsFloorFollowsCommittedTransactions(t *testing.T) {
+// At a steady rate (every claim short), the outbox's floor passes a row
+// whose transaction took its id and stays open — the rows after it are not
+// walked again and again while it runs — and the claim that first sees that
+// transaction ended walks back to it once: the row is taken at once after
+// its commit, not by a recheck (every PollInterval, an hour here).
+func TestTheFloorPassesAnOpenTransactionAndWalksBackAtItsEnd(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	a, n := newFake(TargetAMQP), newFake(TargetNATS)
 	var mu sync.Mutex
 	var floors []int64
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
-		r.floor.quickWalk = time.Hour // only the floor may find the late row
 		r.hooks = &testHooks{claimed: func(_ int, floor int64) {
 			mu.Lock()
 			floors = append(floors, floor)
@@ -194,123 +191,37 @@ func TestShortClaimsFloorFollowsCommittedTransactions(t *testing.T) {
 	}
 	defer late.Rollback(context.Background()) //nolint:errcheck // committed below
 	var lateID int64
-	if err := late.QueryRow(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.late', '\x00') RETURNING id`).Scan(&lateID); err != nil {
+	var lateMsg string
+	if err := late.QueryRow(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.late', '\x00') RETURNING id, message_id::text`).Scan(&lateID, &lateMsg); err != nil {
 		t.Fatal(err)
 	}
-	// ...while later rows commit and are delivered one claim at a time.
-	for i := range 10 {
-		f.insert(1, "orders.created")
-		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == i+1 }, "row not delivered")
-	}
-	if fl := lastFloor(); fl >= lateID {
-		t.Fatalf("floor %d passed row %d while its transaction was still open", fl, lateID)
-	}
-	if err := late.Commit(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 11 }, "the late row was not taken after its commit")
-
-	// Once no transaction that was open at those claims still is, the floor
-	// rises past the delivered rows. A transaction open anywhere in the
-	// cluster (the other tests share it) holds the floor back while it
-	// lasts, so the rows keep coming until then.
-	done := 11
-	testenv.Eventually(t, time.Minute, func() bool {
-		f.insert(1, "orders.created")
-		done++
-		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done }, "row not delivered")
-		time.Sleep(20 * time.Millisecond)
-		return lastFloor() > lateID
-	}, "claims still start at or below row %d, delivered long ago: the floor does not follow committed transactions", lateID)
-	mu.Lock()
-	t.Logf("late row %d; floors %v", lateID, floors)
-	mu.Unlock()
-}
-
-// A row whose transaction took its id before a claim's snapshot but its
-// transaction id after it is one no snapshot shows coming: the floor rises
-// past it before it commits. At a steady rate (the walk from the oldest row
-// is cheap) that walk comes every quickWalk, so the row is taken within
-// about that, not at the next PollInterval (an hour here). What counts as
-// cheap is raised from cheapWalkTook to a second: under -race, beside the
-// other packages' tests on a slow host, a walk over a handful of rows took
-// more than 20 ms, the walks from the oldest row stopped (by design: a slow
-// walk waits for the next PollInterval) and the test failed on the machine,
-// not on the mechanism.
-func TestRowBehindTheFloorWithoutTransactionIDIsTakenSoon(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	f := setup(t)
-	a, n := newFake(TargetAMQP), newFake(TargetNATS)
-	var mu sync.Mutex
-	var floor int64
-	var claims int
-	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
-		r.floor.cheapTook = time.Second
-		r.hooks = &testHooks{claimed: func(_ int, fl int64) {
-			mu.Lock()
-			floor, claims = max(floor, fl), claims+1
-			mu.Unlock()
-		}}
-	})
-	testenv.Eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return claims >= 3 }, "relay did not start")
-
-	// A producer's transaction takes an id and no transaction id yet
-	// (nextval assigns one only when it logs the sequence, every 32 values:
-	// then try again).
-	var gap pgx.Tx
-	var gapID int64
-	for attempt := 0; ; attempt++ {
-		tx, err := f.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var noXID bool
-		if err := tx.QueryRow(ctx, `SELECT nextval(pg_get_serial_sequence($1, 'id')), pg_current_xact_id_if_assigned() IS NULL`,
-			f.table.Ident()).Scan(&gapID, &noXID); err != nil {
-			t.Fatal(err)
-		}
-		if noXID {
-			gap = tx
-			break
-		}
-		tx.Rollback(ctx) //nolint:errcheck // try again
-		if attempt == 5 {
-			t.Fatal("nextval assigned a transaction id every time")
-		}
-	}
-	defer gap.Rollback(ctx) //nolint:errcheck // committed below
-	// Later rows commit and are delivered until the floor is past its id.
+	// ...while later rows commit and are delivered one claim at a time:
+	// the claims walk from past it.
 	done := 0
 	testenv.Eventually(t, time.Minute, func() bool {
 		f.insert(1, "orders.created")
 		done++
 		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done }, "row not delivered")
-		mu.Lock()
-		defer mu.Unlock()
-		return floor > gapID
-	}, "the floor never passed row %d", gapID)
-
-	var gapMsg string
-	if err := gap.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+` (id, topic, payload) OVERRIDING SYSTEM VALUE
-		VALUES ($1, 'orders.gap', '\x00') RETURNING message_id::text`, gapID).Scan(&gapMsg); err != nil {
-		t.Fatal(err)
+		return lastFloor() > lateID
+	}, "claims still start at or below row %d while its transaction is open: the floor waits for it", lateID)
+	if got, _ := n.count(lateMsg); got != 0 {
+		t.Fatal("the open transaction's row was published")
 	}
-	if err := gap.Commit(ctx); err != nil {
+	if err := late.Commit(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	committed := time.Now()
-	// Other rows keep coming, as at a steady rate.
+	// Other rows keep coming, as at a steady rate: each claim is a chance.
 	for {
-		if got, _ := n.count(gapMsg); got == 1 {
+		if got, _ := n.count(lateMsg); got == 1 {
 			break
 		}
 		if time.Since(committed) > 5*time.Second {
-			t.Fatalf("row %d behind the floor not taken %v after its commit", gapID, time.Since(committed).Round(time.Millisecond))
+			t.Fatalf("row %d not taken %v after its commit", lateID, time.Since(committed).Round(time.Millisecond))
 		}
 		f.insert(1, "orders.created")
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Logf("row %d behind the floor taken %v after its commit", gapID, time.Since(committed).Round(time.Millisecond))
-	testenv.Eventually(t, 10*time.Second, func() bool { got, _ := a.count(gapMsg); return got == 1 }, "amqp never got the row behind the floor")
+	t.Logf("row %d, behind the floor, taken %v after its commit", lateID, time.Since(committed).Round(time.Millisecond))
+	testenv.Eventually(t, 10*time.Second, func() bool { got, _ := a.count(lateMsg); return got == 1 }, "amqp never got the late row")
 }

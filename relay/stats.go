@@ -54,6 +54,17 @@ const ExactLimit = outboxsql.ExactLimit
 // index), so the cost does not grow with the backlog beyond ExactLimit index
 // entries.
 func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target) ([]TargetStats, error) {
+	return readStats(ctx, db, table, targets, 0)
+}
+
+// Stats is ReadStats of the targets the relay runs, read from its floor:
+// the outbox's rows below it that no batch holds are deleted ones a long
+// transaction keeps on disk, which a read from the oldest would walk.
+func (r *Relay) Stats(ctx context.Context) ([]TargetStats, error) {
+	return readStats(ctx, r.pool, r.cfg.Table, r.Phase().Running, r.floor.lowestFresh(time.Now()))
+}
+
+func readStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, from int64) ([]TargetStats, error) {
 	out := make([]TargetStats, 0, len(targets))
 	tx, err := db.BeginTx(ctx, statsTx)
 	if err != nil {
@@ -61,7 +72,7 @@ func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, target
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only
 	for _, t := range targets {
-		s, err := readTargetStats(ctx, tx, table, t)
+		s, err := readTargetStats(ctx, tx, table, t, from)
 		if err != nil {
 			return nil, fmt.Errorf("read stats for %s: %w", t, err)
 		}
@@ -82,7 +93,7 @@ func statsQueries(table schema.Table, t Target) [3]string {
 	return [3]string{q.Pending, q.Parked, q.LastError}
 }
 
-func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Target) (TargetStats, error) {
+func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Target, from int64) (TargetStats, error) {
 	q := statsQueries(table, t)
 	s := TargetStats{Target: t}
 	var oldestID *int64
@@ -90,7 +101,7 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 	var oldestAt *time.Time
 	var lagSec *float64
 	var minID, maxID *int64
-	err := tx.QueryRow(ctx, q[0]).
+	err := tx.QueryRow(ctx, q[0], from).
 		Scan(&s.At, &s.Pending, &s.Retrying, &minID, &maxID, &oldestID, &oldestTopic, &oldestAt, &lagSec)
 	if err != nil {
 		return s, err
@@ -108,7 +119,7 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 		return s, err
 	}
 	var lastErr *string
-	err = tx.QueryRow(ctx, q[2]).Scan(&lastErr)
+	err = tx.QueryRow(ctx, q[2], from).Scan(&lastErr)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return s, err
 	}

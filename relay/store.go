@@ -61,12 +61,21 @@ type claimed struct {
 	// delivered: the target had the row before this batch.
 	delivered perTarget[bool]
 	badRow    string // why the row can never be published (no topic, bad headers), or ""
+	fresh     bool   // from the outbox (else from the owed table)
 }
 
 // snapshot is the claim statement's snapshot: the oldest transaction still
-// running, and the first transaction id not yet assigned (zero when the
-// claim returned no rows).
-type snapshot struct{ xmin, xmax int64 }
+// running, the first transaction id not yet assigned, and the transactions
+// running between them.
+type snapshot struct {
+	xmin, xmax int64
+	xip        []int64
+}
+
+// running reports whether transaction x ran at the snapshot.
+func (s snapshot) running(x int64) bool {
+	return x >= s.xmin && x < s.xmax && slices.Contains(s.xip, x)
+}
 
 // batchSender is a connection that pipelines statements.
 type batchSender interface {
@@ -74,16 +83,16 @@ type batchSender interface {
 }
 
 // claim begins a batch's transaction (batchBegin) and claims up to limit
-// rows per target, at most half of them keyed, in one round trip. floor > 0
-// starts the unkeyed walks past that id (see claimFloor); held are
-// keyed rows this relay's batches in flight hold, not tried.
-func (s *store) claim(ctx context.Context, db batchSender, active phase, limit int, skipParked bool, floor int64, held []int64) ([]*claimed, snapshot, error) {
+// rows per target, at most half of them keyed, in one round trip. The
+// unkeyed walks start past fl (see claimFloor); held are keyed rows this
+// relay's batches in flight hold, not tried.
+func (s *store) claim(ctx context.Context, db batchSender, active phase, limit int, skipParked bool, fl floors, held []int64) ([]*claimed, snapshot, error) {
 	var snap snapshot
 	b := &pgx.Batch{}
 	for _, q := range batchBegin {
 		b.Queue(q)
 	}
-	b.Queue(s.claimSQL, active.AMQP, active.NATS, limit, skipParked, keyWindow*limit, max(1, limit/2), floor, held)
+	b.Queue(s.claimSQL, active.AMQP, active.NATS, limit, skipParked, keyWindow*limit, max(1, limit/2), fl.owed, held, fl.fresh.from)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	for range batchBegin {
@@ -100,10 +109,16 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 	for rows.Next() {
 		c := &claimed{}
 		var key, headers *string
+		var xmin, xmax *int64
+		var xip []int64
 		if err := rows.Scan(&c.msg.ID, &c.msg.MessageID, &c.msg.Topic, &key, &headers, &c.msg.Payload,
-			&c.msg.CreatedAt, &c.attempts.AMQP, &c.attempts.NATS, &c.delivered.AMQP, &c.delivered.NATS,
-			&c.want.AMQP, &c.want.NATS, &snap.xmin, &snap.xmax); err != nil {
+			&c.msg.CreatedAt, &c.attempts.AMQP, &c.attempts.NATS, &c.delivered.AMQP, &c.delivered.NATS, &c.fresh,
+			&c.want.AMQP, &c.want.NATS, &xmin, &xmax, &xip); err != nil {
 			return nil, snap, fmt.Errorf("claim batch: scan: %w", err)
+		}
+		if xmin != nil { // the statement's snapshot, not a row
+			snap = snapshot{xmin: *xmin, xmax: *xmax, xip: xip}
+			continue
 		}
 		if key != nil {
 			c.msg.Key, c.msg.HasKey = *key, true

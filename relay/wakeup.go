@@ -202,7 +202,7 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 	switch {
 	case want && !l.held:
 		r.hooks.onWakeLock()
-		top, err := l.take(ctx)
+		top, err := l.take(ctx, r.idle.top.Load())
 		if err != nil {
 			return 0, err
 		}
@@ -227,13 +227,13 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 }
 
 // take waits up to wakeLockWait for the wake lock and returns the table's
-// highest id, read after the lock was taken: the rows of every producer that
-// held it shared are visible then.
-func (l *wakeLock) take(ctx context.Context) (top int64, err error) {
+// highest id above claimed (0 if none), read after the lock was taken: the
+// rows of every producer that held it shared are visible then.
+func (l *wakeLock) take(ctx context.Context, claimed int64) (top int64, err error) {
 	b := &pgx.Batch{}
 	b.Queue(outboxsql.SetLockTimeout, strconv.Itoa(int(wakeLockWait.Milliseconds()))+"ms")
 	b.Queue(`SELECT pg_advisory_lock($1)`, l.key)
-	b.Queue(l.maxID)
+	b.Queue(l.maxID, claimed)
 	br := l.conn.SendBatch(ctx, b)
 	_, err = br.Exec()
 	if err == nil {
@@ -251,7 +251,7 @@ func (l *wakeLock) take(ctx context.Context) (top int64, err error) {
 	}
 	// A long producer transaction holds it shared, or another relay holds
 	// it: still, rows may have committed.
-	return top, l.conn.QueryRow(ctx, l.maxID).Scan(&top)
+	return top, l.conn.QueryRow(ctx, l.maxID, claimed).Scan(&top)
 }
 
 // waitNotification waits for a notification (true), a change of the idle

@@ -397,7 +397,10 @@ func TestOwedUpgradeKeepsRowsAndState(t *testing.T) {
 				{"constraints", outbox, `SELECT string_agg(conname || ' ' || pg_get_constraintdef(oid), ', ' ORDER BY conname)
 					FROM pg_constraint WHERE conrelid = $1::regclass`,
 					name + "_message_id_key UNIQUE (message_id), " + name + "_pkey PRIMARY KEY (id)"},
-				{"identity", outbox, `SELECT attidentity::text FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'id'`, "a"},
+				// Since 00018 the id is taken after the transaction's id.
+				{"identity", outbox, `SELECT attidentity::text FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'id'`, ""},
+				{"id", outbox, `SELECT btrim(regexp_replace((` + strings.ReplaceAll(createdAtDefaultSQL, "'created_at'", "'id'") + `), '\s+', ' ', 'g'))`,
+					fmt.Sprintf(`CASE WHEN (pg_current_xact_id() IS NOT NULL) THEN nextval('%s.%s_id_seq'::regclass) ELSE NULL::bigint END`, table.Schema, name)},
 				{"triggers", outbox, userTriggersSQL, "0"},
 				{"wake-up", outbox, `SELECT btrim(regexp_replace((` + createdAtDefaultSQL + `), '\s+', ' ', 'g'))`,
 					fmt.Sprintf(`CASE WHEN pg_try_advisory_xact_lock_shared('%d'::bigint) THEN now() ELSE %s.%s_wake('%s'::text) END`,
@@ -988,5 +991,60 @@ func TestOwedDownRefusesARepeatedMessageID(t *testing.T) {
 	}
 	if got := rowsOf(t, pool, table.Ident()); got != owed {
 		t.Errorf("the outbox after down:\n%s\nwant the owed row:\n%s", got, owed)
+	}
+}
+
+// Since 00018 a row's id is taken once its transaction has a transaction
+// id: a claim's snapshot that cannot see the row shows its transaction
+// running. Seen from another session while a BEFORE trigger holds the
+// insert, after the id was taken and before the row is written: at 17 (an
+// identity) the transaction has no id yet, the gap 00018 closes. (A
+// sequence's nextval assigns one only when it writes WAL, once per 32 ids
+// or after a checkpoint: the row inserted first takes that one.)
+func TestIDIsTakenAfterTheTransactionID(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		version int64
+		wantXID bool
+	}{
+		{17, false},
+		{18, true},
+	} {
+		t.Run(fmt.Sprint(tc.version), func(t *testing.T) {
+			t.Parallel()
+			pool, table, p := at12(t, "outbox")
+			ctx := context.Background()
+			if _, err := p.UpTo(ctx, tc.version); err != nil {
+				t.Fatal(err)
+			}
+			exec(t, pool,
+				`INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('first', 'x')`,
+				`CREATE FUNCTION "`+table.Schema+`".hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(3); RETURN NEW; END $$`,
+				`CREATE TRIGGER hold BEFORE INSERT ON `+table.Ident()+` FOR EACH ROW EXECUTE FUNCTION "`+table.Schema+`".hold()`)
+			producer, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer producer.Release()
+			pid := producer.Conn().PgConn().PID()
+			inserted := make(chan error, 1)
+			go func() {
+				_, err := producer.Exec(ctx, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('held', 'x')`)
+				inserted <- err
+			}()
+			var xid pgtype.Text
+			testenv.Eventually(t, 10*time.Second, func() bool {
+				var wait pgtype.Text
+				err := pool.QueryRow(ctx, `SELECT wait_event, backend_xid::text FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&wait, &xid)
+				return err == nil && wait.String == "PgSleep"
+			}, "the insert did not reach its trigger")
+			if xid.Valid != tc.wantXID {
+				t.Errorf("at %d, the inserting transaction's id while its row's id is taken: %q (assigned %v), want assigned %v",
+					tc.version, xid.String, xid.Valid, tc.wantXID)
+			}
+			if err := <-inserted; err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -114,9 +114,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 	}
 	m.WatchPaused(r.Paused)
 	ob := metrics.NewOutbox(reg)
-	go ob.Run(ctx, cfg.StatsInterval, func(ctx context.Context) ([]relay.TargetStats, error) {
-		return relay.ReadStats(ctx, pool, cfg.table, r.Phase().Running)
-	}, log)
+	go ob.Run(ctx, cfg.StatsInterval, r.Stats, log)
 	pg := metrics.NewPostgres(reg)
 	go pg.Run(ctx, cfg.StatsInterval, func(ctx context.Context) (relay.PostgresHealth, error) {
 		return relay.ReadPostgres(ctx, pool, cfg.table)

@@ -4,7 +4,10 @@
 -- heads and the unkeyed rows in one walk each; all locked SKIP LOCKED
 -- (docs/design.md, "The claim statement"). $1, $2 amqp, nats active; $3
 -- batch size; $4 skip parked keys; $5 keyed window; $6 keyed rows per
--- target; $7 floor of the unkeyed walks; $8 rows this relay's batches hold.
+-- target; $7 floor of the owed table's unkeyed walks; $8 rows this relay's
+-- batches hold; $9 floor of the outbox's unkeyed walk. The first row is the
+-- statement's snapshot (id 0, an empty message id): its xmin, xmax and
+-- running transaction ids, which the claimed rows leave NULL.
 {{define "Claim"}}
 WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
 ), a_k AS (
@@ -48,22 +51,29 @@ WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
 ), f_u AS (
 	SELECT {{template "freshColumns"}}, $1::boolean AS want_amqp, $2::boolean AS want_nats
 	FROM {{.Table}} f
-	WHERE ($1::boolean OR $2::boolean) AND key IS NULL AND id > $7::bigint
+	WHERE ($1::boolean OR $2::boolean) AND key IS NULL AND id > $9::bigint
 	ORDER BY key, id LIMIT greatest(0, $3 - (SELECT count(*) FROM a_k) - (SELECT count(*) FROM a_u)
 		- (SELECT count(*) FROM n_u) - (SELECT count(*) FROM n_k) - (SELECT count(*) FROM f_k)) FOR UPDATE SKIP LOCKED
+), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s
 )
-SELECT *, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false, false, false,
+	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x)
+FROM snap
+UNION ALL
+SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[]
 FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k
 	UNION ALL SELECT * FROM f_k UNION ALL SELECT * FROM f_u) c
 {{end}}
 
 -- claimColumns: what the relay reads of a claimed row (store.claim scans them
--- in this order, then want_amqp, want_nats and the snapshot).
+-- in this order, then want_amqp, want_nats and the snapshot), and whether it
+-- is fresh.
 {{define "claimColumns"}}id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts,
-		amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL{{end}}
+		amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL, false{{end}}
 
--- freshColumns: claimColumns of a fresh row: nothing tried, nothing delivered.
-{{define "freshColumns"}}id, message_id::text, topic, key, headers::text, payload, created_at, 0, 0, false, false{{end}}
+-- freshColumns: claimColumns of a fresh row: nothing tried, nothing
+-- delivered, from the outbox.
+{{define "freshColumns"}}id, message_id::text, topic, key, headers::text, payload, created_at, 0, 0, false, false, true{{end}}
 
 -- heads: the first row of each key among the oldest $5 keyed rows owed to
 -- the target (w, min(id) hashed by key), less the waiting keys; a window

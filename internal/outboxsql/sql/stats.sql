@@ -5,13 +5,15 @@
 -- pendingFirst: the first .N rows owed to the target in id order, with
 -- columns .Cols (.Fresh for the outbox's, which has no delivery state): a
 -- merge of the owed table's two pending indexes (unkeyed and keyed rows are
--- indexed apart, for the claims) and the outbox's primary key.
+-- indexed apart, for the claims) and the outbox's primary key from $1 (a
+-- relay's floor: below it the outbox holds only rows a long transaction
+-- keeps on disk, deleted; 0 for all).
 {{define "pendingFirst"}}(SELECT * FROM (
 		(SELECT {{.Cols}} FROM {{.Owed}} WHERE key IS NULL AND {{template "owed" .}} ORDER BY id LIMIT {{.N}})
 		UNION ALL
 		(SELECT {{.Cols}} FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "owed" .}} ORDER BY id LIMIT {{.N}})
 		UNION ALL
-		(SELECT {{.Fresh}} FROM {{.Table}} ORDER BY id LIMIT {{.N}})
+		(SELECT {{.Fresh}} FROM {{.Table}} WHERE id >= $1::bigint ORDER BY id LIMIT {{.N}})
 	) u ORDER BY id LIMIT {{.N}}){{end}}
 
 -- pendingLast: the highest id owed to the target (NULL if none).
