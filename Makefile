@@ -7,7 +7,7 @@ GO      ?= go
 # unless RELAY_DATABASE_URL is set.
 LOCAL_DATABASE_URL ?= postgres://root@127.0.0.1:5432/test?sslmode=disable
 
-.PHONY: help build run tail test test-short lint bench up down clean
+.PHONY: help build run tail test test-short lint bench bench-horizon up down clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,6 +29,9 @@ test-short: ## unit tests only (no services needed)
 
 bench: ## measure relayd against this machine's ceilings (local services, 5–10 min): markdown table, bench-results.json
 	$(GO) run ./cmd/relayd-bench -version "$(VERSION)" -out bench-results.json
+
+bench-horizon: ## the long-transaction soak: each kind held 10 min at 1,500 rows/s (about 25 min): bench-horizon.json
+	$(GO) run ./cmd/relayd-bench -version "$(VERSION)" -only horizon -out bench-horizon.json
 
 lint: ## gofmt, go.mod tidy, go vet and staticcheck
 	@unformatted="$$(gofmt -l .)"; if [ -n "$$unformatted" ]; then echo "gofmt -l: these files are not formatted (run gofmt -w):"; echo "$$unformatted"; exit 1; fi

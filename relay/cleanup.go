@@ -40,23 +40,34 @@ func (r *Relay) CleanupOnce(ctx context.Context) error {
 	// Each step on its own: one that fails does not keep the others from
 	// their work.
 	first := r.finishStranded(ctx)
-	for _, q := range []string{r.store.cleanupDeliveredSQL, r.store.cleanupBackfilledSQL} {
+	for i, q := range []string{r.store.cleanupDeliveredSQL, r.store.cleanupBackfilledSQL} {
+		from := &r.trimmed[i]
 		for {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			tag, err := r.pool.Exec(ctx, q, r.cfg.Retention.Milliseconds(), 1000)
+			var n int64
+			var newest *time.Time
+			err := r.pool.QueryRow(ctx, q, r.cfg.Retention.Milliseconds(), 1000, from.Add(-trimMargin)).Scan(&n, &newest)
 			if err != nil {
 				first = cmp.Or(first, fmt.Errorf("cleanup: %w", err))
 				break
 			}
-			if tag.RowsAffected() < 1000 {
+			if newest != nil && newest.After(*from) {
+				*from = *newest
+			}
+			if n < 1000 {
 				break
 			}
 		}
 	}
 	return first
 }
+
+// trimMargin is how far before the newest row the last pass deleted the
+// next one starts: a row recorded meanwhile with an earlier time (its batch
+// committed later) is at most a batch's lease older.
+const trimMargin = 10 * time.Minute
 
 // strandedSweep is where finishStranded's next slice of the outbox starts.
 type strandedSweep struct {

@@ -146,3 +146,56 @@ func TestCleanupKeepsRetention(t *testing.T) {
 		t.Fatalf("after cleanup: %d rows and %d delivered ids, want 100 and 200", left, leftDelivered)
 	}
 }
+
+// The retention cleanup starts where its last pass stopped (less
+// trimMargin): while a snapshot holds VACUUM's horizon, the delivered
+// record's deleted rows stay in its primary key, and a pass from the
+// oldest would walk all of them again. Read with EXPLAIN (ANALYZE,
+// BUFFERS) of the next pass, from where the relay stopped and from the
+// oldest, in a transaction rolled back.
+func TestRetentionCleanupStartsWhereItStopped(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	f.noAutovacuum()
+	// 5,000 rows past retention, a second apart, three days ago.
+	if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.table.Delivered()+` (id, message_id, done_at, amqp_delivered_at, nats_delivered_at, amqp_sent)
+		SELECT g, gen_random_uuid(), now() - interval '3 days' - g * interval '1 second', now(), now(), true FROM generate_series(1, 5000) g;
+		ANALYZE `+f.table.Delivered()); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck // only a snapshot
+	if _, err := holder.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM `+f.table.Delivered()+` LIMIT 1`); err != nil {
+		t.Fatal(err)
+	}
+	r, _, _ := f.start(Config{Sinks: []Sink{newFake(TargetNATS)}, CleanupInterval: time.Hour})
+	if err := r.CleanupOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r.trimmed[0].IsZero() {
+		t.Fatal("the cleanup did not note where it stopped")
+	}
+	buffers := func(from time.Time) float64 {
+		t.Helper()
+		tx, err := f.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // deletes nothing worth keeping
+		var plan []map[string]any
+		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+r.store.cleanupDeliveredSQL,
+			r.cfg.Retention.Milliseconds(), 1000, from).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		return plan[0]["Plan"].(map[string]any)["Shared Hit Blocks"].(float64)
+	}
+	fromStop, fromOldest := buffers(r.trimmed[0].Add(-trimMargin)), buffers(time.Time{})
+	t.Logf("the next pass reads %v blocks from where the last stopped, %v from the oldest", fromStop, fromOldest)
+	if fromStop*4 > fromOldest {
+		t.Errorf("the next pass reads %v blocks from where the last stopped, %v from the oldest: want a fraction", fromStop, fromOldest)
+	}
+}

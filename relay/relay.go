@@ -65,6 +65,9 @@ type Relay struct {
 	full  fullSince        // per target and topic, since when the broker refuses rows for room
 	late  chan lateConfirm // confirms that came after their batch gave up, for recordLate
 	sweep strandedSweep    // finishStranded's place
+	// trimmed is, for the delivered and the backfilled record, the newest
+	// row the cleanup deleted: its next pass starts there (CleanupOnce).
+	trimmed [2]time.Time
 
 	tracer *tracer // nil when tracing is off
 

@@ -79,6 +79,9 @@ type options struct {
 	LatencyCommits  int           // commits per second at most; rows per commit follow
 	LatencyWarmup   time.Duration // not measured
 	LatencyDuration time.Duration // measured, after the warm-up
+	HorizonRate     int           // rows per second of the long-transaction soak (-only horizon)
+	HorizonHold     time.Duration // how long it holds the horizon
+	HorizonWindow   time.Duration // its windows, and the baseline's and the after's length
 
 	Log io.Writer // progress lines
 }
@@ -103,6 +106,7 @@ func defaultOptions(smoke bool) options {
 		o.CeilingMsgs, o.BurnRows, o.BurnKeyedRows, o.BackfillMsgs = 5000, 5000, 5000, 5000
 		o.LatencyWarmup, o.LatencyDuration = time.Second, 5*time.Second
 		o.ReplayMsgs = 5000
+		o.HorizonRate, o.HorizonHold, o.HorizonWindow = 500, 10*time.Second, 5*time.Second
 	} else {
 		// The keyed burn-down and the plain RabbitMQ publish ceiling are
 		// the bench's own additions to what issue #8 asks for, and run
@@ -112,6 +116,7 @@ func defaultOptions(smoke bool) options {
 		o.CeilingMsgs, o.BurnRows, o.BurnKeyedRows, o.BackfillMsgs = 200_000, 200_000, 100_000, 200_000
 		o.LatencyWarmup, o.LatencyDuration = 5*time.Second, 60*time.Second
 		o.ReplayMsgs = 50_000
+		o.HorizonRate, o.HorizonHold, o.HorizonWindow = 1500, 10*time.Minute, time.Minute
 	}
 	return o
 }
@@ -159,7 +164,8 @@ func parseOptions() (o options, out string) {
 	latencyRates := flag.String("latency-rates", "", `rows per second of the latency runs, space-separated (default "1000 5000")`)
 	latencyCommits := flag.Int("latency-commits", 0, "commits per second at most in the latency runs; rows per commit = rate / this (default 200)")
 	replayMsgs := flag.Int("replay-msgs", 0, "messages of the replay section (default 50000; with -smoke 5000)")
-	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,tracing,latency,backfill,replay,producers")
+	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,tracing,latency,backfill,replay,producers; horizon (the long-transaction soak) runs only when named here")
+	horizonHold := flag.Duration("horizon-hold", 0, "how long the horizon section holds each transaction open (default 10m; with -smoke 10s)")
 	dbURL := flag.String("database-url", "", "Postgres (default: RELAY_TEST_DATABASE_URL or postgres://root@127.0.0.1:5432/test)")
 	amqpURL := flag.String("amqp-url", "", "RabbitMQ (default: RELAY_TEST_AMQP_URL or amqp://guest:guest@127.0.0.1:5672/)")
 	natsURL := flag.String("nats-url", "", "NATS with JetStream (default: RELAY_TEST_NATS_URL or nats://127.0.0.1:4222)")
@@ -210,6 +216,12 @@ func parseOptions() (o options, out string) {
 	if *only != "" {
 		o.Only = onlyFlag(*only)
 	}
+	if *horizonHold < 0 {
+		usageExit("-horizon-hold: %v is negative", *horizonHold)
+	}
+	if *horizonHold > 0 {
+		o.HorizonHold = *horizonHold
+	}
 	return o, *outFlag
 }
 
@@ -251,7 +263,7 @@ func onlyFlag(s string) map[string]bool {
 	only := map[string]bool{}
 	for _, p := range strings.Split(s, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "ceilings", "burndown", "tracing", "latency", "backfill", "replay", "producers":
+		case "ceilings", "burndown", "tracing", "latency", "backfill", "replay", "producers", "horizon":
 			only[p] = true
 		default:
 			usageExit("-only: unknown section %q", p)
@@ -292,7 +304,8 @@ func run(ctx context.Context, o options) (*Results, error) {
 		RelaydEnv:    o.RelaydEnv,
 		Machine:      b.machine(ctx),
 	}
-	want := func(s string) bool { return o.Only == nil || o.Only[s] }
+	// The soak runs only when asked for: it holds each kind for minutes.
+	want := func(s string) bool { return (o.Only == nil && s != "horizon") || o.Only[s] }
 	steps := []struct {
 		name string
 		fn   func(context.Context, *Results) error
@@ -304,6 +317,7 @@ func run(ctx context.Context, o options) (*Results, error) {
 		{"backfill", b.backfillRun},
 		{"replay", b.replayRun},
 		{"producers", b.producers},
+		{"horizon", b.horizons},
 	}
 	for _, s := range steps {
 		if !want(s.name) {

@@ -147,3 +147,48 @@ func (l testLog) Write(p []byte) (int, error) {
 	l.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// TestHorizonSmoke runs the long-transaction soak small (-smoke -only
+// horizon), which the whole run leaves out: each kind's windows, baseline,
+// hold and after, with rows and latencies, and the held row's arrival.
+func TestHorizonSmoke(t *testing.T) {
+	o := defaultOptions(true)
+	o.DatabaseURL = testenv.DatabaseURL(t)
+	o.AMQPURL = testenv.AMQPURL(t)
+	o.NATSURL = testenv.NATSURL(t)
+	o.Version = "smoke-test"
+	o.Log = testLog{t}
+	o.Only = onlyFlag("horizon")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Horizon) != len(horizonKinds) {
+		t.Fatalf("%d horizon runs, want %d", len(res.Horizon), len(horizonKinds))
+	}
+	for _, h := range res.Horizon {
+		phases := map[string]int{}
+		for _, w := range h.Windows {
+			phases[w.Phase]++
+			if w.Rows == 0 || w.P99Ms <= 0 {
+				t.Errorf("%s, window at %.0f s (%s): %d rows, p99 %v ms; want rows and a latency", h.Kind, w.StartSeconds, w.Phase, w.Rows, w.P99Ms)
+			}
+		}
+		if phases["baseline"] != 1 || phases["hold"] < 2 || phases["after"] != 1 {
+			t.Errorf("%s: windows by phase %v, want 1 baseline, the hold's, 1 after", h.Kind, phases)
+		}
+		if h.BytesBefore <= 0 || h.BytesHoldEnd <= h.BytesBefore || h.BytesAfterVacuum <= 0 {
+			t.Errorf("%s: outbox %d bytes before, %d at the hold's end, %d after VACUUM; want it grown during the hold", h.Kind, h.BytesBefore, h.BytesHoldEnd, h.BytesAfterVacuum)
+		}
+		if h.Kind == "producer transaction" && (h.HeldRowMissing || h.HeldRowMs <= 0) {
+			t.Errorf("the held row: %v ms, missing %v; want its arrival", h.HeldRowMs, h.HeldRowMissing)
+		}
+	}
+	var table bytes.Buffer
+	writeTable(&table, res)
+	if !strings.Contains(table.String(), "**repeatable read snapshot held 10s**") {
+		t.Errorf("the table has no horizon section:\n%s", table.String())
+	}
+}

@@ -19,6 +19,7 @@ type Results struct {
 	Backfill     *Backfill  `json:"backfill,omitempty"`
 	Replay       *Replay    `json:"replay,omitempty"`
 	Producers    *Producers `json:"producers,omitempty"`
+	Horizon      []Horizon  `json:"horizon,omitempty"`
 	PeakRSSMiB   float64    `json:"relayd_peak_rss_mib"` // highest of every relayd process
 	Targets      []Verdict  `json:"targets"`
 	Notes        []string   `json:"notes,omitempty"`

@@ -21,6 +21,7 @@ func writeTable(w io.Writer, r *Results) {
 	if p := r.Producers; p != nil {
 		writeProducers(w, p)
 	}
+	writeHorizons(w, r)
 	writeTargets(w, r)
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "\nNote: %s\n", n)

@@ -178,6 +178,18 @@ func (r *Results) evaluate() {
 			r.verdict("idle relay, commit → both brokers: median, ms", p.Idle.P50Ms, "<=", 5)
 		}
 	}
+	for _, h := range r.Horizon {
+		if h.BaselineP99Ms > 0 {
+			r.verdict(fmt.Sprintf("%s held: p99 in the hold's last window vs the baseline's", h.Kind), round(h.LastHoldP99Ms/h.BaselineP99Ms, 2), "<=", 1.5)
+		}
+		r.verdict(fmt.Sprintf("%s held: p99 in the hold's last window, ms", h.Kind), h.LastHoldP99Ms, "<=", 50)
+		if h.Kind == "producer transaction" {
+			v := r.verdict("the held producer transaction's row: commit → both brokers, ms", h.HeldRowMs, "<=", 1000)
+			if h.HeldRowMissing {
+				v.Pass = false
+			}
+		}
+	}
 	r.PeakRSSMiB = peak
 	if peak > 0 {
 		r.verdict("relayd peak RSS, MiB (every process of the run)", peak, "<=", 100)
