@@ -155,7 +155,7 @@ func TestCleanupKeepsRetention(t *testing.T) {
 // oldest, in a transaction rolled back.
 func TestRetentionCleanupStartsWhereItStopped(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
+	f := setupOwnDatabase(t)
 	ctx := context.Background()
 	f.noAutovacuum()
 	// 5,000 rows past retention, a second apart, three days ago.

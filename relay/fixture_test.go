@@ -107,6 +107,20 @@ func setup(t *testing.T) *fixture {
 	return &fixture{t: t, pool: pool, table: testenv.Outbox(t, pool)}
 }
 
+// setupOwnDatabase is setup in a database of the test's own: for a test that
+// holds a transaction or a snapshot open for seconds, which in the shared
+// one would hold back every other test's CREATE INDEX CONCURRENTLY (it
+// waits for the database's older snapshots) and VACUUM.
+func setupOwnDatabase(t *testing.T) *fixture {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), testenv.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &fixture{t: t, pool: pool, table: testenv.Outbox(t, pool)}
+}
+
 // fill bulk-inserts n small unkeyed rows.
 func (f *fixture) fill(n int) {
 	f.t.Helper()

@@ -166,7 +166,7 @@ func TestClaimsOfOneRelayDoNotOverlap(t *testing.T) {
 // its commit, not by a recheck (every PollInterval, an hour here).
 func TestTheFloorPassesAnOpenTransactionAndWalksBackAtItsEnd(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
+	f := setupOwnDatabase(t)
 	a, n := newFake(TargetAMQP), newFake(TargetNATS)
 	var mu sync.Mutex
 	var floors []int64

@@ -49,7 +49,7 @@ func TestLongTransactionsDoNotSlowTheClaims(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			f := setup(t)
+			f := setupOwnDatabase(t)
 			f.noAutovacuum() // its scans would count as the claims' reads
 			a, n := newFake(TargetAMQP), newFake(TargetNATS)
 			var claims atomic.Int64

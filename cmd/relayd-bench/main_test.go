@@ -159,6 +159,9 @@ func TestHorizonSmoke(t *testing.T) {
 	o.Version = "smoke-test"
 	o.Log = testLog{t}
 	o.Only = onlyFlag("horizon")
+	// Its held snapshot would hold back the other tests' CREATE INDEX
+	// CONCURRENTLY in the shared database.
+	o.DatabaseURL = testenv.Database(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	res, err := run(ctx, o)
