@@ -54,7 +54,7 @@ type floorMark struct {
 // took; the walk from the oldest row (for a batch that held rows past its
 // lease) every fullWalkEvery at least, and fullShare times what it took.
 const (
-	recheckShare  = 20
+	recheckShare  = 100
 	fullWalkEvery = 5 * time.Minute
 	fullShare     = 200
 	markEvery     = 100 * time.Millisecond
@@ -192,13 +192,12 @@ func (f *freshFloor) walkBack(id int64) {
 	}
 }
 
-// lowest is the lowest id a row still owed in the outbox may have, but for
-// a batch that held rows past its lease: where the backlog figures start.
+// lowest is where the backlog figures start: the lowest id a committed row
+// still owed in the outbox may have, but for a batch that held rows past its
+// lease. A remembered transaction's rows are left out: no read sees them
+// before it commits, and from then the next claim takes them.
 func (f *freshFloor) lowest(now time.Time) int64 {
 	low := min(f.markBefore(now.Add(-f.lease)), f.next)
-	for _, from := range f.pending {
-		low = min(low, from)
-	}
 	if f.back >= 0 {
 		low = min(low, f.back)
 	}

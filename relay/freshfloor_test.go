@@ -34,8 +34,8 @@ func TestFreshFloorStart(t *testing.T) {
 		{"back to an ended transaction", 300, time.Hour, time.Hour, 0, freshWalk{from: 300}},
 		{"the oldest row, every fullWalkEvery", -1, fullWalkEvery, 0, 0, freshWalk{from: 0, full: true}},
 		{"a recheck from safe a lease and a poll ago", -1, time.Second, time.Second, 0, freshWalk{from: 500, recheck: true}},
-		{"an expensive recheck waits recheckShare times what it took", -1, time.Second, 1500 * time.Millisecond, 100 * time.Millisecond, freshWalk{from: 900}},
-		{"...then runs, from safe a lease and its period ago", -1, time.Second, 2 * time.Second, 100 * time.Millisecond, freshWalk{from: 400, recheck: true}},
+		{"an expensive recheck waits recheckShare times what it took", -1, time.Second, 1500 * time.Millisecond, 20 * time.Millisecond, freshWalk{from: 900}},
+		{"...then runs, from safe a lease and its period ago", -1, time.Second, 2 * time.Second, 20 * time.Millisecond, freshWalk{from: 400, recheck: true}},
 	} {
 		f := newFreshFloor(10, time.Second, lease, t0.Add(-time.Hour))
 		f.next, f.safe, f.back = 900, 900, tc.back
@@ -143,7 +143,8 @@ func TestFreshFloorBoundsPending(t *testing.T) {
 }
 
 // A batch of this relay's that rolled back: the next walk starts at its
-// lowest row, and the backlog figures from there.
+// lowest row, and the backlog figures from there, not from where an open
+// transaction's rows may start.
 func TestFreshFloorWalkBack(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
@@ -160,6 +161,11 @@ func TestFreshFloorWalkBack(t *testing.T) {
 	f.marks = []floorMark{{at: now.Add(-2 * time.Minute), safe: 850}}
 	if low := f.lowest(now); low != 700 {
 		t.Fatalf("lowest %d, want the walk back's 700", low)
+	}
+	// A transaction still open leaves its rows out: no read sees them yet.
+	f.pending[42] = 100
+	if low := f.lowest(now); low != 700 {
+		t.Fatalf("lowest %d with a transaction open from 100, want still 700", low)
 	}
 }
 
