@@ -35,9 +35,6 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 	// its rows are claimable again, below the floor. -1: none.
 	walkBack := int64(-1)
 	defer func() {
-		if walkBack >= 0 {
-			r.floor.walkBack(walkBack)
-		}
 		// A transaction still open (or failed) ends without a trace; a
 		// connection that cannot roll back is closed on release.
 		if conn.Conn().PgConn().TxStatus() != 'I' {
@@ -47,6 +44,11 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 		}
 		conn.Release()
 		r.held.remove(held)
+		// After the rollback, when the rows are free again (a closed
+		// connection frees them a moment later: the recheck takes those).
+		if walkBack >= 0 {
+			r.floor.walkBack(walkBack)
+		}
 	}()
 
 	// One claim at a time, each starting where the one before it ended.
