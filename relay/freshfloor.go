@@ -30,7 +30,8 @@ type freshFloor struct {
 	marks   []floorMark     // safe as it was, for the recheck
 
 	lastRecheck time.Time
-	recheckTook time.Duration
+	recheckTook time.Duration // what a recheck took past an ordinary claim
+	claimTook   time.Duration // what the last ordinary claim took
 	lastFull    time.Time
 	fullTook    time.Duration
 }
@@ -50,8 +51,8 @@ type floorMark struct {
 }
 
 // Cost bounds of the walks from below the floor: a recheck runs every poll
-// while it takes under cheapWalkTook, else every recheckShare times what it
-// took; the walk from the oldest row (for a batch that held rows past its
+// while it takes under cheapWalkTook more than an ordinary claim (a busy
+// machine slows both), else every recheckShare times that; the walk from the oldest row (for a batch that held rows past its
 // lease) every fullWalkEvery at least, and fullShare times what it took.
 const (
 	recheckShare  = 100
@@ -121,7 +122,9 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full b
 	case w.full:
 		f.fullTook = took
 	case w.recheck:
-		f.recheckTook = took
+		f.recheckTook = max(0, took-f.claimTook)
+	case w.from == f.next:
+		f.claimTook = took
 	}
 	var top int64
 	for _, c := range rows {

@@ -189,3 +189,26 @@ func TestFreshFloorMarks(t *testing.T) {
 		t.Errorf("safe a lease ago: %d, want about 24,000", got)
 	}
 }
+
+// A recheck's cost is what it takes past an ordinary claim: on a busy
+// machine both are slow, and the recheck still runs every poll; one that
+// walks a held horizon's dead rows waits recheckShare times its extra.
+func TestFreshFloorRecheckCostIsWhatItAdds(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		name           string
+		claim, recheck time.Duration
+		wantEvery      time.Duration
+	}{
+		{"as slow as an ordinary claim", 40 * time.Millisecond, 45 * time.Millisecond, time.Second},
+		{"a walk over dead rows", 40 * time.Millisecond, 140 * time.Millisecond, 100 * 100 * time.Millisecond},
+	} {
+		f := newFreshFloor(10, time.Second, time.Minute, now)
+		f.advance(fresh(5), freshWalk{from: f.next}, snapshot{}, false, now, tc.claim)
+		f.advance(nil, freshWalk{from: 0, recheck: true}, snapshot{}, false, now, tc.recheck)
+		if got := f.recheckEvery(); got != tc.wantEvery {
+			t.Errorf("%s: a recheck every %v, want %v", tc.name, got, tc.wantEvery)
+		}
+	}
+}
