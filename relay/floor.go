@@ -36,7 +36,7 @@ const (
 
 func newClaimFloor(batchSize int, poll, lease time.Duration) *claimFloor {
 	return &claimFloor{batchSize: batchSize, poll: poll, quickWalk: quickWalkEvery, cheapTook: cheapWalkTook,
-		fresh: newFreshFloor(batchSize, poll, lease, time.Now())}
+		fresh: newFreshFloor(poll, lease, time.Now())}
 }
 
 // floors is where one claim's walks start: the owed table's unkeyed walks,

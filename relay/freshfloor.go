@@ -16,7 +16,6 @@ import (
 // transaction id (migration 00018): a row below the newest one a snapshot
 // sees, and not visible to it, is then a running transaction's.
 type freshFloor struct {
-	batchSize int
 	// lease is how long a batch may hold rows: another relay's batch that
 	// rolls back after safe passed its rows leaves them below it, and the
 	// recheck walks from where safe was a lease ago.
@@ -52,8 +51,9 @@ type floorMark struct {
 
 // Cost bounds of the walks from below the floor: a recheck runs every poll
 // while it takes under cheapWalkTook more than an ordinary claim (a busy
-// machine slows both), else every recheckShare times that; the walk from the oldest row (for a batch that held rows past its
-// lease) every fullWalkEvery at least, and fullShare times what it took.
+// machine slows both), else every recheckShare times that; the walk from the
+// oldest row (for a batch that held rows past its lease) every
+// fullWalkEvery at least, and fullShare times what it took.
 const (
 	recheckShare  = 100
 	fullWalkEvery = 5 * time.Minute
@@ -64,8 +64,8 @@ const (
 	maxPending = 4096
 )
 
-func newFreshFloor(batchSize int, poll, lease time.Duration, now time.Time) *freshFloor {
-	return &freshFloor{batchSize: batchSize, poll: poll, lease: lease, pending: map[int64]int64{}, back: -1,
+func newFreshFloor(poll, lease time.Duration, now time.Time) *freshFloor {
+	return &freshFloor{poll: poll, lease: lease, pending: map[int64]int64{}, back: -1,
 		marks: []floorMark{{at: now}}, lastRecheck: now, lastFull: now}
 }
 

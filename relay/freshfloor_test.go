@@ -37,7 +37,7 @@ func TestFreshFloorStart(t *testing.T) {
 		{"an expensive recheck waits recheckShare times what it took", -1, time.Second, 1500 * time.Millisecond, 20 * time.Millisecond, freshWalk{from: 900}},
 		{"...then runs, from safe a lease and its period ago", -1, time.Second, 2 * time.Second, 20 * time.Millisecond, freshWalk{from: 400, recheck: true}},
 	} {
-		f := newFreshFloor(10, time.Second, lease, t0.Add(-time.Hour))
+		f := newFreshFloor(time.Second, lease, t0.Add(-time.Hour))
 		f.next, f.safe, f.back = 900, 900, tc.back
 		f.marks = []floorMark{
 			{at: t0.Add(-time.Hour), safe: 0},
@@ -117,7 +117,7 @@ func TestFreshFloorAdvance(t *testing.T) {
 			append(unkeyed(99), &claimed{msg: Message{ID: 98, HasKey: true}, fresh: true}), 50, false, snapshot{xmin: 5, xmax: 6},
 			state{next: 50, safe: 50, back: -1, pending: map[int64]int64{}}},
 	} {
-		f := newFreshFloor(3, time.Second, time.Minute, time.Unix(0, 0))
+		f := newFreshFloor(time.Second, time.Minute, time.Unix(0, 0))
 		f.next, f.safe, f.back, f.pending = tc.before.next, tc.before.safe, tc.before.back, tc.before.pending
 		f.advance(tc.rows, freshWalk{from: tc.from}, tc.snap, tc.full, time.Unix(10, 0), time.Millisecond)
 		got := state{f.next, f.safe, f.back, f.pending}
@@ -131,7 +131,7 @@ func TestFreshFloorAdvance(t *testing.T) {
 // if none of its walks had come back short.
 func TestFreshFloorBoundsPending(t *testing.T) {
 	t.Parallel()
-	f := newFreshFloor(1000, time.Second, time.Minute, time.Unix(0, 0))
+	f := newFreshFloor(time.Second, time.Minute, time.Unix(0, 0))
 	xip := make([]int64, maxPending+1)
 	for i := range xip {
 		xip[i] = int64(i + 10)
@@ -148,7 +148,7 @@ func TestFreshFloorBoundsPending(t *testing.T) {
 func TestFreshFloorWalkBack(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
-	f := newFreshFloor(10, time.Second, time.Minute, now)
+	f := newFreshFloor(time.Second, time.Minute, now)
 	f.next, f.safe = 900, 900
 	f.walkBack(700)
 	f.walkBack(800)
@@ -174,7 +174,7 @@ func TestFreshFloorWalkBack(t *testing.T) {
 func TestFreshFloorMarks(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(0, 0)
-	f := newFreshFloor(10, time.Second, time.Minute, t0)
+	f := newFreshFloor(time.Second, time.Minute, t0)
 	top := int64(0)
 	for i := range 3000 { // 5 minutes of short walks, 10 a second
 		now := t0.Add(time.Duration(i) * 100 * time.Millisecond)
@@ -204,7 +204,7 @@ func TestFreshFloorRecheckCostIsWhatItAdds(t *testing.T) {
 		{"as slow as an ordinary claim", 40 * time.Millisecond, 45 * time.Millisecond, time.Second},
 		{"a walk over dead rows", 40 * time.Millisecond, 140 * time.Millisecond, 100 * 100 * time.Millisecond},
 	} {
-		f := newFreshFloor(10, time.Second, time.Minute, now)
+		f := newFreshFloor(time.Second, time.Minute, now)
 		f.advance(fresh(5), freshWalk{from: f.next}, snapshot{}, false, now, tc.claim)
 		f.advance(nil, freshWalk{from: 0, recheck: true}, snapshot{}, false, now, tc.recheck)
 		if got := f.recheckEvery(); got != tc.wantEvery {
