@@ -70,6 +70,23 @@ func (e *env) streamOrders(n int) map[string]bool {
 	return want
 }
 
+// awaitReplay fails the test unless the replay started as cmd (done, out:
+// startCmd's) exits 0 within 90 s of after; else its goroutines, which Go
+// prints on SIGQUIT, are in the failure.
+func awaitReplay(t *testing.T, cmd *exec.Cmd, done <-chan error, out fmt.Stringer, after string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("replay after %s: %v\n%s", after, err, out)
+		}
+	case <-time.After(90 * time.Second):
+		cmd.Process.Signal(syscall.SIGQUIT) //nolint:errcheck // its exit is read below
+		<-done
+		t.Fatalf("the replay did not finish within 90 s of %s:\n%s", after, out)
+	}
+}
+
 // amqpMsg is what the drill checks of each message the legacy queue got.
 type amqpMsg struct {
 	routingKey, tenant string
@@ -424,16 +441,7 @@ func TestReplayRidesOutANATSOutage(t *testing.T) {
 		return strings.Contains(out.String(), "read the stream from JetStream failed")
 	}, "the replay did not say it cannot read the stream:\n%s", out)
 	heal()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("replay after the outage: %v\n%s", err, out)
-		}
-	case <-time.After(90 * time.Second):
-		cmd.Process.Signal(syscall.SIGQUIT)
-		<-done
-		t.Fatalf("the replay did not finish within 90 s of NATS coming back:\n%s", out)
-	}
+	awaitReplay(t, cmd, done, out, "NATS coming back")
 	if s := decodeReplay(t, []byte(out.String())); !s.Finished || s.Record.Position != 3000 {
 		t.Errorf("replay: finished %v at %d, want finished at 3000", s.Finished, s.Record.Position)
 	}
@@ -488,16 +496,7 @@ func TestReplayWaitsForADeletedExchange(t *testing.T) {
 	if err := ch.QueueBind(e.queue, "orders.#", e.exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("replay after the exchange came back: %v\n%s", err, out)
-		}
-	case <-time.After(90 * time.Second):
-		cmd.Process.Signal(syscall.SIGQUIT)
-		<-done
-		t.Fatalf("the replay did not finish within 90 s of the exchange coming back:\n%s", out)
-	}
+	awaitReplay(t, cmd, done, out, "the exchange coming back")
 	s := decodeReplay(t, []byte(out.String()))
 	if !s.Finished || s.Record.Position != 3000 || s.Failed != 0 || s.Record.FailedPermanent != 0 {
 		t.Errorf("replay: finished %v at %d, %d failed, %d failed for good; want finished at 3000, none failed", s.Finished, s.Record.Position, s.Failed, s.Record.FailedPermanent)

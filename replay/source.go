@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -137,15 +136,13 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 		if s.it == nil {
 			// The consumer could not recreate itself: read on once the
 			// stream answers, and is still the run's.
-			if err := s.check(ctx); err != nil {
-				if !s.waitOut(ctx, err) {
-					return item{}, false, cmp.Or(ctx.Err(), err)
-				}
-				continue
+			err := s.check(ctx)
+			if err == nil {
+				err = s.open(ctx)
 			}
-			if err := s.open(ctx); err != nil {
-				if !s.waitOut(ctx, err) {
-					return item{}, false, cmp.Or(ctx.Err(), err)
+			if err != nil {
+				if err := s.waitOut(ctx, err); err != nil {
+					return item{}, false, err
 				}
 				continue
 			}
@@ -162,18 +159,10 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 			// Nothing for a while: the messages up to `to` were deleted, the
 			// stream was, or JetStream does not answer (the run waits for
 			// it, saying so).
-			if err := s.check(ctx); err != nil {
-				if !s.waitOut(ctx, err) {
-					return item{}, false, cmp.Or(ctx.Err(), err)
-				}
-				continue
-			}
-			ictx, cancel := context.WithTimeout(ctx, infoWait)
-			ci, err := s.cons.Info(ictx)
-			cancel()
+			ci, err := s.pending(ctx)
 			if err != nil {
-				if !s.waitOut(ctx, fmt.Errorf("consumer info: %w", err)) {
-					return item{}, false, ctx.Err()
+				if err := s.waitOut(ctx, err); err != nil {
+					return item{}, false, err
 				}
 				continue
 			}
@@ -197,8 +186,8 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 			// one re-created under its name?
 			if err := s.check(ctx); err != nil {
 				s.close()
-				if !s.waitOut(ctx, err) {
-					return item{}, false, cmp.Or(ctx.Err(), err)
+				if err := s.waitOut(ctx, err); err != nil {
+					return item{}, false, err
 				}
 				continue
 			}
@@ -221,6 +210,21 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 	return item{}, false, nil
 }
 
+// pending asks whether the stream is still the run's, then what its
+// consumer has delivered and has left.
+func (s *source) pending(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	ictx, cancel := context.WithTimeout(ctx, infoWait)
+	defer cancel()
+	ci, err := s.cons.Info(ictx)
+	if err != nil {
+		return nil, fmt.Errorf("consumer info: %w", err)
+	}
+	return ci, nil
+}
+
 // check asks JetStream whether the stream is still the one the run reads.
 func (s *source) check(ctx context.Context) error {
 	ictx, cancel := context.WithTimeout(ctx, infoWait)
@@ -238,16 +242,22 @@ func (s *source) check(ctx context.Context) error {
 }
 
 // waitOut logs err, which JetStream may answer differently in a while, and
-// waits a little; it is false when the run stops: ctx is done, or err is
-// the stream's own end.
-func (s *source) waitOut(ctx context.Context, err error) bool {
+// waits a little. It returns what stops the run instead (nil: read on):
+// ctx's end, or err when it is the stream's own end.
+func (s *source) waitOut(ctx context.Context, err error) error {
 	var gone *StreamGoneError
 	var replaced *StreamReplacedError
-	if ctx.Err() != nil || errors.As(err, &gone) || errors.As(err, &replaced) {
-		return false
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.As(err, &gone) || errors.As(err, &replaced):
+		return err
 	}
 	s.errs.Error(err)
-	return backoff.Sleep(ctx, idleWait)
+	if !backoff.Sleep(ctx, idleWait) {
+		return ctx.Err()
+	}
+	return nil
 }
 
 // sameStream compares creation times as Postgres keeps them (microseconds).

@@ -233,7 +233,7 @@ func writeHorizons(w io.Writer, r *Results) {
 	for _, h := range r.Horizon {
 		fmt.Fprintf(w, "**%s held %s** at %s rows/s: the outbox %s before, %s at the hold's end (%s dead rows), %s after VACUUM",
 			h.Kind, (time.Duration(h.HoldSeconds) * time.Second).String(), thousands(float64(h.Rate)),
-			size(int(h.BytesBefore)), size(int(h.BytesHoldEnd)), thousands(float64(h.DeadAtHoldEnd)), size(int(h.BytesAfterVacuum)))
+			mibText(h.BytesBefore), mibText(h.BytesHoldEnd), thousands(float64(h.DeadAtHoldEnd)), mibText(h.BytesAfterVacuum))
 		if h.HeldRowMs > 0 {
 			fmt.Fprintf(w, "; the held row reached both brokers %.0f ms after its commit", h.HeldRowMs)
 		}
@@ -245,3 +245,6 @@ func writeHorizons(w io.Writer, r *Results) {
 		fmt.Fprintln(w)
 	}
 }
+
+// mibText is a table's size in MiB: size's KiB would run to six figures.
+func mibText(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

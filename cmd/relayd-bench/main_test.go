@@ -18,12 +18,7 @@ import (
 // so that `make bench` cannot rot between the times someone runs it. The
 // figures themselves mean nothing at this size, least of all under -race.
 func TestSmoke(t *testing.T) {
-	o := defaultOptions(true)
-	o.DatabaseURL = testenv.DatabaseURL(t)
-	o.AMQPURL = testenv.AMQPURL(t)
-	o.NATSURL = testenv.NATSURL(t)
-	o.Version = "smoke-test"
-	o.Log = testLog{t}
+	o := smokeOptions(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
@@ -141,6 +136,17 @@ func TestSmoke(t *testing.T) {
 	t.Logf("\n%s", table.String())
 }
 
+// smokeOptions is -smoke against the test services, logging to t.
+func smokeOptions(t *testing.T) options {
+	o := defaultOptions(true)
+	o.DatabaseURL = testenv.DatabaseURL(t)
+	o.AMQPURL = testenv.AMQPURL(t)
+	o.NATSURL = testenv.NATSURL(t)
+	o.Version = "smoke-test"
+	o.Log = testLog{t}
+	return o
+}
+
 type testLog struct{ t *testing.T }
 
 func (l testLog) Write(p []byte) (int, error) {
@@ -152,12 +158,7 @@ func (l testLog) Write(p []byte) (int, error) {
 // horizon), which the whole run leaves out: each kind's windows, baseline,
 // hold and after, with rows and latencies, and the held row's arrival.
 func TestHorizonSmoke(t *testing.T) {
-	o := defaultOptions(true)
-	o.DatabaseURL = testenv.DatabaseURL(t)
-	o.AMQPURL = testenv.AMQPURL(t)
-	o.NATSURL = testenv.NATSURL(t)
-	o.Version = "smoke-test"
-	o.Log = testLog{t}
+	o := smokeOptions(t)
 	o.Only = onlyFlag("horizon")
 	// Its held snapshot would hold back the other tests' CREATE INDEX
 	// CONCURRENTLY in the shared database.
