@@ -8,16 +8,22 @@ import (
 	"time"
 )
 
-// runBatch claims, publishes and records one batch in two round trips, and
-// returns how many rows it claimed and how many were keyed. Once it holds
-// rows it runs to the end whatever ctx does, under its own timeout.
-func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err error) {
+// batchResult is what a batch claimed: how many rows, how many of them
+// keyed, and whether it was a sweep (claimFloor.begin).
+type batchResult struct {
+	n, keyed int
+	sweep    bool
+}
+
+// runBatch claims, publishes and records one batch in two round trips. Once
+// it holds rows it runs to the end whatever ctx does, under its own timeout.
+func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err error) {
 	start := time.Now()
 	enabled := r.phase.begin() // the batch finishes under the phase it was claimed in
 	defer r.phase.end(enabled)
 	act, ok := r.active(start, enabled)
 	if !ok {
-		return 0, 0, errNoTarget
+		return res, errNoTarget
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout+30*time.Second)
 	defer cancel()
@@ -28,7 +34,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 	defer context.AfterFunc(ctx, ccancel)()
 	conn, err := r.pool.Acquire(cctx)
 	if err != nil {
-		return 0, 0, fmt.Errorf("begin: %w", err)
+		return res, fmt.Errorf("begin: %w", err)
 	}
 	var held []int64 // the batch's keyed rows, in r.held until its transaction ends
 	// The outbox row the claims walk back to if the batch ends unrecorded:
@@ -51,40 +57,52 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (n, keyed int, err erro
 		}
 	}()
 
-	// One claim at a time, each starting where the one before it ended.
+	// One claim at a time, each starting where the one before it ended; a
+	// sweep below them runs beside them.
 	fl := r.floor.begin(time.Now())
-	r.hooks.onClaiming()
+	res.sweep = fl.fresh.sweep
+	if res.sweep {
+		// It may walk for a while: rows committed meanwhile wake another
+		// worker (a busy one's producers do not notify).
+		w.set(workerFree)
+		r.hooks.onSweeping()
+	} else {
+		r.hooks.onClaiming()
+	}
 	claimStart := time.Now()
 	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, fl, r.held.list())
 	claimedAt := time.Now()
 	if err == nil {
 		r.floor.claimed(rows, fl, snap, claimedAt, claimedAt.Sub(claimStart))
 		held = r.held.add(rows)
-		r.hooks.onClaimed(len(rows), fl.fresh.from)
+		if !res.sweep {
+			r.hooks.onClaimed(len(rows), fl.fresh.from)
+		}
 	}
-	r.floor.end()
+	r.floor.end(fl, err == nil)
 	if err != nil {
-		return 0, 0, err
+		return res, err
 	}
 	r.idle.claimed(rows)
 	walkBack = lowestFresh(rows)
 	if len(rows) == 0 {
 		if _, err := conn.Exec(cctx, "COMMIT"); err != nil { // holds nothing: stops with the relay too
-			return 0, 0, fmt.Errorf("commit empty claim: %w", err)
+			return res, fmt.Errorf("commit empty claim: %w", err)
 		}
-		return 0, 0, nil
+		return res, nil
 	}
 
 	w.set(workerBusy) // producers need not notify meanwhile
 	bt := r.tracer.startBatch(rows, claimStart, claimedAt)
 	rec := r.publish(bctx, rows, enabled, bt)
 	r.hooks.onAfterPublish()
+	res.n, res.keyed = len(rows), len(held)
 	if err := bt.record(len(rows), func() error { return r.store.record(bctx, conn, rec) }); err != nil {
-		return len(rows), len(held), err
+		return res, err
 	}
 	walkBack = -1
 	r.cfg.Metrics.Batch(time.Since(start), len(rows))
-	return len(rows), len(held), nil
+	return res, nil
 }
 
 // publish sends each row to the targets it wants, all targets at once, and

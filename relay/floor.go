@@ -1,14 +1,15 @@
 package relay
 
 import (
+	"math"
 	"sync"
 	"time"
 )
 
 // claimFloor is where a relay's claims start their walks of the owed
 // table's unkeyed rows, so that during a backlog they skip the rows other
-// batches hold, and, in fresh, the outbox's; its lock lets one claim run at
-// a time (docs/design.md, "The claim floor").
+// batches hold, and, in fresh, the outbox's; its lock lets one ordinary
+// claim run at a time (docs/design.md, "The claim floor").
 type claimFloor struct {
 	mu sync.Mutex
 
@@ -54,22 +55,55 @@ type floorCandidate struct{ top, xmax int64 }
 // long (elsewhere in the database); dropping one only delays the floor.
 const maxFloorCandidates = 64
 
-// begin takes the floor's lock for one claim and returns where its walks
-// start; end releases it.
+// begin returns where one claim's walks start. An ordinary claim holds the
+// floor's lock until end; a sweep (fl.fresh.sweep) does not: it walks only
+// the outbox, below where the ordinary claims start.
 func (f *claimFloor) begin(now time.Time) floors {
 	f.mu.Lock()
-	return floors{owed: f.start(now), fresh: f.fresh.start(now)}
+	if w, ok := f.fresh.startSweep(now); ok {
+		f.mu.Unlock()
+		return floors{owed: math.MaxInt64, fresh: w}
+	}
+	return floors{owed: f.start(now), fresh: f.fresh.start()}
 }
 
 // claimed places the next claims after one that walked from fl under snap
 // and took rows in took.
 func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, now time.Time, took time.Duration) {
+	full := len(rows) >= f.batchSize
+	if fl.fresh.sweep {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.fresh.swept(rows, fl.fresh, full, took)
+		return
+	}
 	f.advance(rows, fl.owed, snap, took)
-	f.fresh.advance(rows, fl.fresh, snap, len(rows) >= f.batchSize, now, took)
+	f.fresh.advance(rows, fl.fresh, snap, full, now, took)
 }
 
-// walkBack makes the next claim walk the outbox from id: a batch of this
-// relay's rolled back, and its rows are claimable again.
+// end ends the claim begin started: claimed, or not (ok false).
+func (f *claimFloor) end(fl floors, ok bool) {
+	if !fl.fresh.sweep {
+		f.mu.Unlock()
+		return
+	}
+	if !ok {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.fresh.unsweep(fl.fresh)
+	}
+}
+
+// sweepDue reports whether the next claim would be a sweep: a worker that
+// would wait claims at once instead.
+func (f *claimFloor) sweepDue(now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fresh.sweepDue(now)
+}
+
+// walkBack leaves a gap in the outbox's walks from row id on: a batch of
+// this relay's rolled back, and its rows are claimable again.
 func (f *claimFloor) walkBack(id int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -82,8 +116,6 @@ func (f *claimFloor) lowestFresh(now time.Time) int64 {
 	defer f.mu.Unlock()
 	return f.fresh.lowest(now)
 }
-
-func (f *claimFloor) end() { f.mu.Unlock() }
 
 // start is where a claim's unkeyed walks start: the high-water mark, or 0
 // (the oldest row) at least every poll, and every quickWalk while that walk

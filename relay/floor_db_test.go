@@ -225,3 +225,71 @@ func TestTheFloorPassesAnOpenTransactionAndWalksBackAtItsEnd(t *testing.T) {
 	t.Logf("row %d, behind the floor, taken %v after its commit", lateID, time.Since(committed).Round(time.Millisecond))
 	testenv.Eventually(t, 10*time.Second, func() bool { got, _ := a.count(lateMsg); return got == 1 }, "amqp never got the late row")
 }
+
+// A transaction that stays open while more than foldSpan rows pass leaves,
+// when it ends, a gap far below the floor: a sweep walks it, beside the
+// ordinary claims. While that sweep is held back, the rows committed
+// meanwhile are delivered; when it goes on, the transaction's row is too.
+func TestASweepRunsBesideTheClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setupOwnDatabase(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	sweeping, release := make(chan struct{}, 1), make(chan struct{})
+	var released sync.Once
+	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
+		r.hooks = &testHooks{sweeping: func() {
+			select {
+			case sweeping <- struct{}{}:
+			default:
+			}
+			<-release
+		}}
+	})
+	t.Cleanup(func() { released.Do(func() { close(release) }) }) // before the relay stops
+	done := len(f.insert(1, "orders.created"))
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done }, "relay did not start")
+
+	held, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Rollback(ctx) //nolint:errcheck // committed below
+	var heldMsg string
+	if err := held.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.held', '\x00')
+		RETURNING message_id::text`).Scan(&heldMsg); err != nil {
+		t.Fatal(err)
+	}
+	done += len(f.insert(2*foldSpan, "orders.created"))
+	testenv.Eventually(t, 30*time.Second, func() bool { return f.countDone() == done }, "rows past the open transaction not delivered")
+	// A batch's worth of claims ended full; a short one raises the floor
+	// past the open transaction's row.
+	done += len(f.insert(1, "orders.created"))
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done }, "row not delivered")
+	if err := held.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done += len(f.insert(1, "orders.created")) // a claim that sees it ended
+	select {
+	case <-sweeping:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no sweep after the transaction ended far below the floor")
+	}
+	// The sweep waits; the claims go on.
+	later := f.insert(20, "orders.created")
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done+len(later) }, "rows committed during the sweep not delivered: the claims wait for it")
+	if got, _ := n.count(heldMsg); got != 0 {
+		t.Fatal("the ended transaction's row was taken by a claim, not the sweep")
+	}
+	released.Do(func() { close(release) })
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		ga, _ := a.count(heldMsg)
+		gn, _ := n.count(heldMsg)
+		return ga == 1 && gn == 1
+	}, "the ended transaction's row not delivered after the sweep")
+	for _, id := range later {
+		if ga, _ := a.count(id); ga != 1 {
+			t.Fatalf("amqp got %s %d times", id, ga)
+		}
+	}
+}

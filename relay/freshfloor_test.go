@@ -2,6 +2,8 @@ package relay
 
 import (
 	"maps"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -14,31 +16,65 @@ func fresh(ids ...int64) []*claimed {
 	return rows
 }
 
-// Where the outbox's next walk starts: back to a transaction that ended or
-// a batch that rolled back, first; then from the oldest row when that walk
-// is due; then from where safe was a lease (and a recheck period) ago, when
-// a recheck is due; else from next.
+// An ordinary claim walks from next, or from below it to the gaps within
+// foldSpan of it.
 func TestFreshFloorStart(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		gaps []span
+		want int64
+	}{
+		{"no gap: next", nil, 9000},
+		{"a near gap", []span{{8000, 9000}, {6000, 7000}}, 6000},
+		{"a far gap is a sweep's", []span{{4000, 8000}, {8500, 9000}}, 8500},
+	} {
+		f := newFreshFloor(time.Second, time.Minute, time.Unix(0, 0))
+		f.next, f.safe, f.gaps = 9000, 9000, tc.gaps
+		if got := f.start(); got.from != tc.want || got.sweep {
+			t.Errorf("%s: %+v, want from %d, unbounded, not a sweep", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A sweep, one at a time, ends where the ordinary claims start, and takes
+// the gaps it covers: from the oldest row every fullWalkEvery; else the
+// lowest far gap with those it overlaps; else a recheck from where safe was
+// a lease (and a recheck period) ago, every poll while it is cheap.
+func TestFreshFloorSweeps(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	lease := time.Minute
+	near := span{8800, 9000}
 	for _, tc := range []struct {
 		name        string
-		back        int64
+		gaps        []span
 		sinceFull   time.Duration
 		sinceCheck  time.Duration
 		recheckTook time.Duration
+		inFlight    bool
 		want        freshWalk
+		none        bool
+		left        []span
 	}{
-		{"next", -1, time.Second, 100 * time.Millisecond, 0, freshWalk{from: 900}},
-		{"back to an ended transaction", 300, time.Hour, time.Hour, 0, freshWalk{from: 300}},
-		{"the oldest row, every fullWalkEvery", -1, fullWalkEvery, 0, 0, freshWalk{from: 0, full: true}},
-		{"a recheck from safe a lease and a poll ago", -1, time.Second, time.Second, 0, freshWalk{from: 500, recheck: true}},
-		{"an expensive recheck waits recheckShare times what it took", -1, time.Second, 1500 * time.Millisecond, 20 * time.Millisecond, freshWalk{from: 900}},
-		{"...then runs, from safe a lease and its period ago", -1, time.Second, 2 * time.Second, 20 * time.Millisecond, freshWalk{from: 400, recheck: true}},
+		{"none due", []span{near}, time.Second, 100 * time.Millisecond, 0, false, freshWalk{}, true, []span{near}},
+		{"one in flight", []span{{100, 200}}, time.Hour, time.Hour, 0, true, freshWalk{}, true, []span{{100, 200}}},
+		{"the oldest row, every fullWalkEvery", []span{{100, 200}, near}, fullWalkEvery, 0, 0, false,
+			freshWalk{from: 0, to: 9000, sweep: true, full: true, gaps: []span{{100, 200}, near}}, false, nil},
+		{"the lowest far gap and those it overlaps", []span{near, {3000, 5000}, {100, 2000}, {1500, 2500}}, time.Second, 0, 0, false,
+			freshWalk{from: 100, to: 2500, sweep: true, gaps: []span{{100, 2000}, {1500, 2500}}}, false, []span{{3000, 5000}, near}},
+		{"a recheck from safe a lease and a poll ago", []span{near}, time.Second, time.Second, 0, false,
+			freshWalk{from: 500, to: 9000, sweep: true, recheck: true, gaps: []span{near}}, false, nil},
+		{"an expensive recheck waits recheckShare times what it took", nil, time.Second, 1500 * time.Millisecond, 20 * time.Millisecond, false,
+			freshWalk{}, true, nil},
+		{"...then runs, from safe a lease and its period ago", nil, time.Second, 2 * time.Second, 20 * time.Millisecond, false,
+			freshWalk{from: 400, to: 9000, sweep: true, recheck: true}, false, nil},
 	} {
 		f := newFreshFloor(time.Second, lease, t0.Add(-time.Hour))
-		f.next, f.safe, f.back = 900, 900, tc.back
+		f.next, f.safe, f.gaps = 9000, 9000, slices.Clone(tc.gaps)
+		if tc.inFlight {
+			f.sweeping = &freshWalk{}
+		}
 		f.marks = []floorMark{
 			{at: t0.Add(-time.Hour), safe: 0},
 			{at: t0.Add(-lease - 3*time.Second), safe: 400},
@@ -46,22 +82,60 @@ func TestFreshFloorStart(t *testing.T) {
 			{at: t0.Add(-time.Second), safe: 800},
 		}
 		f.lastFull, f.lastRecheck, f.recheckTook = t0.Add(-tc.sinceFull), t0.Add(-tc.sinceCheck), tc.recheckTook
-		if got := f.start(t0); got != tc.want {
+		due := f.sweepDue(t0)
+		got, ok := f.startSweep(t0)
+		switch {
+		case due != ok:
+			t.Errorf("%s: sweepDue %v, but startSweep %v", tc.name, due, ok)
+		case ok == tc.none:
+			t.Errorf("%s: sweep %v, want %v", tc.name, ok, !tc.none)
+		case ok && !reflect.DeepEqual(got, tc.want):
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+		if !slices.Equal(f.gaps, tc.left) && len(f.gaps)+len(tc.left) > 0 {
+			t.Errorf("%s: gaps left %v, want %v", tc.name, f.gaps, tc.left)
 		}
 	}
 }
 
-// advance after a claim of the outbox. A short walk from at or below safe
-// raises safe to its top, remembering each transaction running at its
-// snapshot from the old safe; a transaction seen ended is forgotten if the
-// walk started at or below where its rows may start, else walked back to.
-// A full walk moves next on to its top, or down to it from below the mark.
+// A sweep that came back full leaves the rest of its walk as a gap; one
+// that failed gives its gaps back; either way the next may start.
+func TestFreshFloorSweepEnds(t *testing.T) {
+	t.Parallel()
+	f := newFreshFloor(time.Second, time.Minute, time.Unix(0, 0))
+	f.next, f.safe, f.gaps = 9000, 9000, []span{{100, 200}, {300, 400}}
+	w, ok := f.startSweep(time.Unix(1, 0))
+	if !ok || w.from != 100 || w.to != 200 {
+		t.Fatalf("sweep %v %+v, want the gap (100, 200]", ok, w)
+	}
+	f.swept(fresh(150, 160), w, true, time.Millisecond)
+	if want := []span{{300, 400}, {160, 200}}; !slices.Equal(f.gaps, want) || f.sweeping != nil {
+		t.Fatalf("after a full sweep: gaps %v (in flight %v), want %v", f.gaps, f.sweeping != nil, want)
+	}
+	w, _ = f.startSweep(time.Unix(1, 0))
+	f.unsweep(w)
+	if want := []span{{300, 400}, {160, 200}}; !slices.Equal(f.gaps, want) || f.sweeping != nil {
+		t.Fatalf("after a failed sweep: gaps %v (in flight %v), want %v", f.gaps, f.sweeping != nil, want)
+	}
+	w, _ = f.startSweep(time.Unix(1, 0))
+	f.swept(nil, w, false, time.Millisecond)
+	if want := []span{{300, 400}}; !slices.Equal(f.gaps, want) {
+		t.Fatalf("after a short sweep: gaps %v, want %v", f.gaps, want)
+	}
+}
+
+// advance after an ordinary claim of the outbox. A short walk from at or
+// below safe raises safe to its top, remembering each transaction running
+// at its snapshot from the old safe; a transaction seen ended is forgotten,
+// leaving a gap if its rows may start below the walk's. A walk takes the
+// gaps from its start on. A full walk moves next on to its top, or down to
+// it from below the mark.
 func TestFreshFloorAdvance(t *testing.T) {
 	t.Parallel()
 	type state struct {
-		next, safe, back int64
-		pending          map[int64]int64
+		next, safe int64
+		gaps       []span
+		pending    map[int64]int64
 	}
 	for _, tc := range []struct {
 		name   string
@@ -73,55 +147,55 @@ func TestFreshFloorAdvance(t *testing.T) {
 		want   state
 	}{
 		{"a short walk raises safe, remembering the running transactions",
-			state{next: 50, safe: 50, back: -1, pending: map[int64]int64{}},
+			state{next: 50, safe: 50, pending: map[int64]int64{}},
 			fresh(60, 70), 50, false, snapshot{xmin: 5, xmax: 9, xip: []int64{5, 7}},
-			state{next: 70, safe: 70, back: -1, pending: map[int64]int64{5: 50, 7: 50}}},
+			state{next: 70, safe: 70, pending: map[int64]int64{5: 50, 7: 50}}},
 		{"a transaction already remembered keeps where its rows may start",
-			state{next: 70, safe: 70, back: -1, pending: map[int64]int64{5: 50}},
+			state{next: 70, safe: 70, pending: map[int64]int64{5: 50}},
 			fresh(80), 70, false, snapshot{xmin: 5, xmax: 9, xip: []int64{5}},
-			state{next: 80, safe: 80, back: -1, pending: map[int64]int64{5: 50}}},
+			state{next: 80, safe: 80, pending: map[int64]int64{5: 50}}},
 		{"ended, and its rows were in this walk: forgotten",
-			state{next: 80, safe: 80, back: -1, pending: map[int64]int64{5: 80}},
+			state{next: 80, safe: 80, pending: map[int64]int64{5: 80}},
 			nil, 80, false, snapshot{xmin: 9, xmax: 9},
-			state{next: 80, safe: 80, back: -1, pending: map[int64]int64{}}},
-		{"ended below this walk: the next walks back to its rows",
-			state{next: 80, safe: 80, back: -1, pending: map[int64]int64{5: 50, 6: 60}},
+			state{next: 80, safe: 80, pending: map[int64]int64{}}},
+		{"ended below this walk: forgotten, its rows below it a gap",
+			state{next: 80, safe: 80, pending: map[int64]int64{5: 50, 6: 60}},
 			fresh(90), 80, false, snapshot{xmin: 6, xmax: 9, xip: []int64{6}},
-			state{next: 90, safe: 90, back: 50, pending: map[int64]int64{5: 50, 6: 60}}},
-		{"the walk back forgets it and raises safe",
-			state{next: 90, safe: 90, back: 50, pending: map[int64]int64{5: 50, 6: 60}},
+			state{next: 90, safe: 90, gaps: []span{{50, 80}}, pending: map[int64]int64{6: 60}}},
+		{"a walk from a gap takes it and those above, and raises safe",
+			state{next: 90, safe: 90, gaps: []span{{20, 30}, {50, 80}, {85, 90}}, pending: map[int64]int64{6: 60}},
 			fresh(55, 95), 50, false, snapshot{xmin: 6, xmax: 9, xip: []int64{6}},
-			state{next: 95, safe: 95, back: -1, pending: map[int64]int64{6: 60}}},
+			state{next: 95, safe: 95, gaps: []span{{20, 30}}, pending: map[int64]int64{6: 60}}},
 		{"a transaction still running stays",
-			state{next: 90, safe: 90, back: -1, pending: map[int64]int64{5: 50}},
+			state{next: 90, safe: 90, pending: map[int64]int64{5: 50}},
 			nil, 90, false, snapshot{xmin: 5, xmax: 12, xip: []int64{5, 11}},
-			state{next: 90, safe: 90, back: -1, pending: map[int64]int64{5: 50}}},
+			state{next: 90, safe: 90, pending: map[int64]int64{5: 50}}},
 		{"a full walk from next moves next on",
-			state{next: 100, safe: 50, back: -1, pending: map[int64]int64{}},
+			state{next: 100, safe: 50, pending: map[int64]int64{}},
 			fresh(101, 102, 103), 100, true, snapshot{xmin: 5, xmax: 6},
-			state{next: 103, safe: 50, back: -1, pending: map[int64]int64{}}},
+			state{next: 103, safe: 50, pending: map[int64]int64{}}},
 		{"a full walk from below next goes on from its top",
-			state{next: 500, safe: 400, back: -1, pending: map[int64]int64{}},
-			fresh(10, 11, 12), 0, true, snapshot{xmin: 5, xmax: 6},
-			state{next: 12, safe: 400, back: -1, pending: map[int64]int64{}}},
+			state{next: 500, safe: 400, gaps: []span{{5, 500}}, pending: map[int64]int64{}},
+			fresh(10, 11, 12), 5, true, snapshot{xmin: 5, xmax: 6},
+			state{next: 12, safe: 400, pending: map[int64]int64{}}},
 		{"a full walk from below next that took none of the outbox's rows goes on from its start",
-			state{next: 500, safe: 400, back: -1, pending: map[int64]int64{}},
+			state{next: 500, safe: 400, gaps: []span{{300, 500}}, pending: map[int64]int64{}},
 			unkeyed(10, 11, 12), 300, true, snapshot{xmin: 5, xmax: 6},
-			state{next: 300, safe: 400, back: -1, pending: map[int64]int64{}}},
+			state{next: 300, safe: 400, pending: map[int64]int64{}}},
 		{"a short walk above safe raises nothing, and the next walks from safe",
-			state{next: 90, safe: 50, back: -1, pending: map[int64]int64{}},
+			state{next: 90, safe: 50, pending: map[int64]int64{}},
 			fresh(95), 90, false, snapshot{xmin: 100, xmax: 101},
-			state{next: 50, safe: 50, back: -1, pending: map[int64]int64{}}},
+			state{next: 50, safe: 50, pending: map[int64]int64{}}},
 		{"keyed rows and the owed table's do not count",
-			state{next: 50, safe: 50, back: -1, pending: map[int64]int64{}},
+			state{next: 50, safe: 50, pending: map[int64]int64{}},
 			append(unkeyed(99), &claimed{msg: Message{ID: 98, HasKey: true}, fresh: true}), 50, false, snapshot{xmin: 5, xmax: 6},
-			state{next: 50, safe: 50, back: -1, pending: map[int64]int64{}}},
+			state{next: 50, safe: 50, pending: map[int64]int64{}}},
 	} {
 		f := newFreshFloor(time.Second, time.Minute, time.Unix(0, 0))
-		f.next, f.safe, f.back, f.pending = tc.before.next, tc.before.safe, tc.before.back, tc.before.pending
+		f.next, f.safe, f.gaps, f.pending = tc.before.next, tc.before.safe, tc.before.gaps, tc.before.pending
 		f.advance(tc.rows, freshWalk{from: tc.from}, tc.snap, tc.full, time.Unix(10, 0), time.Millisecond)
-		got := state{f.next, f.safe, f.back, f.pending}
-		if got.next != tc.want.next || got.safe != tc.want.safe || got.back != tc.want.back || !maps.Equal(got.pending, tc.want.pending) {
+		got := state{f.next, f.safe, f.gaps, f.pending}
+		if got.next != tc.want.next || got.safe != tc.want.safe || !slices.Equal(got.gaps, tc.want.gaps) || !maps.Equal(got.pending, tc.want.pending) {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
@@ -142,9 +216,9 @@ func TestFreshFloorBoundsPending(t *testing.T) {
 	}
 }
 
-// A batch of this relay's that rolled back: the next walk starts at its
-// lowest row, and the backlog figures from there, not from where an open
-// transaction's rows may start.
+// A batch of this relay's that rolled back leaves a gap from its lowest
+// row: the next claim takes that row and those after it, and the backlog
+// figures start there, not where an open transaction's rows may start.
 func TestFreshFloorWalkBack(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
@@ -152,20 +226,29 @@ func TestFreshFloorWalkBack(t *testing.T) {
 	f.next, f.safe = 900, 900
 	f.walkBack(700)
 	f.walkBack(800)
-	if w := f.start(now); w.from != 700 {
-		t.Fatalf("walk from %d, want 700", w.from)
+	f.walkBack(950) // above next: the next claim walks it anyway
+	if w := f.start(); w.from != 699 {
+		t.Fatalf("walk from %d, want 699: row 700 is the batch's lowest", w.from)
 	}
 	if low := f.lowest(now); low != 0 {
 		t.Fatalf("lowest %d, want 0: safe was 0 a lease ago", low)
 	}
 	f.marks = []floorMark{{at: now.Add(-2 * time.Minute), safe: 850}}
-	if low := f.lowest(now); low != 700 {
-		t.Fatalf("lowest %d, want the walk back's 700", low)
+	if low := f.lowest(now); low != 699 {
+		t.Fatalf("lowest %d, want the gap's 699", low)
 	}
 	// A transaction still open leaves its rows out: no read sees them yet.
 	f.pending[42] = 100
-	if low := f.lowest(now); low != 700 {
-		t.Fatalf("lowest %d with a transaction open from 100, want still 700", low)
+	if low := f.lowest(now); low != 699 {
+		t.Fatalf("lowest %d with a transaction open from 100, want still 699", low)
+	}
+	// ...and so does a sweep in flight over the gap.
+	f.next = 9000
+	if w, ok := f.startSweep(now); !ok || w.from != 699 {
+		t.Fatalf("sweep %v from %d, want the gap's 699", ok, w.from)
+	}
+	if low := f.lowest(now); low != 699 {
+		t.Fatalf("lowest %d with the gap in a sweep, want still 699", low)
 	}
 }
 
@@ -206,7 +289,7 @@ func TestFreshFloorRecheckCostIsWhatItAdds(t *testing.T) {
 	} {
 		f := newFreshFloor(time.Second, time.Minute, now)
 		f.advance(fresh(5), freshWalk{from: f.next}, snapshot{}, false, now, tc.claim)
-		f.advance(nil, freshWalk{from: 0, recheck: true}, snapshot{}, false, now, tc.recheck)
+		f.swept(nil, freshWalk{from: 0, sweep: true, recheck: true}, false, tc.recheck)
 		if got := f.recheckEvery(); got != tc.wantEvery {
 			t.Errorf("%s: a recheck every %v, want %v", tc.name, got, tc.wantEvery)
 		}

@@ -6,6 +6,7 @@ package relay
 type testHooks struct {
 	afterPublish func()                      // after a batch's publishes, before its record
 	claiming     func()                      // just before a claim, under the floor's lock
+	sweeping     func()                      // just before a sweep's claim, outside it
 	claimed      func(rows int, floor int64) // after a claim, under the floor's lock
 	wakeLock     func()                      // just before the listener tries the wake lock
 	finishing    func()                      // in finishStranded's transaction, under the phase lock, before Finish
@@ -20,6 +21,12 @@ func (h *testHooks) onAfterPublish() {
 func (h *testHooks) onClaiming() {
 	if h != nil && h.claiming != nil {
 		h.claiming()
+	}
+}
+
+func (h *testHooks) onSweeping() {
+	if h != nil && h.sweeping != nil {
+		h.sweeping()
 	}
 }
 

@@ -103,7 +103,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	f.noAutovacuum()
 	st := newStore(f.table)
 	const (
-		claim  = `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{7,8}', 0)`
+		claim  = `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{7,8}', 0, 9223372036854775807)`
 		record = `EXECUTE r('{1,2}', '{1,2}', '{x,y}', '{0,0}', '{1,2}', '{x,y}', '{0,0}', '{3,4}', '{t,t}', '{t,t}')`
 	)
 	plans := func(opts pgx.TxOptions) (claimScans, recordScans []string) {
@@ -144,7 +144,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 			t.Errorf("%s table: claim plans a sequential scan of the outbox: %v", size, claimScans)
 		}
 		// The outbox's unkeyed walk reads no keyed row: its index condition says so.
-		if !slices.ContainsFunc(claimScans, func(s string) bool { return strings.Contains(s, "[((key IS NULL) AND (id > $9))]") }) {
+		if !slices.ContainsFunc(claimScans, func(s string) bool { return strings.Contains(s, "[((key IS NULL) AND (id > $9) AND (id <= $10))]") }) {
 			t.Errorf("%s table: no walk of the outbox's unkeyed rows by key_order: %v", size, claimScans)
 		}
 		for _, s := range recordScans {
@@ -189,7 +189,7 @@ func TestKeyedClaimDoesNotTryHeldRows(t *testing.T) {
 		for i, id := range held {
 			ids[i] = fmt.Sprint(id)
 		}
-		root := explainPlan(t, tx, "ANALYZE, ", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{`+strings.Join(ids, ",")+`}', 0)`, func(n map[string]any) {
+		root := explainPlan(t, tx, "ANALYZE, ", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{`+strings.Join(ids, ",")+`}', 0, 9223372036854775807)`, func(n map[string]any) {
 			if n["Node Type"] != "LockRows" {
 				return
 			}
@@ -272,7 +272,7 @@ func TestKeyedHeadsAreNotSortedByKey(t *testing.T) {
 	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
 	var sorts []string
 	hashed := 0
-	explainPlan(t, tx, "", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{}', 0)`, func(n map[string]any) {
+	explainPlan(t, tx, "", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{}', 0, 9223372036854775807)`, func(n map[string]any) {
 		if keys, ok := n["Sort Key"].([]any); ok {
 			sorts = append(sorts, fmt.Sprint(keys))
 		}

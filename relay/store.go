@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -84,15 +85,19 @@ type batchSender interface {
 
 // claim begins a batch's transaction (batchBegin) and claims up to limit
 // rows per target, at most half of them keyed, in one round trip. The
-// unkeyed walks start past fl (see claimFloor); held are keyed rows this
-// relay's batches in flight hold, not tried.
+// unkeyed walks start past fl (see claimFloor), and a sweep walks nothing
+// else; held are keyed rows this relay's batches in flight hold, not tried.
 func (s *store) claim(ctx context.Context, db batchSender, active phase, limit int, skipParked bool, fl floors, held []int64) ([]*claimed, snapshot, error) {
 	var snap snapshot
 	b := &pgx.Batch{}
 	for _, q := range batchBegin {
 		b.Queue(q)
 	}
-	b.Queue(s.claimSQL, active.AMQP, active.NATS, limit, skipParked, keyWindow*limit, max(1, limit/2), fl.owed, held, fl.fresh.from)
+	window, keyed, to := keyWindow*limit, max(1, limit/2), int64(math.MaxInt64)
+	if fl.fresh.sweep { // the outbox's unkeyed rows only
+		window, keyed, to = 0, 0, fl.fresh.to
+	}
+	b.Queue(s.claimSQL, active.AMQP, active.NATS, limit, skipParked, window, keyed, fl.owed, held, fl.fresh.from, to)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	for range batchBegin {

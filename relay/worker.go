@@ -26,7 +26,7 @@ func (r *Relay) work(ctx context.Context, id int) {
 		// ends the stall after it.
 		back := r.back.wait()
 		start := time.Now()
-		n, keyed, err := r.runBatch(ctx, w)
+		res, err := r.runBatch(ctx, w)
 		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 			return // stopping: a claim cut short is not a failure to report
 		}
@@ -45,22 +45,25 @@ func (r *Relay) work(ctx context.Context, id int) {
 			r.stall(ctx, w, back, batchRetry.Wait(wait))
 			continue
 		}
-		if n >= max(1, r.cfg.BatchSize/2) {
+		if res.n >= max(1, r.cfg.BatchSize/2) {
 			// Drain: there is probably more, for another worker too (keyed
 			// rows come at most BatchSize/2 a batch).
 			r.drain.signal()
 			continue
 		}
-		if keyed > 0 {
+		if res.keyed > 0 {
 			// The batch's keys are free again, and no NOTIFY says so.
 			continue
 		}
-		if n == 0 && took > 5*time.Millisecond {
+		if r.floor.sweepDue(time.Now()) {
+			continue // rows below the floor are owed a walk now, not at the poll
+		}
+		if res.n == 0 && took > 5*time.Millisecond && !res.sweep {
 			// An empty claim that took long walked past rows it may not
 			// take: do not repeat that walk on every NOTIFY.
 			backoff.Sleep(ctx, 2*took)
 		}
-		r.idleWait(ctx, w, n == 0)
+		r.idleWait(ctx, w, res.n == 0)
 	}
 }
 

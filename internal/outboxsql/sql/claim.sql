@@ -5,7 +5,8 @@
 -- (docs/design.md, "The claim statement"). $1, $2 amqp, nats active; $3
 -- batch size; $4 skip parked keys; $5 keyed window; $6 keyed rows per
 -- target; $7 floor of the owed table's unkeyed walks; $8 rows this relay's
--- batches hold; $9 floor of the outbox's unkeyed walk. The first row is the
+-- batches hold; $9, $10 the outbox's unkeyed walk takes ids in ($9, $10].
+-- The first row is the
 -- statement's snapshot (id 0, an empty message id): its xmin, xmax and
 -- running transaction ids, which the claimed rows leave NULL.
 {{define "Claim"}}
@@ -51,7 +52,7 @@ WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
 ), f_u AS (
 	SELECT {{template "freshColumns"}}, $1::boolean AS want_amqp, $2::boolean AS want_nats
 	FROM {{.Table}} f
-	WHERE ($1::boolean OR $2::boolean) AND key IS NULL AND id > $9::bigint
+	WHERE ($1::boolean OR $2::boolean) AND key IS NULL AND id > $9::bigint AND id <= $10::bigint
 	ORDER BY key, id LIMIT greatest(0, $3 - (SELECT count(*) FROM a_k) - (SELECT count(*) FROM a_u)
 		- (SELECT count(*) FROM n_u) - (SELECT count(*) FROM n_k) - (SELECT count(*) FROM f_k)) FOR UPDATE SKIP LOCKED
 ), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s
