@@ -90,13 +90,32 @@ func newEnvNATS(t *testing.T, natsURL string, natsOpts ...nats.Option) *env {
 // newEnvAt is newEnvNATS with the RabbitMQ at amqpURL.
 func newEnvAt(t *testing.T, amqpURL, natsURL string, natsOpts ...nats.Option) *env {
 	t.Helper()
-	e := &env{t: t, dbURL: testenv.DatabaseURL(t), amqpURL: amqpURL, natsURL: natsURL}
+	return newEnvIn(t, testenv.DatabaseURL(t), amqpURL, natsURL, natsOpts...)
+}
+
+// newEnvOwnDatabase is newEnv in a database of the test's own: for a test
+// that holds a transaction open for seconds, which would hold back the
+// others' migrations (CREATE INDEX CONCURRENTLY waits for older snapshots).
+func newEnvOwnDatabase(t *testing.T) *env {
+	t.Helper()
+	return newEnvIn(t, testenv.Database(t), testenv.AMQPURL(t), "")
+}
+
+// newEnvIn is newEnvAt with the database at dbURL.
+func newEnvIn(t *testing.T, dbURL, amqpURL, natsURL string, natsOpts ...nats.Option) *env {
+	t.Helper()
+	e := &env{t: t, dbURL: dbURL, amqpURL: amqpURL, natsURL: natsURL}
 	if e.natsURL == "" {
 		e.natsURL = testenv.NATSURL(t)
 	}
-	e.pool = testenv.Pool(t)
-	e.table = testenv.Outbox(t, e.pool)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	var err error
+	if e.pool, err = pgxpool.New(ctx, dbURL); err != nil {
+		t.Fatalf("connect to postgres: %v", err)
+	}
+	t.Cleanup(e.pool.Close)
+	e.table = testenv.Outbox(t, e.pool)
 	if e.writer, err = outbox.New(outbox.Config{Table: e.table.String()}); err != nil {
 		t.Fatal(err)
 	}

@@ -64,13 +64,16 @@ type floorMark struct {
 
 // Bounds of the walks below the floor. A gap that starts within foldSpan
 // ids of next is walked by the next claim (a few milliseconds at most, dead
-// rows and all); a farther one by a sweep. A recheck runs every poll while
+// rows and all); a farther one by sweeps of up to sweepSpan ids each, so
+// that the rows at its start, an ended transaction's first, go out after
+// one of them, not after the whole gap's dead rows. A recheck runs every poll while
 // it takes under cheapWalkTook more than an ordinary claim, else every
 // recheckShare times that; the walk from the oldest row (for a batch that
 // held rows past its lease) every fullWalkEvery at least, and fullShare
 // times what it took.
 const (
 	foldSpan      = 4096
+	sweepSpan     = 1 << 16
 	recheckShare  = 100
 	fullWalkEvery = 5 * time.Minute
 	fullShare     = 200
@@ -121,19 +124,23 @@ func (f *freshFloor) startSweep(now time.Time) (freshWalk, bool) {
 		f.lastFull = now
 		w.full = true
 	case f.farGap(&w):
+		w.to = min(w.to, w.from+sweepSpan)
 	case now.Sub(f.lastRecheck) >= f.recheckEvery():
 		f.lastRecheck = now
 		w.from, w.recheck = min(f.markBefore(now.Add(-f.lease-f.recheckEvery())), w.to), true
 	default:
 		return freshWalk{}, false
 	}
-	f.gaps = slices.DeleteFunc(f.gaps, func(g span) bool {
-		if g.from >= w.from && g.to <= w.to {
-			w.gaps = append(w.gaps, g)
-			return true
+	// The gaps it covers are its own; of one it covers in part, the rest
+	// stays.
+	for i, g := range f.gaps {
+		if g.from < w.from || g.from >= w.to {
+			continue
 		}
-		return false
-	})
+		w.gaps = append(w.gaps, span{g.from, min(g.to, w.to)})
+		f.gaps[i].from = w.to
+	}
+	f.gaps = slices.DeleteFunc(f.gaps, func(g span) bool { return g.from >= g.to })
 	f.sweeping = &w
 	return w, true
 }

@@ -39,7 +39,7 @@ func TestFreshFloorStart(t *testing.T) {
 
 // A sweep, one at a time, ends where the ordinary claims start, and takes
 // the gaps it covers: from the oldest row every fullWalkEvery; else the
-// lowest far gap with those it overlaps; else a recheck from where safe was
+// lowest far gap with those it overlaps, sweepSpan ids at most; else a recheck from where safe was
 // a lease (and a recheck period) ago, every poll while it is cheap.
 func TestFreshFloorSweeps(t *testing.T) {
 	t.Parallel()
@@ -63,6 +63,9 @@ func TestFreshFloorSweeps(t *testing.T) {
 			freshWalk{from: 0, to: 9000, sweep: true, full: true, gaps: []span{{100, 200}, near}}, false, nil},
 		{"the lowest far gap and those it overlaps", []span{near, {3000, 5000}, {100, 2000}, {1500, 2500}}, time.Second, 0, 0, false,
 			freshWalk{from: 100, to: 2500, sweep: true, gaps: []span{{100, 2000}, {1500, 2500}}}, false, []span{{3000, 5000}, near}},
+		{"at most sweepSpan ids of a gap; the rest stays", []span{{100, 100 + 3*sweepSpan}}, time.Second, 0, 0, false,
+			freshWalk{from: 100, to: 100 + sweepSpan, sweep: true, gaps: []span{{100, 100 + sweepSpan}}}, false,
+			[]span{{100 + sweepSpan, 100 + 3*sweepSpan}}},
 		{"a recheck from safe a lease and a poll ago", []span{near}, time.Second, time.Second, 0, false,
 			freshWalk{from: 500, to: 9000, sweep: true, recheck: true, gaps: []span{near}}, false, nil},
 		{"an expensive recheck waits recheckShare times what it took", nil, time.Second, 1500 * time.Millisecond, 20 * time.Millisecond, false,
