@@ -73,10 +73,10 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, fl, r.held.list())
 	claimedAt := time.Now()
 	if err == nil {
-		r.floor.claimed(rows, fl, snap, claimedAt, claimedAt.Sub(claimStart))
+		r.floor.claimed(rows, fl, snap, claimedAt.Sub(claimStart))
 		held = r.held.add(rows)
 		if !res.sweep {
-			r.hooks.onClaimed(len(rows), fl.fresh.from)
+			r.hooks.onClaimed(len(rows), fl)
 		}
 	}
 	r.floor.end(fl, err == nil)

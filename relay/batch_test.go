@@ -390,7 +390,7 @@ func TestBatchTakesTwoRoundTrips(t *testing.T) {
 	a, n := newFake(TargetAMQP), newFake(TargetNATS)
 	var claims atomic.Int64
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 1, PollInterval: time.Hour}, func(r *Relay) {
-		r.hooks = &testHooks{claimed: func(int, int64) { claims.Add(1) }}
+		r.hooks = &testHooks{claimed: func(int, floors) { claims.Add(1) }}
 	})
 	testenv.Eventually(t, 10*time.Second, func() bool { return claims.Load() >= 2 }, "relay did not start")
 	time.Sleep(100 * time.Millisecond)

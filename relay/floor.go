@@ -26,6 +26,7 @@ type claimFloor struct {
 	tops      []floorCandidate // short claims' tops, waiting for seenXmin
 
 	fresh *freshFloor // the outbox's unkeyed walk
+	keyed *keyedFloor // the outbox's keyed walks
 }
 
 // quickWalkEvery is how often, at most, claims walk from the oldest row
@@ -35,16 +36,17 @@ const (
 	cheapWalkTook  = 20 * time.Millisecond
 )
 
-func newClaimFloor(batchSize int, poll, lease time.Duration) *claimFloor {
+func newClaimFloor(batchSize int, poll time.Duration) *claimFloor {
 	return &claimFloor{batchSize: batchSize, poll: poll, quickWalk: quickWalkEvery, cheapTook: cheapWalkTook,
-		fresh: newFreshFloor(poll, lease, time.Now())}
+		fresh: newFreshFloor(poll, time.Now()), keyed: newKeyedFloor()}
 }
 
 // floors is where one claim's walks start: the owed table's unkeyed walks,
-// and the outbox's.
+// and the outbox's unkeyed and keyed walks.
 type floors struct {
 	owed  int64
 	fresh freshWalk
+	keyed int64
 }
 
 // floorCandidate is the top of a short claim that walked from the safe
@@ -62,23 +64,24 @@ func (f *claimFloor) begin(now time.Time) floors {
 	f.mu.Lock()
 	if w, ok := f.fresh.startSweep(now); ok {
 		f.mu.Unlock()
-		return floors{owed: math.MaxInt64, fresh: w}
+		return floors{owed: math.MaxInt64, fresh: w, keyed: math.MaxInt64}
 	}
-	return floors{owed: f.start(now), fresh: f.fresh.start()}
+	return floors{owed: f.start(now), fresh: f.fresh.start(), keyed: f.keyed.floor}
 }
 
 // claimed places the next claims after one that walked from fl under snap
 // and took rows in took.
-func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, now time.Time, took time.Duration) {
+func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took time.Duration) {
 	full := len(rows) >= f.batchSize
 	if fl.fresh.sweep {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		f.fresh.swept(rows, fl.fresh, full, took)
+		f.fresh.swept(rows, fl.fresh, snap, full, took)
 		return
 	}
 	f.advance(rows, fl.owed, snap, took)
-	f.fresh.advance(rows, fl.fresh, snap, full, now, took)
+	f.fresh.advance(rows, fl.fresh, snap, full, took)
+	f.keyed.advance(snap, f.fresh.safe)
 }
 
 // end ends the claim begin started: claimed, or not (ok false).
@@ -111,10 +114,10 @@ func (f *claimFloor) walkBack(id int64) {
 }
 
 // lowestFresh is where the outbox's backlog figures start (freshFloor.lowest).
-func (f *claimFloor) lowestFresh(now time.Time) int64 {
+func (f *claimFloor) lowestFresh() int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.fresh.lowest(now)
+	return f.fresh.lowest()
 }
 
 // start is where a claim's unkeyed walks start: the high-water mark, or 0

@@ -3,10 +3,13 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayd/relayd/internal/testenv"
 )
@@ -136,7 +139,7 @@ func TestClaimsOfOneRelayDoNotOverlap(t *testing.T) {
 				}
 				time.Sleep(2 * time.Millisecond) // the other workers are ready to claim by now
 			},
-			claimed: func(int, int64) {
+			claimed: func(int, floors) {
 				claims.Add(1)
 				inClaim.Add(-1)
 			},
@@ -159,71 +162,96 @@ func TestClaimsOfOneRelayDoNotOverlap(t *testing.T) {
 	}
 }
 
-// At a steady rate (every claim short), the outbox's floor passes a row
+// At a steady rate (every claim short), the outbox's floors pass a row
 // whose transaction took its id and stays open — the rows after it are not
 // walked again and again while it runs — and the claim that first sees that
 // transaction ended walks back to it once: the row is taken at once after
-// its commit, not by a recheck (every PollInterval, an hour here).
+// its commit, not by a recheck (every PollInterval, an hour here). The same
+// for a keyed row among keyed rows.
 func TestTheFloorPassesAnOpenTransactionAndWalksBackAtItsEnd(t *testing.T) {
 	t.Parallel()
-	f := setupOwnDatabase(t)
-	a, n := newFake(TargetAMQP), newFake(TargetNATS)
-	var mu sync.Mutex
-	var floors []int64
-	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
-		r.hooks = &testHooks{claimed: func(_ int, floor int64) {
-			mu.Lock()
-			floors = append(floors, floor)
-			mu.Unlock()
-		}}
-	})
-	lastFloor := func() int64 {
-		mu.Lock()
-		defer mu.Unlock()
-		return floors[len(floors)-1]
-	}
-	testenv.Eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(floors) >= 3 }, "relay did not start")
+	for _, tc := range []struct {
+		name  string
+		key   func(i int) *string
+		floor func(floors) int64
+	}{
+		{"unkeyed", func(int) *string { return nil }, func(fl floors) int64 { return fl.fresh.from }},
+		{"keyed", func(i int) *string { k := fmt.Sprint("k", i); return &k }, func(fl floors) int64 { return fl.keyed }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := setupOwnDatabase(t)
+			a, n := newFake(TargetAMQP), newFake(TargetNATS)
+			var mu sync.Mutex
+			var seen []int64
+			f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) {
+				r.hooks = &testHooks{claimed: func(_ int, fl floors) {
+					mu.Lock()
+					seen = append(seen, tc.floor(fl))
+					mu.Unlock()
+				}}
+			})
+			lastFloor := func() int64 {
+				mu.Lock()
+				defer mu.Unlock()
+				return seen[len(seen)-1]
+			}
+			testenv.Eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) >= 3 }, "relay did not start")
+			insert := func(q pgx.Tx, i int) (id int64, msg string) {
+				t.Helper()
+				const sql = `(topic, payload, key) VALUES ('orders.created', '\x00', $1) RETURNING id, message_id::text`
+				var err error
+				if q != nil {
+					err = q.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+sql, tc.key(i)).Scan(&id, &msg)
+				} else {
+					err = f.pool.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+sql, tc.key(i)).Scan(&id, &msg)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return id, msg
+			}
 
-	// A producer's transaction takes an id and stays open...
-	late, err := f.pool.Begin(context.Background())
-	if err != nil {
-		t.Fatal(err)
+			// A producer's transaction takes an id and stays open...
+			late, err := f.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer late.Rollback(ctx) //nolint:errcheck // committed below
+			lateID, lateMsg := insert(late, 0)
+			// ...while later rows commit and are delivered one claim at a
+			// time: the claims walk from past it.
+			done := 0
+			testenv.Eventually(t, time.Minute, func() bool {
+				done++
+				insert(nil, done)
+				testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done }, "row not delivered")
+				return lastFloor() > lateID
+			}, "claims still start at or below row %d while its transaction is open: the floor waits for it", lateID)
+			if got, _ := n.count(lateMsg); got != 0 {
+				t.Fatal("the open transaction's row was published")
+			}
+			if err := late.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			committed := time.Now()
+			// Other rows keep coming, as at a steady rate: each claim is a chance.
+			for {
+				if got, _ := n.count(lateMsg); got == 1 {
+					break
+				}
+				if time.Since(committed) > 5*time.Second {
+					t.Fatalf("row %d not taken %v after its commit", lateID, time.Since(committed).Round(time.Millisecond))
+				}
+				done++
+				insert(nil, done)
+				time.Sleep(20 * time.Millisecond)
+			}
+			t.Logf("row %d, behind the floor, taken %v after its commit", lateID, time.Since(committed).Round(time.Millisecond))
+			testenv.Eventually(t, 10*time.Second, func() bool { got, _ := a.count(lateMsg); return got == 1 }, "amqp never got the late row")
+		})
 	}
-	defer late.Rollback(context.Background()) //nolint:errcheck // committed below
-	var lateID int64
-	var lateMsg string
-	if err := late.QueryRow(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.late', '\x00') RETURNING id, message_id::text`).Scan(&lateID, &lateMsg); err != nil {
-		t.Fatal(err)
-	}
-	// ...while later rows commit and are delivered one claim at a time:
-	// the claims walk from past it.
-	done := 0
-	testenv.Eventually(t, time.Minute, func() bool {
-		f.insert(1, "orders.created")
-		done++
-		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done }, "row not delivered")
-		return lastFloor() > lateID
-	}, "claims still start at or below row %d while its transaction is open: the floor waits for it", lateID)
-	if got, _ := n.count(lateMsg); got != 0 {
-		t.Fatal("the open transaction's row was published")
-	}
-	if err := late.Commit(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	committed := time.Now()
-	// Other rows keep coming, as at a steady rate: each claim is a chance.
-	for {
-		if got, _ := n.count(lateMsg); got == 1 {
-			break
-		}
-		if time.Since(committed) > 5*time.Second {
-			t.Fatalf("row %d not taken %v after its commit", lateID, time.Since(committed).Round(time.Millisecond))
-		}
-		f.insert(1, "orders.created")
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("row %d, behind the floor, taken %v after its commit", lateID, time.Since(committed).Round(time.Millisecond))
-	testenv.Eventually(t, 10*time.Second, func() bool { got, _ := a.count(lateMsg); return got == 1 }, "amqp never got the late row")
 }
 
 // A transaction that stays open while more than foldSpan rows pass leaves,

@@ -32,7 +32,7 @@ func TestClaimFloorStart(t *testing.T) {
 		{"cheap walk, within quickWalk: the mark", true, 50 * time.Millisecond, 50, 50},
 		{"not cheap, quickWalk passed: the mark", false, 100 * time.Millisecond, 50, 50},
 	} {
-		f := newClaimFloor(10, time.Second, time.Minute)
+		f := newClaimFloor(10, time.Second)
 		f.cheapWalk, f.highWater = tc.cheap, tc.highWater
 		f.fullWalk = t0.Add(-tc.lastWalk).UnixNano()
 		if got := f.start(t0); got != tc.want {
@@ -90,7 +90,7 @@ func TestClaimFloorAdvance(t *testing.T) {
 			nil, 50, snapshot{xmin: 10, xmax: 11},
 			state{highWater: 50, safe: 50, seenXmin: 20}},
 	} {
-		f := newClaimFloor(3, time.Second, time.Minute)
+		f := newClaimFloor(3, time.Second)
 		f.highWater, f.safe, f.tops, f.seenXmin = tc.before.highWater, tc.before.safe, tc.before.tops, tc.before.seenXmin
 		f.advance(tc.rows, tc.floor, tc.snap, time.Millisecond)
 		got := state{f.highWater, f.safe, f.tops, f.seenXmin}
@@ -104,7 +104,7 @@ func TestClaimFloorAdvance(t *testing.T) {
 // Keyed rows do not move the floor: the floor places the unkeyed walks.
 func TestClaimFloorIgnoresKeyedRows(t *testing.T) {
 	t.Parallel()
-	f := newClaimFloor(2, time.Second, time.Minute)
+	f := newClaimFloor(2, time.Second)
 	f.highWater = 10
 	f.advance([]*claimed{{msg: Message{ID: 11}}, {msg: Message{ID: 99, HasKey: true}}}, 10, snapshot{}, 0)
 	if f.highWater != 11 {
@@ -129,7 +129,7 @@ func TestClaimFloorCheapWalk(t *testing.T) {
 		{"full", unkeyed(1, 2), 0, time.Millisecond, true, false},
 		{"from the mark: unchanged", unkeyed(1), 5, time.Second, true, true},
 	} {
-		f := newClaimFloor(2, time.Second, time.Minute)
+		f := newClaimFloor(2, time.Second)
 		f.cheapWalk = tc.was
 		f.advance(tc.rows, tc.floor, snapshot{}, tc.took)
 		if f.cheapWalk != tc.want {
@@ -141,7 +141,7 @@ func TestClaimFloorCheapWalk(t *testing.T) {
 // A full tops list drops new candidates: the floor is only delayed.
 func TestClaimFloorBoundsCandidates(t *testing.T) {
 	t.Parallel()
-	f := newClaimFloor(1000, time.Second, time.Minute)
+	f := newClaimFloor(1000, time.Second)
 	for i := range maxFloorCandidates + 10 {
 		f.advance(unkeyed(int64(i+1)), 0, snapshot{xmin: 1, xmax: 100}, 0)
 	}

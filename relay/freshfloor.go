@@ -25,18 +25,18 @@ import (
 // transaction id (migration 00018): a row below the newest one a snapshot
 // sees, and not visible to it, is then a running transaction's.
 type freshFloor struct {
-	// lease is how long a batch may hold rows: another relay's batch that
-	// rolls back after safe passed its rows leaves them below it, and the
-	// recheck walks from where safe was a lease ago.
-	lease time.Duration
-	poll  time.Duration // recheck at least this often while that walk is cheap
+	poll time.Duration // recheck at least this often while that walk is cheap
 
 	next     int64           // where the next claim's walk starts
 	safe     int64           // see above
 	pending  map[int64]int64 // a transaction that ran at a raise of safe: where its rows may start
 	gaps     []span          // below next: rows no walk has taken since they became claimable
 	sweeping *freshWalk      // the sweep in flight, or nil
-	marks    []floorMark     // safe as it was, for the recheck
+	// Another relay's batch that rolls back after safe passed its rows
+	// leaves them below it. The recheck walks the rows from rechecked to
+	// safe, and those it saw and did not take the time before (held).
+	rechecked int64
+	held      []int64
 
 	lastRecheck time.Time
 	recheckTook time.Duration // what a recheck took past an ordinary claim
@@ -48,55 +48,42 @@ type freshFloor struct {
 // span is the rows whose ids are in (from, to].
 type span struct{ from, to int64 }
 
-// batchLease is how long a batch may hold rows: its publish timeout and the
-// record's 30 s (runBatch), or, if its relay froze, until Postgres ends the
-// session (idle_in_transaction_session_timeout, 2 × the publish timeout +
-// 30 s, cmd/relayd); and a margin.
-func batchLease(publishTimeout time.Duration) time.Duration {
-	return 2*publishTimeout + 35*time.Second
-}
-
-// floorMark is safe as it was at a time.
-type floorMark struct {
-	at   time.Time
-	safe int64
-}
-
 // Bounds of the walks below the floor. A gap that starts within foldSpan
 // ids of next is walked by the next claim (a few milliseconds at most, dead
 // rows and all); a farther one by sweeps of up to sweepSpan ids each, so
 // that the rows at its start, an ended transaction's first, go out after
 // one of them, not after the whole gap's dead rows. A recheck runs every poll while
 // it takes under cheapWalkTook more than an ordinary claim, else every
-// recheckShare times that; the walk from the oldest row (for a batch that
-// held rows past its lease) every fullWalkEvery at least, and fullShare
-// times what it took.
+// recheckShare times that; the walk from the oldest row (for a row whose
+// id its producer set) every fullWalkEvery at least, and fullShare times
+// what it took.
 const (
 	foldSpan      = 4096
 	sweepSpan     = 1 << 16
 	recheckShare  = 100
 	fullWalkEvery = 5 * time.Minute
 	fullShare     = 200
-	markEvery     = 100 * time.Millisecond
 	// maxPending bounds the transactions remembered: with more running, the
 	// floor waits, as it did before the first claim. maxGaps bounds the
-	// gaps: with more, they become one.
+	// gaps: with more, they become one. maxHeld bounds the rows a recheck
+	// keeps: with more, the next walks the same rows again.
 	maxPending = 4096
 	maxGaps    = 256
+	maxHeld    = 1 << 16
 )
 
-func newFreshFloor(poll, lease time.Duration, now time.Time) *freshFloor {
-	return &freshFloor{poll: poll, lease: lease, pending: map[int64]int64{},
-		marks: []floorMark{{at: now}}, lastRecheck: now, lastFull: now}
+func newFreshFloor(poll time.Duration, now time.Time) *freshFloor {
+	return &freshFloor{poll: poll, pending: map[int64]int64{}, lastRecheck: now, lastFull: now}
 }
 
 // freshWalk is the outbox rows a claim walks: those in (from, to], and why.
 type freshWalk struct {
 	from, to int64  // to: a sweep's last row; an ordinary claim's walk has no end
-	sweep    bool   // below the floor, beside the claims
-	recheck  bool   // a sweep from where safe was a lease ago
-	full     bool   // a sweep from the oldest row
-	gaps     []span // the gaps a sweep walks
+	sweep    bool    // below the floor, beside the claims
+	recheck  bool    // a sweep from rechecked, and of ids
+	ids      []int64 // the rows a recheck saw held before
+	full     bool    // a sweep from the oldest row
+	gaps     []span  // the gaps a sweep walks
 }
 
 // start is the next ordinary claim's walk: from next, or from below it to
@@ -127,7 +114,7 @@ func (f *freshFloor) startSweep(now time.Time) (freshWalk, bool) {
 		w.to = min(w.to, w.from+sweepSpan)
 	case now.Sub(f.lastRecheck) >= f.recheckEvery():
 		f.lastRecheck = now
-		w.from, w.recheck = min(f.markBefore(now.Add(-f.lease-f.recheckEvery())), w.to), true
+		w.from, w.recheck, w.ids = min(f.rechecked, w.to), true, f.held
 	default:
 		return freshWalk{}, false
 	}
@@ -180,19 +167,6 @@ func (f *freshFloor) recheckEvery() time.Duration {
 	return max(f.poll, recheckShare*f.recheckTook)
 }
 
-// markBefore is safe as it was at t: the newest mark at or before it, else
-// the oldest kept.
-func (f *freshFloor) markBefore(t time.Time) int64 {
-	at := f.marks[0].safe
-	for _, m := range f.marks {
-		if m.at.After(t) {
-			break
-		}
-		at = m.safe
-	}
-	return at
-}
-
 // topOf is the highest of the outbox's unkeyed rows in rows, or 0.
 func topOf(rows []*claimed) int64 {
 	var top int64
@@ -208,7 +182,7 @@ func topOf(rows []*claimed) int64 {
 // under snap and took rows (the outbox's unkeyed ones among them count) in
 // took. full says the claim took a whole batch: its walk may have stopped
 // short.
-func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full bool, now time.Time, took time.Duration) {
+func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full bool, took time.Duration) {
 	if w.from == f.next {
 		f.claimTook = took
 	}
@@ -247,21 +221,34 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full b
 				f.pending[x] = f.safe
 			}
 		}
-		f.mark(now)
 		f.safe = top
 	}
 	f.next = f.safe
 }
 
-// swept ends the sweep w, which took rows in took; full says it took a
-// whole batch, and stopped at its top: the rest is a gap.
-func (f *freshFloor) swept(rows []*claimed, w freshWalk, full bool, took time.Duration) {
+// swept ends the sweep w, which took rows under snap in took; full says it
+// took a whole batch, and stopped at its top: the rest is a gap. A recheck
+// goes on from its end next time, and walks again the rows it saw and did
+// not take (snap.left: held by other batches, or past its batch).
+func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, full bool, took time.Duration) {
+	left := snap.left
 	f.sweeping = nil
 	switch {
 	case w.full:
 		f.fullTook = took
 	case w.recheck:
+		// Its rows are passed: a transaction running at its snapshot may
+		// have rows among them, as at a raise of safe.
 		f.recheckTook = max(0, took-f.claimTook)
+		if len(left) <= maxHeld && len(f.pending)+len(snap.xip) <= maxPending {
+			for _, x := range snap.xip {
+				if _, ok := f.pending[x]; !ok {
+					f.pending[x] = w.from
+				}
+			}
+			f.rechecked, f.held = w.to, left
+		}
+		return
 	}
 	if full {
 		f.addGap(span{max(topOf(rows), w.from), w.to})
@@ -287,21 +274,6 @@ func (f *freshFloor) addGap(g span) {
 	}
 }
 
-// mark notes safe before it moves, one mark per markEvery (an earlier,
-// lower mark stands for a later one), and forgets those the recheck no
-// longer needs.
-func (f *freshFloor) mark(now time.Time) {
-	if last := f.marks[len(f.marks)-1]; now.Sub(last.at) >= markEvery {
-		f.marks = append(f.marks, floorMark{at: now, safe: f.safe})
-	}
-	keep := now.Add(-f.lease - f.recheckEvery() - time.Minute)
-	i := 0
-	for i+1 < len(f.marks) && !f.marks[i+1].at.After(keep) {
-		i++
-	}
-	f.marks = f.marks[i:]
-}
-
 // walkBack leaves a gap from row id on: a batch of this relay's rolled
 // back, and its rows are claimable again, below the floor.
 func (f *freshFloor) walkBack(id int64) {
@@ -311,11 +283,14 @@ func (f *freshFloor) walkBack(id int64) {
 }
 
 // lowest is where the backlog figures start: the lowest id a committed row
-// still owed in the outbox may have, but for a batch that held rows past its
-// lease. A remembered transaction's rows are left out: no read sees them
-// before it commits, and from then a claim takes them.
-func (f *freshFloor) lowest(now time.Time) int64 {
-	low := min(f.markBefore(now.Add(-f.lease)), f.next)
+// still owed in the outbox may have. A remembered transaction's rows are
+// left out: no read sees them before it commits, and from then a claim
+// takes them.
+func (f *freshFloor) lowest() int64 {
+	low := min(f.rechecked, f.next)
+	if len(f.held) > 0 {
+		low = min(low, f.held[0])
+	}
 	for _, g := range f.gaps {
 		low = min(low, g.from)
 	}

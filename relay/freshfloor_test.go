@@ -29,7 +29,7 @@ func TestFreshFloorStart(t *testing.T) {
 		{"a near gap", []span{{8000, 9000}, {6000, 7000}}, 6000},
 		{"a far gap is a sweep's", []span{{4000, 8000}, {8500, 9000}}, 8500},
 	} {
-		f := newFreshFloor(time.Second, time.Minute, time.Unix(0, 0))
+		f := newFreshFloor(time.Second, time.Unix(0, 0))
 		f.next, f.safe, f.gaps = 9000, 9000, tc.gaps
 		if got := f.start(); got.from != tc.want || got.sweep {
 			t.Errorf("%s: %+v, want from %d, unbounded, not a sweep", tc.name, got, tc.want)
@@ -39,12 +39,12 @@ func TestFreshFloorStart(t *testing.T) {
 
 // A sweep, one at a time, ends where the ordinary claims start, and takes
 // the gaps it covers: from the oldest row every fullWalkEvery; else the
-// lowest far gap with those it overlaps, sweepSpan ids at most; else a recheck from where safe was
-// a lease (and a recheck period) ago, every poll while it is cheap.
+// lowest far gap with those it overlaps, sweepSpan ids at most; else a
+// recheck, of the rows from where the last one ended and those it saw
+// held, every poll while it is cheap.
 func TestFreshFloorSweeps(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)
-	lease := time.Minute
 	near := span{8800, 9000}
 	for _, tc := range []struct {
 		name        string
@@ -66,24 +66,19 @@ func TestFreshFloorSweeps(t *testing.T) {
 		{"at most sweepSpan ids of a gap; the rest stays", []span{{100, 100 + 3*sweepSpan}}, time.Second, 0, 0, false,
 			freshWalk{from: 100, to: 100 + sweepSpan, sweep: true, gaps: []span{{100, 100 + sweepSpan}}}, false,
 			[]span{{100 + sweepSpan, 100 + 3*sweepSpan}}},
-		{"a recheck from safe a lease and a poll ago", []span{near}, time.Second, time.Second, 0, false,
-			freshWalk{from: 500, to: 9000, sweep: true, recheck: true, gaps: []span{near}}, false, nil},
+		{"a recheck from where the last ended, and the rows it saw held", []span{near}, time.Second, time.Second, 0, false,
+			freshWalk{from: 8500, to: 9000, sweep: true, recheck: true, ids: []int64{300, 8200}, gaps: []span{near}}, false, nil},
 		{"an expensive recheck waits recheckShare times what it took", nil, time.Second, 1500 * time.Millisecond, 20 * time.Millisecond, false,
 			freshWalk{}, true, nil},
-		{"...then runs, from safe a lease and its period ago", nil, time.Second, 2 * time.Second, 20 * time.Millisecond, false,
-			freshWalk{from: 400, to: 9000, sweep: true, recheck: true}, false, nil},
+		{"...then runs", nil, time.Second, 2 * time.Second, 20 * time.Millisecond, false,
+			freshWalk{from: 8500, to: 9000, sweep: true, recheck: true, ids: []int64{300, 8200}}, false, nil},
 	} {
-		f := newFreshFloor(time.Second, lease, t0.Add(-time.Hour))
+		f := newFreshFloor(time.Second, t0.Add(-time.Hour))
 		f.next, f.safe, f.gaps = 9000, 9000, slices.Clone(tc.gaps)
 		if tc.inFlight {
 			f.sweeping = &freshWalk{}
 		}
-		f.marks = []floorMark{
-			{at: t0.Add(-time.Hour), safe: 0},
-			{at: t0.Add(-lease - 3*time.Second), safe: 400},
-			{at: t0.Add(-lease - time.Second), safe: 500},
-			{at: t0.Add(-time.Second), safe: 800},
-		}
+		f.rechecked, f.held = 8500, []int64{300, 8200}
 		f.lastFull, f.lastRecheck, f.recheckTook = t0.Add(-tc.sinceFull), t0.Add(-tc.sinceCheck), tc.recheckTook
 		due := f.sweepDue(t0)
 		got, ok := f.startSweep(t0)
@@ -105,13 +100,13 @@ func TestFreshFloorSweeps(t *testing.T) {
 // that failed gives its gaps back; either way the next may start.
 func TestFreshFloorSweepEnds(t *testing.T) {
 	t.Parallel()
-	f := newFreshFloor(time.Second, time.Minute, time.Unix(0, 0))
+	f := newFreshFloor(time.Second, time.Unix(0, 0))
 	f.next, f.safe, f.gaps = 9000, 9000, []span{{100, 200}, {300, 400}}
 	w, ok := f.startSweep(time.Unix(1, 0))
 	if !ok || w.from != 100 || w.to != 200 {
 		t.Fatalf("sweep %v %+v, want the gap (100, 200]", ok, w)
 	}
-	f.swept(fresh(150, 160), w, true, time.Millisecond)
+	f.swept(fresh(150, 160), w, snapshot{}, true, time.Millisecond)
 	if want := []span{{300, 400}, {160, 200}}; !slices.Equal(f.gaps, want) || f.sweeping != nil {
 		t.Fatalf("after a full sweep: gaps %v (in flight %v), want %v", f.gaps, f.sweeping != nil, want)
 	}
@@ -121,7 +116,7 @@ func TestFreshFloorSweepEnds(t *testing.T) {
 		t.Fatalf("after a failed sweep: gaps %v (in flight %v), want %v", f.gaps, f.sweeping != nil, want)
 	}
 	w, _ = f.startSweep(time.Unix(1, 0))
-	f.swept(nil, w, false, time.Millisecond)
+	f.swept(nil, w, snapshot{}, false, time.Millisecond)
 	if want := []span{{300, 400}}; !slices.Equal(f.gaps, want) {
 		t.Fatalf("after a short sweep: gaps %v, want %v", f.gaps, want)
 	}
@@ -194,9 +189,9 @@ func TestFreshFloorAdvance(t *testing.T) {
 			append(unkeyed(99), &claimed{msg: Message{ID: 98, HasKey: true}, fresh: true}), 50, false, snapshot{xmin: 5, xmax: 6},
 			state{next: 50, safe: 50, pending: map[int64]int64{}}},
 	} {
-		f := newFreshFloor(time.Second, time.Minute, time.Unix(0, 0))
+		f := newFreshFloor(time.Second, time.Unix(0, 0))
 		f.next, f.safe, f.gaps, f.pending = tc.before.next, tc.before.safe, tc.before.gaps, tc.before.pending
-		f.advance(tc.rows, freshWalk{from: tc.from}, tc.snap, tc.full, time.Unix(10, 0), time.Millisecond)
+		f.advance(tc.rows, freshWalk{from: tc.from}, tc.snap, tc.full, time.Millisecond)
 		got := state{f.next, f.safe, f.gaps, f.pending}
 		if got.next != tc.want.next || got.safe != tc.want.safe || !slices.Equal(got.gaps, tc.want.gaps) || !maps.Equal(got.pending, tc.want.pending) {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
@@ -208,12 +203,12 @@ func TestFreshFloorAdvance(t *testing.T) {
 // if none of its walks had come back short.
 func TestFreshFloorBoundsPending(t *testing.T) {
 	t.Parallel()
-	f := newFreshFloor(time.Second, time.Minute, time.Unix(0, 0))
+	f := newFreshFloor(time.Second, time.Unix(0, 0))
 	xip := make([]int64, maxPending+1)
 	for i := range xip {
 		xip[i] = int64(i + 10)
 	}
-	f.advance(fresh(5), freshWalk{}, snapshot{xmin: 10, xmax: int64(maxPending + 20), xip: xip}, false, time.Unix(1, 0), 0)
+	f.advance(fresh(5), freshWalk{}, snapshot{xmin: 10, xmax: int64(maxPending + 20), xip: xip}, false, 0)
 	if f.safe != 0 || len(f.pending) != 0 {
 		t.Fatalf("safe %d with %d transactions remembered, want 0 and none", f.safe, len(f.pending))
 	}
@@ -225,7 +220,7 @@ func TestFreshFloorBoundsPending(t *testing.T) {
 func TestFreshFloorWalkBack(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
-	f := newFreshFloor(time.Second, time.Minute, now)
+	f := newFreshFloor(time.Second, now)
 	f.next, f.safe = 900, 900
 	f.walkBack(700)
 	f.walkBack(800)
@@ -233,16 +228,16 @@ func TestFreshFloorWalkBack(t *testing.T) {
 	if w := f.start(); w.from != 699 {
 		t.Fatalf("walk from %d, want 699: row 700 is the batch's lowest", w.from)
 	}
-	if low := f.lowest(now); low != 0 {
-		t.Fatalf("lowest %d, want 0: safe was 0 a lease ago", low)
+	if low := f.lowest(); low != 0 {
+		t.Fatalf("lowest %d, want 0: no recheck yet", low)
 	}
-	f.marks = []floorMark{{at: now.Add(-2 * time.Minute), safe: 850}}
-	if low := f.lowest(now); low != 699 {
+	f.rechecked = 850
+	if low := f.lowest(); low != 699 {
 		t.Fatalf("lowest %d, want the gap's 699", low)
 	}
 	// A transaction still open leaves its rows out: no read sees them yet.
 	f.pending[42] = 100
-	if low := f.lowest(now); low != 699 {
+	if low := f.lowest(); low != 699 {
 		t.Fatalf("lowest %d with a transaction open from 100, want still 699", low)
 	}
 	// ...and so does a sweep in flight over the gap.
@@ -250,29 +245,37 @@ func TestFreshFloorWalkBack(t *testing.T) {
 	if w, ok := f.startSweep(now); !ok || w.from != 699 {
 		t.Fatalf("sweep %v from %d, want the gap's 699", ok, w.from)
 	}
-	if low := f.lowest(now); low != 699 {
+	if low := f.lowest(); low != 699 {
 		t.Fatalf("lowest %d with the gap in a sweep, want still 699", low)
 	}
 }
 
-// Marks keep safe as it was, one per markEvery, and only as far back as a
-// recheck may still start.
-func TestFreshFloorMarks(t *testing.T) {
+// A recheck goes on from where it ended, and walks again the rows it saw
+// and did not take (held by other batches); they count in the backlog
+// figures until then. It remembers the transactions running at its
+// snapshot, as a raise of safe does: their rows may be among those it
+// passed. With more than maxHeld rows held it walks its rows again instead.
+func TestFreshFloorRecheck(t *testing.T) {
 	t.Parallel()
-	t0 := time.Unix(0, 0)
-	f := newFreshFloor(time.Second, time.Minute, t0)
-	top := int64(0)
-	for i := range 3000 { // 5 minutes of short walks, 10 a second
-		now := t0.Add(time.Duration(i) * 100 * time.Millisecond)
-		top += 10
-		f.advance(fresh(top), freshWalk{from: f.safe}, snapshot{xmin: 1, xmax: 1}, false, now, 0)
+	now := time.Unix(1000, 0)
+	f := newFreshFloor(time.Second, now)
+	f.next, f.safe = 9000, 8000
+	w, ok := f.startSweep(now.Add(time.Second))
+	if !ok || !w.recheck || w.from != 0 || w.to != 9000 {
+		t.Fatalf("sweep %v %+v, want a recheck of (0, 9000]", ok, w)
 	}
-	now := t0.Add(300 * time.Second)
-	if n := len(f.marks); n > 1300 {
-		t.Errorf("%d marks kept, want those of the last lease, recheck and minute (about 1,200)", n)
+	f.swept(fresh(10), w, snapshot{xmin: 5, xmax: 9, xip: []int64{5}, left: []int64{20, 8000}}, false, time.Millisecond)
+	if f.rechecked != 9000 || !slices.Equal(f.held, []int64{20, 8000}) || f.lowest() != 20 || !maps.Equal(f.pending, map[int64]int64{5: 0}) {
+		t.Fatalf("rechecked %d, held %v, lowest %d, pending %v; want 9000, [20 8000], 20, map[5:0]", f.rechecked, f.held, f.lowest(), f.pending)
 	}
-	if got := f.markBefore(now.Add(-f.lease)); got < 23_000 || got > 24_100 {
-		t.Errorf("safe a lease ago: %d, want about 24,000", got)
+	f.safe, f.next = 9500, 9500
+	w, _ = f.startSweep(now.Add(2 * time.Second))
+	if w.from != 9000 || w.to != 9500 || !slices.Equal(w.ids, []int64{20, 8000}) {
+		t.Fatalf("recheck %+v, want (9000, 9500] and the rows 20, 8000", w)
+	}
+	f.swept(nil, w, snapshot{left: make([]int64, maxHeld+1)}, false, time.Millisecond)
+	if f.rechecked != 9000 || !slices.Equal(f.held, []int64{20, 8000}) {
+		t.Fatalf("after a recheck that saw too many rows held: rechecked %d, held %v; want 9000, [20 8000]", f.rechecked, f.held)
 	}
 }
 
@@ -290,9 +293,9 @@ func TestFreshFloorRecheckCostIsWhatItAdds(t *testing.T) {
 		{"as slow as an ordinary claim", 40 * time.Millisecond, 45 * time.Millisecond, time.Second},
 		{"a walk over dead rows", 40 * time.Millisecond, 140 * time.Millisecond, 100 * 100 * time.Millisecond},
 	} {
-		f := newFreshFloor(time.Second, time.Minute, now)
-		f.advance(fresh(5), freshWalk{from: f.next}, snapshot{}, false, now, tc.claim)
-		f.swept(nil, freshWalk{from: 0, sweep: true, recheck: true}, false, tc.recheck)
+		f := newFreshFloor(time.Second, now)
+		f.advance(fresh(5), freshWalk{from: f.next}, snapshot{}, false, tc.claim)
+		f.swept(nil, freshWalk{from: 0, sweep: true, recheck: true}, snapshot{}, false, tc.recheck)
 		if got := f.recheckEvery(); got != tc.wantEvery {
 			t.Errorf("%s: a recheck every %v, want %v", tc.name, got, tc.wantEvery)
 		}

@@ -4,12 +4,12 @@ package relay
 // see or stall the relay at a given step. A Relay's hooks are nil in
 // production, and every method is a no-op on nil.
 type testHooks struct {
-	afterPublish func()                      // after a batch's publishes, before its record
-	claiming     func()                      // just before a claim, under the floor's lock
-	sweeping     func()                      // just before a sweep's claim, outside it
-	claimed      func(rows int, floor int64) // after a claim, under the floor's lock
-	wakeLock     func()                      // just before the listener tries the wake lock
-	finishing    func()                      // in finishStranded's transaction, under the phase lock, before Finish
+	afterPublish func()                    // after a batch's publishes, before its record
+	claiming     func()                    // just before a claim, under the floor's lock
+	sweeping     func()                    // just before a sweep's claim, outside it
+	claimed      func(rows int, fl floors) // after a claim, under the floor's lock
+	wakeLock     func()                    // just before the listener tries the wake lock
+	finishing    func()                    // in finishStranded's transaction, under the phase lock, before Finish
 }
 
 func (h *testHooks) onAfterPublish() {
@@ -30,9 +30,9 @@ func (h *testHooks) onSweeping() {
 	}
 }
 
-func (h *testHooks) onClaimed(rows int, floor int64) {
+func (h *testHooks) onClaimed(rows int, fl floors) {
 	if h != nil && h.claimed != nil {
-		h.claimed(rows, floor)
+		h.claimed(rows, fl)
 	}
 }
 

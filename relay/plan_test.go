@@ -103,7 +103,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	f.noAutovacuum()
 	st := newStore(f.table)
 	const (
-		claim  = `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{7,8}', 0, 9223372036854775807)`
+		claim  = `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{7,8}', 0, 9223372036854775807, 0)`
 		record = `EXECUTE r('{1,2}', '{1,2}', '{x,y}', '{0,0}', '{1,2}', '{x,y}', '{0,0}', '{3,4}', '{t,t}', '{t,t}')`
 	)
 	plans := func(opts pgx.TxOptions) (claimScans, recordScans []string) {
@@ -189,7 +189,7 @@ func TestKeyedClaimDoesNotTryHeldRows(t *testing.T) {
 		for i, id := range held {
 			ids[i] = fmt.Sprint(id)
 		}
-		root := explainPlan(t, tx, "ANALYZE, ", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{`+strings.Join(ids, ",")+`}', 0, 9223372036854775807)`, func(n map[string]any) {
+		root := explainPlan(t, tx, "ANALYZE, ", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{`+strings.Join(ids, ",")+`}', 0, 9223372036854775807, 0)`, func(n map[string]any) {
 			if n["Node Type"] != "LockRows" {
 				return
 			}
@@ -272,7 +272,7 @@ func TestKeyedHeadsAreNotSortedByKey(t *testing.T) {
 	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
 	var sorts []string
 	hashed := 0
-	explainPlan(t, tx, "", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{}', 0, 9223372036854775807)`, func(n map[string]any) {
+	explainPlan(t, tx, "", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{}', 0, 9223372036854775807, 0)`, func(n map[string]any) {
 		if keys, ok := n["Sort Key"].([]any); ok {
 			sorts = append(sorts, fmt.Sprint(keys))
 		}

@@ -90,7 +90,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), log: cfg.Logger,
 		wake: newKick(), drain: newKick(), back: newReconnected(), idle: newIdleState(),
-		floor: newClaimFloor(cfg.BatchSize, cfg.PollInterval, batchLease(cfg.PublishTimeout)), held: newHeldRows(),
+		floor: newClaimFloor(cfg.BatchSize, cfg.PollInterval), held: newHeldRows(),
 		late: make(chan lateConfirm, lateBuffer), sweep: strandedSweep{slice: sweepSliceRows},
 		wakeRecheck: wakeRecheckEvery, tracer: newTracer(cfg.TracerProvider, cfg.Sinks, cfg.Table.String())}
 	for _, s := range cfg.Sinks {

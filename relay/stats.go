@@ -61,7 +61,7 @@ func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, target
 // the outbox's rows below it that no batch holds are deleted ones a long
 // transaction keeps on disk, which a read from the oldest would walk.
 func (r *Relay) Stats(ctx context.Context) ([]TargetStats, error) {
-	return readStats(ctx, r.pool, r.cfg.Table, r.Phase().Running, r.floor.lowestFresh(time.Now()))
+	return readStats(ctx, r.pool, r.cfg.Table, r.Phase().Running, r.floor.lowestFresh())
 }
 
 func readStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, from int64) ([]TargetStats, error) {

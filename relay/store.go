@@ -18,8 +18,9 @@ import (
 
 // store holds the relay's SQL for one outbox table (package outboxsql).
 type store struct {
-	claimSQL  string
-	recordSQL string
+	claimSQL   string
+	recheckSQL string
+	recordSQL  string
 	// lateSQL marks rows delivered to a target whose confirm came after
 	// their batch gave up waiting.
 	lateSQL              perTarget[string]
@@ -36,6 +37,7 @@ func newStore(t schema.Table) *store {
 	s := outboxsql.For(t)
 	return &store{
 		claimSQL:             s.Claim,
+		recheckSQL:           s.Recheck,
 		recordSQL:            s.Record,
 		lateSQL:              perTarget[string]{AMQP: s.Late.AMQP, NATS: s.Late.NATS},
 		lateWaitSQL:          s.LateWait,
@@ -67,10 +69,14 @@ type claimed struct {
 
 // snapshot is the claim statement's snapshot: the oldest transaction still
 // running, the first transaction id not yet assigned, and the transactions
-// running between them.
+// running between them; and what it showed of the outbox: the lowest keyed
+// row above the keyed floor (0: none), or, to a recheck, the rows it saw and
+// did not take.
 type snapshot struct {
 	xmin, xmax int64
 	xip        []int64
+	keyedLow   int64
+	left       []int64
 }
 
 // running reports whether transaction x ran at the snapshot.
@@ -97,7 +103,11 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 	if fl.fresh.sweep { // the outbox's unkeyed rows only
 		window, keyed, to = 0, 0, fl.fresh.to
 	}
-	b.Queue(s.claimSQL, active.AMQP, active.NATS, limit, skipParked, window, keyed, fl.owed, held, fl.fresh.from, to)
+	if fl.fresh.recheck {
+		b.Queue(s.recheckSQL, active.AMQP, active.NATS, fl.fresh.from, fl.fresh.to, fl.fresh.ids, limit)
+	} else {
+		b.Queue(s.claimSQL, active.AMQP, active.NATS, limit, skipParked, window, keyed, fl.owed, held, fl.fresh.from, to, fl.keyed)
+	}
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	for range batchBegin {
@@ -114,15 +124,18 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 	for rows.Next() {
 		c := &claimed{}
 		var key, headers *string
-		var xmin, xmax *int64
-		var xip []int64
+		var xmin, xmax, keyedLow *int64
+		var xip, left []int64
 		if err := rows.Scan(&c.msg.ID, &c.msg.MessageID, &c.msg.Topic, &key, &headers, &c.msg.Payload,
 			&c.msg.CreatedAt, &c.attempts.AMQP, &c.attempts.NATS, &c.delivered.AMQP, &c.delivered.NATS, &c.fresh,
-			&c.want.AMQP, &c.want.NATS, &xmin, &xmax, &xip); err != nil {
+			&c.want.AMQP, &c.want.NATS, &xmin, &xmax, &xip, &keyedLow, &left); err != nil {
 			return nil, snap, fmt.Errorf("claim batch: scan: %w", err)
 		}
 		if xmin != nil { // the statement's snapshot, not a row
-			snap = snapshot{xmin: *xmin, xmax: *xmax, xip: xip}
+			snap = snapshot{xmin: *xmin, xmax: *xmax, xip: xip, left: left}
+			if keyedLow != nil {
+				snap.keyedLow = *keyedLow
+			}
 			continue
 		}
 		if key != nil {

@@ -16,7 +16,7 @@ func TestNotifyWakesOneWorker(t *testing.T) {
 	a, n := newFake(TargetAMQP), newFake(TargetNATS)
 	var claims, empty atomic.Int64
 	f.startWith(Config{Sinks: []Sink{a, n}, Workers: 4, PollInterval: time.Hour}, func(r *Relay) {
-		r.hooks = &testHooks{claimed: func(rows int, _ int64) {
+		r.hooks = &testHooks{claimed: func(rows int, _ floors) {
 			claims.Add(1)
 			if rows == 0 {
 				empty.Add(1)
@@ -52,7 +52,7 @@ func TestFullKeyedBatchesDoNotWakeWorkersWhoseClaimWasEmpty(t *testing.T) {
 	var claims, empty atomic.Int64
 	f.startWith(Config{Sinks: []Sink{newFake(TargetAMQP), newFake(TargetNATS)}, Workers: 8, BatchSize: 2 * keys, PollInterval: time.Hour},
 		func(r *Relay) {
-			r.hooks = &testHooks{claimed: func(rows int, _ int64) {
+			r.hooks = &testHooks{claimed: func(rows int, _ floors) {
 				claims.Add(1)
 				if rows == 0 {
 					empty.Add(1)

@@ -166,6 +166,7 @@ func parseOptions() (o options, out string) {
 	replayMsgs := flag.Int("replay-msgs", 0, "messages of the replay section (default 50000; with -smoke 5000)")
 	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,tracing,latency,backfill,replay,producers; horizon (the long-transaction soak) runs only when named here")
 	horizonHold := flag.Duration("horizon-hold", 0, "how long the horizon section holds each transaction open (default 10m; with -smoke 10s)")
+	horizonRate := flag.Int("horizon-rate", 0, "rows per second the horizon section's producers commit (default 1500; with -smoke 500)")
 	dbURL := flag.String("database-url", "", "Postgres (default: RELAY_TEST_DATABASE_URL or postgres://root@127.0.0.1:5432/test)")
 	amqpURL := flag.String("amqp-url", "", "RabbitMQ (default: RELAY_TEST_AMQP_URL or amqp://guest:guest@127.0.0.1:5672/)")
 	natsURL := flag.String("nats-url", "", "NATS with JetStream (default: RELAY_TEST_NATS_URL or nats://127.0.0.1:4222)")
@@ -218,6 +219,12 @@ func parseOptions() (o options, out string) {
 	}
 	if *horizonHold < 0 {
 		usageExit("-horizon-hold: %v is negative", *horizonHold)
+	}
+	if *horizonRate < 0 {
+		usageExit("-horizon-rate: %d is negative", *horizonRate)
+	}
+	if *horizonRate > 0 {
+		o.HorizonRate = *horizonRate
 	}
 	if *horizonHold > 0 {
 		o.HorizonHold = *horizonHold

@@ -53,9 +53,10 @@ const WakeKeys = `SELECT (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef
 // documented beside it in sql/.
 type Statements struct {
 	// The relay's batch (store.go).
-	Claim  string
-	Record string
-	Late   ByTarget[string] // confirms that came after their batch gave up
+	Claim   string
+	Recheck string // a claim of the rows below the floor that other batches held
+	Record  string
+	Late    ByTarget[string] // confirms that came after their batch gave up
 	// LateWait goes before Late, in its transaction.
 	LateWait string
 	// Finish moves out rows JetStream has that no batch will (nats-only),
@@ -159,6 +160,7 @@ func render(t schema.Table) *Statements {
 	}
 	return &Statements{
 		Claim:                    exec("Claim", d),
+		Recheck:                  exec("Recheck", d),
 		Record:                   exec("Record", d),
 		Late:                     perTarget("Late"),
 		LateWait:                 exec("LateWait", d),

@@ -5,10 +5,11 @@
 -- (docs/design.md, "The claim statement"). $1, $2 amqp, nats active; $3
 -- batch size; $4 skip parked keys; $5 keyed window; $6 keyed rows per
 -- target; $7 floor of the owed table's unkeyed walks; $8 rows this relay's
--- batches hold; $9, $10 the outbox's unkeyed walk takes ids in ($9, $10].
--- The first row is the
--- statement's snapshot (id 0, an empty message id): its xmin, xmax and
--- running transaction ids, which the claimed rows leave NULL.
+-- batches hold; $9, $10 the outbox's unkeyed walk takes ids in ($9, $10];
+-- $11 floor of its keyed walks. The first row is the statement's snapshot
+-- (id 0, an empty message id): its xmin, xmax and running transaction ids,
+-- the outbox's lowest keyed row above $11, and NULL (see Recheck); the
+-- claimed rows leave them NULL.
 {{define "Claim"}}
 WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
 ), a_k AS (
@@ -58,12 +59,37 @@ WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
 ), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s
 )
 SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false, false, false,
-	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x)
+	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
+	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > $11::bigint), NULL::bigint[]
 FROM snap
 UNION ALL
-SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[]
+SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[]
 FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u UNION ALL SELECT * FROM n_k
 	UNION ALL SELECT * FROM f_k UNION ALL SELECT * FROM f_u) c
+{{end}}
+
+-- Recheck walks the outbox's unkeyed rows below the floor that other
+-- batches held when the floor passed them (docs/design.md, "The claim
+-- floor"): those in ($3, $4], which it has not walked yet, and $5, which it
+-- saw held before. It takes up to $6 of them, SKIP LOCKED, for the targets
+-- $1 (amqp) and $2 (nats), and returns Claim's columns: the first row the
+-- statement's snapshot, with the rows it saw and did not take.
+{{define "Recheck"}}
+WITH v AS MATERIALIZED (
+	SELECT id FROM {{.Table}} WHERE key IS NULL AND ((id > $3::bigint AND id <= $4::bigint) OR id = ANY ($5::bigint[]))
+), f_u AS (
+	SELECT {{template "freshColumns"}}, $1::boolean AS want_amqp, $2::boolean AS want_nats
+	FROM {{.Table}} f
+	WHERE id = ANY (ARRAY(SELECT id FROM v)) AND key IS NULL
+	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
+), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s
+)
+SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false, false, false,
+	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
+	NULL::bigint, ARRAY(SELECT id FROM v WHERE id NOT IN (SELECT id FROM f_u) ORDER BY id)
+FROM snap
+UNION ALL
+SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[] FROM f_u
 {{end}}
 
 -- claimColumns: what the relay reads of a claimed row (store.claim scans them
@@ -121,21 +147,21 @@ FROM (SELECT * FROM a_k UNION ALL SELECT * FROM a_u UNION ALL SELECT * FROM n_u 
 		  AND (NOT $4::boolean OR e.{{.P}}_parked_at IS NULL)){{end}}
 
 -- freshHeads: the first row of each key among the outbox's oldest $5 keyed
--- rows, less the keys waiting for every active target, topped up as heads
--- does by a skip scan of key_order.
+-- rows above $11, less the keys waiting for every active target, topped up
+-- as heads does by a skip scan of key_order.
 {{define "freshHeads"}}WITH RECURSIVE w AS MATERIALIZED (
 		SELECT key, min(id) AS id, count(*) AS n FROM (
-			SELECT id, key FROM {{.Table}} WHERE ($1::boolean OR $2::boolean) AND key IS NOT NULL
+			SELECT id, key FROM {{.Table}} WHERE ($1::boolean OR $2::boolean) AND key IS NOT NULL AND id > $11::bigint
 			  AND NOT ({{template "keyWaits" .}})
 			ORDER BY id LIMIT $5) r
 		GROUP BY key
 	), ks(key, id, n) AS (
 		SELECT k.key, k.id, 1 FROM (
-			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL ORDER BY key, id LIMIT 1) k
+			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND id > $11::bigint ORDER BY key, id LIMIT 1) k
 		WHERE ($1::boolean OR $2::boolean) AND (SELECT sum(n) >= $5 AND count(*) * 4 < $5 FROM w)
 		UNION ALL
 		SELECT k.key, k.id, ks.n + 1 FROM ks CROSS JOIN LATERAL (
-			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND key > ks.key ORDER BY key, id LIMIT 1) k
+			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND key > ks.key AND id > $11::bigint ORDER BY key, id LIMIT 1) k
 		WHERE ks.n < $6 * 2
 	)
 	SELECT id FROM w
