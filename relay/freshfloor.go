@@ -78,7 +78,7 @@ func newFreshFloor(poll time.Duration, now time.Time) *freshFloor {
 
 // freshWalk is the outbox rows a claim walks: those in (from, to], and why.
 type freshWalk struct {
-	from, to int64  // to: a sweep's last row; an ordinary claim's walk has no end
+	from, to int64   // to: a sweep's last row; an ordinary claim's walk has no end
 	sweep    bool    // below the floor, beside the claims
 	recheck  bool    // a sweep from rechecked, and of ids
 	ids      []int64 // the rows a recheck saw held before
