@@ -73,7 +73,10 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, fl, r.held.list())
 	claimedAt := time.Now()
 	if err == nil {
-		r.floor.claimed(rows, fl, snap, claimedAt.Sub(claimStart))
+		if r.floor.claimed(rows, fl, snap, claimedAt.Sub(claimStart)) {
+			r.log.Warn("the database's transaction ids went back (a standby promoted without the last transactions, or a restore): " +
+				"the claims walk the outbox from its oldest row again")
+		}
 		held = r.held.add(rows)
 		if !res.sweep {
 			r.hooks.onClaimed(len(rows), fl)

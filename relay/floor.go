@@ -27,6 +27,12 @@ type claimFloor struct {
 
 	fresh *freshFloor // the outbox's unkeyed walk
 	keyed *keyedFloor // the outbox's keyed walks
+
+	// xmax is the newest ordinary claim's first unassigned transaction id:
+	// one lower is another history (reset). gen counts the resets: a sweep
+	// begun before one is forgotten.
+	xmax int64
+	gen  int
 }
 
 // quickWalkEvery is how often, at most, claims walk from the oldest row
@@ -47,6 +53,7 @@ type floors struct {
 	owed  int64
 	fresh freshWalk
 	keyed int64
+	gen   int
 }
 
 // floorCandidate is the top of a short claim that walked from the safe
@@ -64,24 +71,35 @@ func (f *claimFloor) begin(now time.Time) floors {
 	f.mu.Lock()
 	if w, ok := f.fresh.startSweep(now); ok {
 		f.mu.Unlock()
-		return floors{owed: math.MaxInt64, fresh: w, keyed: math.MaxInt64}
+		return floors{owed: math.MaxInt64, fresh: w, keyed: math.MaxInt64, gen: f.gen}
 	}
-	return floors{owed: f.start(now), fresh: f.fresh.start(), keyed: f.keyed.floor}
+	return floors{owed: f.start(now), fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen}
 }
 
 // claimed places the next claims after one that walked from fl under snap
-// and took rows in took.
-func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took time.Duration) {
+// and took rows in took. It reports a reset: the database's transaction ids
+// went back since the claim before.
+func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took time.Duration) (reset bool) {
 	full := len(rows) >= f.batchSize
 	if fl.fresh.sweep {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		f.fresh.swept(rows, fl.fresh, snap, full, took)
-		return
+		if fl.gen == f.gen {
+			f.fresh.swept(rows, fl.fresh, snap, full, took)
+		}
+		return false
 	}
+	// Ordinary claims run one after the other: their snapshots' xmax only
+	// grows, on one history.
+	if snap.xmax < f.xmax {
+		f.reset()
+		return true
+	}
+	f.xmax = snap.xmax
 	f.advance(rows, fl.owed, snap, took)
 	f.fresh.advance(rows, fl.fresh, snap, full, took)
 	f.keyed.advance(snap, f.fresh.safe)
+	return false
 }
 
 // end ends the claim begin started: claimed, or not (ok false).
@@ -93,8 +111,21 @@ func (f *claimFloor) end(fl floors, ok bool) {
 	if !ok {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		f.fresh.unsweep(fl.fresh)
+		if fl.gen == f.gen {
+			f.fresh.unsweep(fl.fresh)
+		}
 	}
+}
+
+// reset forgets every floor, and the next claims walk from the oldest rows.
+// The database went back to an earlier history (a standby promoted without
+// the last transactions, a restore): its ids may come again, below the
+// floors.
+func (f *claimFloor) reset() {
+	f.highWater, f.fullWalk, f.cheapWalk, f.safe, f.seenXmin, f.tops = 0, 0, false, 0, 0, nil
+	f.fresh, f.keyed = newFreshFloor(f.poll, time.Now()), newKeyedFloor()
+	f.xmax = 0
+	f.gen++
 }
 
 // sweepDue reports whether the next claim would be a sweep: a worker that

@@ -149,3 +149,40 @@ func TestClaimFloorBoundsCandidates(t *testing.T) {
 		t.Fatalf("%d candidates, want at most %d", len(f.tops), maxFloorCandidates)
 	}
 }
+
+// An ordinary claim whose snapshot's xmax is below the one before it sees
+// another history (a standby promoted without the last transactions): every
+// floor starts again from the oldest rows, and a sweep begun before is
+// forgotten, whether it ends claimed or not.
+func TestClaimFloorResetsWhenTransactionIDsGoBack(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	f := newClaimFloor(10, time.Hour)
+	claim := func(xmax int64, rows ...int64) bool {
+		t.Helper()
+		fl := f.begin(now)
+		defer f.end(fl, true)
+		return f.claimed(fresh(rows...), fl, snapshot{xmin: xmax, xmax: xmax}, time.Millisecond)
+	}
+	if claim(100, 5000) || claim(101, 9000) {
+		t.Fatal("a reset with xmax going up")
+	}
+	f.mu.Lock()
+	f.fresh.gaps = []span{{10, 20}} // far below next: a sweep
+	f.mu.Unlock()
+	sweep := f.begin(now)
+	if !sweep.fresh.sweep {
+		t.Fatalf("%+v, want a sweep", sweep)
+	}
+	if !claim(50, 30) {
+		t.Fatal("no reset with xmax gone back from 101 to 50")
+	}
+	f.claimed(fresh(15), sweep, snapshot{}, time.Millisecond)
+	f.end(sweep, false)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fresh.safe != 0 || f.fresh.next != 0 || f.keyed.floor != 0 || f.highWater != 0 || len(f.fresh.gaps) != 0 || f.fresh.sweeping != nil {
+		t.Fatalf("after the reset: fresh safe %d next %d gaps %v sweeping %v, keyed %d, owed %d; want all at the start",
+			f.fresh.safe, f.fresh.next, f.fresh.gaps, f.fresh.sweeping != nil, f.keyed.floor, f.highWater)
+	}
+}
