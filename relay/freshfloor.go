@@ -201,6 +201,7 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full b
 			f.addGap(span{from, w.from})
 		}
 	}
+	f.raise(w, top, snap)
 	if full {
 		// Rows may be left past its top (from its start, if it took none):
 		// the next walk goes on from there, below the mark if it started
@@ -212,9 +213,14 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full b
 		}
 		return
 	}
-	// A short walk from at or below safe reached the end: every row from
-	// safe to its top it did not take is held by a batch, or belongs to a
-	// transaction running at snap.
+	f.next = f.safe
+}
+
+// raise moves safe to the top of a walk from at or below it: every row from
+// safe to its top the walk did not take is held by a batch, or belongs to a
+// transaction running at snap. A full walk too, so that during a backlog
+// the next short one does not walk back over the rows the full ones took.
+func (f *freshFloor) raise(w freshWalk, top int64, snap snapshot) {
 	if w.from <= f.safe && top > f.safe && len(f.pending)+len(snap.xip) <= maxPending {
 		for _, x := range snap.xip {
 			if _, ok := f.pending[x]; !ok {
@@ -223,7 +229,6 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full b
 		}
 		f.safe = top
 	}
-	f.next = f.safe
 }
 
 // swept ends the sweep w, which took rows under snap in took; full says it
