@@ -34,7 +34,8 @@ type freshFloor struct {
 	sweeping *freshWalk      // the sweep in flight, or nil
 	// Another relay's batch that rolls back after safe passed its rows
 	// leaves them below it. The recheck walks the rows from rechecked to
-	// safe, and those it saw and did not take the time before (held).
+	// where the claims start, and those it saw and did not take the time
+	// before (held).
 	rechecked int64
 	held      []int64
 
