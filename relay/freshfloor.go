@@ -27,11 +27,11 @@ import (
 type freshFloor struct {
 	poll time.Duration // recheck at least this often while that walk is cheap
 
-	next     int64           // where the next claim's walk starts
-	safe     int64           // see above
-	pending  map[int64]int64 // a transaction that ran at a raise of safe: where its rows may start
-	gaps     []span          // below next: rows no walk has taken since they became claimable
-	sweeping *freshWalk      // the sweep in flight, or nil
+	next     int64      // where the next claim's walk starts
+	safe     int64      // see above
+	pending  pendingTxs // a transaction that ran at a raise of safe: where its rows may start
+	gaps     []span     // below next: rows no walk has taken since they became claimable
+	sweeping *freshWalk // the sweep in flight, or nil
 	// Another relay's batch that rolls back after safe passed its rows
 	// leaves them below it. The recheck walks the rows from rechecked to
 	// where the claims start, and those it saw and did not take the time
@@ -73,6 +73,24 @@ const (
 	maxHeld    = 1 << 16
 )
 
+// pendingTxs is, per transaction that ran when a floor passed rows, where
+// its rows may start.
+type pendingTxs map[int64]int64
+
+// remember notes each of xip not noted yet with from, and reports whether it
+// did: not when that would pass maxPending.
+func (p pendingTxs) remember(xip []int64, from int64) bool {
+	if len(p)+len(xip) > maxPending {
+		return false
+	}
+	for _, x := range xip {
+		if _, ok := p[x]; !ok {
+			p[x] = from
+		}
+	}
+	return true
+}
+
 func newFreshFloor(poll time.Duration, now time.Time) *freshFloor {
 	return &freshFloor{poll: poll, pending: map[int64]int64{}, lastRecheck: now, lastFull: now}
 }
@@ -92,7 +110,7 @@ type freshWalk struct {
 func (f *freshFloor) start() freshWalk {
 	w := freshWalk{from: f.next}
 	for _, g := range f.gaps {
-		if f.next-g.from <= foldSpan {
+		if !f.far(g) {
 			w.from = min(w.from, g.from)
 		}
 	}
@@ -108,12 +126,12 @@ func (f *freshFloor) startSweep(now time.Time) (freshWalk, bool) {
 	}
 	w := freshWalk{to: max(f.next, f.safe), sweep: true}
 	switch {
-	case now.Sub(f.lastFull) >= max(fullWalkEvery, fullShare*f.fullTook):
+	case f.fullDue(now):
 		f.lastFull = now
 		w.full = true
 	case f.farGap(&w):
 		w.to = min(w.to, w.from+sweepSpan)
-	case now.Sub(f.lastRecheck) >= f.recheckEvery():
+	case f.recheckDue(now):
 		f.lastRecheck = now
 		w.from, w.recheck, w.ids = min(f.rechecked, w.to), true, f.held
 	default:
@@ -137,7 +155,7 @@ func (f *freshFloor) startSweep(now time.Time) (freshWalk, bool) {
 func (f *freshFloor) farGap(w *freshWalk) bool {
 	slices.SortFunc(f.gaps, func(a, b span) int { return cmp.Compare(a.from, b.from) })
 	for i, g := range f.gaps {
-		if f.next-g.from <= foldSpan {
+		if !f.far(g) {
 			continue
 		}
 		w.from, w.to = g.from, g.to
@@ -156,9 +174,18 @@ func (f *freshFloor) sweepDue(now time.Time) bool {
 	if f.sweeping != nil {
 		return false
 	}
-	return now.Sub(f.lastFull) >= max(fullWalkEvery, fullShare*f.fullTook) ||
-		slices.ContainsFunc(f.gaps, func(g span) bool { return f.next-g.from > foldSpan }) ||
-		now.Sub(f.lastRecheck) >= f.recheckEvery()
+	return f.fullDue(now) || slices.ContainsFunc(f.gaps, f.far) || f.recheckDue(now)
+}
+
+// far reports whether gap g is a sweep's, not the next claim's.
+func (f *freshFloor) far(g span) bool { return f.next-g.from > foldSpan }
+
+func (f *freshFloor) fullDue(now time.Time) bool {
+	return now.Sub(f.lastFull) >= max(fullWalkEvery, fullShare*f.fullTook)
+}
+
+func (f *freshFloor) recheckDue(now time.Time) bool {
+	return now.Sub(f.lastRecheck) >= f.recheckEvery()
 }
 
 func (f *freshFloor) recheckEvery() time.Duration {
@@ -222,12 +249,7 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full b
 // transaction running at snap. A full walk too, so that during a backlog
 // the next short one does not walk back over the rows the full ones took.
 func (f *freshFloor) raise(w freshWalk, top int64, snap snapshot) {
-	if w.from <= f.safe && top > f.safe && len(f.pending)+len(snap.xip) <= maxPending {
-		for _, x := range snap.xip {
-			if _, ok := f.pending[x]; !ok {
-				f.pending[x] = f.safe
-			}
-		}
+	if w.from <= f.safe && top > f.safe && f.pending.remember(snap.xip, f.safe) {
 		f.safe = top
 	}
 }
@@ -246,12 +268,7 @@ func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, full boo
 		// Its rows are passed: a transaction running at its snapshot may
 		// have rows among them, as at a raise of safe.
 		f.recheckTook = max(0, took-f.claimTook)
-		if len(left) <= maxHeld && len(f.pending)+len(snap.xip) <= maxPending {
-			for _, x := range snap.xip {
-				if _, ok := f.pending[x]; !ok {
-					f.pending[x] = w.from
-				}
-			}
+		if len(left) <= maxHeld && f.pending.remember(snap.xip, w.from) {
 			f.rechecked, f.held = w.to, left
 		}
 		return

@@ -10,7 +10,7 @@ package relay
 // its key is in flight) stays in the outbox, and holds the floor below it.
 type keyedFloor struct {
 	floor   int64
-	pending map[int64]int64
+	pending pendingTxs
 }
 
 func newKeyedFloor() *keyedFloor { return &keyedFloor{pending: map[int64]int64{}} }
@@ -24,12 +24,7 @@ func (k *keyedFloor) advance(snap snapshot, visible int64) {
 	if snap.keyedLow > 0 {
 		to = snap.keyedLow - 1
 	}
-	if from := k.floor; to > from && len(k.pending)+len(snap.xip) <= maxPending {
-		for _, x := range snap.xip {
-			if _, ok := k.pending[x]; !ok {
-				k.pending[x] = from
-			}
-		}
+	if to > k.floor && k.pending.remember(snap.xip, k.floor) {
 		k.floor = to
 	}
 	// A transaction that ended before snap: its rows below the floor were
