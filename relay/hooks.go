@@ -9,6 +9,7 @@ type testHooks struct {
 	sweeping     func()                    // just before a sweep's claim, outside it
 	claimed      func(rows int, fl floors) // after a claim, under the floor's lock
 	wakeLock     func()                    // just before the listener tries the wake lock
+	watch        func()                    // just before the listener reads the top id between tries
 	finishing    func()                    // in finishStranded's transaction, under the phase lock, before Finish
 }
 
@@ -33,6 +34,12 @@ func (h *testHooks) onSweeping() {
 func (h *testHooks) onClaimed(rows int, fl floors) {
 	if h != nil && h.claimed != nil {
 		h.claimed(rows, fl)
+	}
+}
+
+func (h *testHooks) onWatch() {
+	if h != nil && h.watch != nil {
+		h.watch()
 	}
 }
 

@@ -155,3 +155,47 @@ func TestStatsStayOnIndexesWithoutPlannerStatistics(t *testing.T) {
 		t.Errorf("stats queries planned as sequential scans of the outbox: %v", found)
 	}
 }
+
+// The backlog figures read the outbox from the relay's floor, both ends:
+// while a snapshot holds VACUUM's horizon, the rows deleted below it and
+// above the newest live row stay in the primary key, and a read from the
+// oldest or down from the newest would visit each. Read with EXPLAIN
+// (ANALYZE, BUFFERS), from the floor and from the oldest.
+func TestStatsReadNothingAHeldHorizonKeeps(t *testing.T) {
+	t.Parallel()
+	f := setupOwnDatabase(t) // a snapshot held
+	ctx := context.Background()
+	f.noAutovacuum()
+	f.fill(20_000)
+	holder, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck // only a snapshot
+	if _, err := holder.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM `+f.table.Ident()+` LIMIT 1`); err != nil {
+		t.Fatal(err)
+	}
+	var floor int64
+	if err := f.pool.QueryRow(ctx, `WITH d AS (DELETE FROM `+f.table.Ident()+` RETURNING id) SELECT max(id) + 1 FROM d`).Scan(&floor); err != nil {
+		t.Fatal(err)
+	}
+	buffers := func(from int64) float64 {
+		t.Helper()
+		tx, err := f.pool.BeginTx(ctx, statsTx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // read-only
+		var plan []map[string]any
+		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+statsQueries(f.table, TargetNATS)[0], from).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		p := plan[0]["Plan"].(map[string]any)
+		return p["Shared Hit Blocks"].(float64) + p["Shared Read Blocks"].(float64)
+	}
+	fromFloor, fromOldest := buffers(floor), buffers(0)
+	t.Logf("the backlog figures read %v blocks from the floor, %v from the oldest, over 20,000 deleted rows", fromFloor, fromOldest)
+	if fromFloor*10 > fromOldest {
+		t.Errorf("the backlog figures read %v blocks from the floor, %v from the oldest: want a small fraction", fromFloor, fromOldest)
+	}
+}

@@ -184,6 +184,12 @@ type wakeLock struct {
 	maxID string
 	held  bool
 	retry time.Duration // after a failed try
+	next  time.Time     // of the next try, after a failed one
+	// watch: only producers held the lock at the last failed try, so no
+	// one notifies; the listener reads the top id every wakeLockWait
+	// until the next try, and wakes a worker for ids above seen.
+	watch bool
+	seen  int64
 }
 
 // wakeLockWait is how long a relay waits for the wake lock: for the
@@ -199,37 +205,60 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 		return 0, nil
 	}
 	want := r.idle.idle()
+	if until := time.Until(l.next); want && !l.held && l.watch && until > 0 {
+		r.hooks.onWatch()
+		var top int64
+		if err := l.conn.QueryRow(ctx, l.maxID, max(l.seen, r.idle.top.Load())).Scan(&top); err != nil {
+			return 0, err
+		}
+		l.wakeFor(r, top)
+		return min(wakeLockWait, until), nil
+	}
 	switch {
 	case want && !l.held:
 		r.hooks.onWakeLock()
-		top, err := l.take(ctx, r.idle.top.Load())
+		top, relayHolds, err := l.take(ctx, r.idle.top.Load())
 		if err != nil {
 			return 0, err
 		}
-		if top > r.idle.top.Load() {
-			r.wake.signal() // rows committed since the last claim, unannounced
-		}
+		l.wakeFor(r, top)
 		if l.held {
-			l.retry = 0
+			l.retry, l.watch = 0, false
 			return 0, nil
 		}
-		// Held by a long producer transaction or by another relay (whose
-		// listener producers notify): try again, less and less often.
+		// Held by another relay, whose listener producers notify, or by
+		// producers alone, one of them a long transaction: try again, less
+		// and less often, and meanwhile watch for their rows.
 		l.retry = min(max(2*l.retry, wakeLockWait), r.cfg.PollInterval)
+		l.next, l.watch = time.Now().Add(l.retry), !relayHolds
+		if l.watch {
+			return min(wakeLockWait, l.retry), nil
+		}
 		return l.retry, nil
 	case !want && l.held:
 		if _, err := l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", l.key); err != nil {
 			return 0, err
 		}
-		l.held, l.retry = false, 0
+		l.held, l.retry, l.watch = false, 0, false
 	}
 	return 0, nil
 }
 
+// wakeFor wakes a worker when top, the outbox's highest id, is a row no
+// claim of this relay returned and the lock's reads had not seen.
+func (l *wakeLock) wakeFor(r *Relay, top int64) {
+	if top > max(l.seen, r.idle.top.Load()) {
+		r.wake.signal() // rows committed since the last claim, unannounced
+	}
+	l.seen = max(l.seen, top)
+}
+
 // take waits up to wakeLockWait for the wake lock and returns the table's
 // highest id above claimed (0 if none), read after the lock was taken: the
-// rows of every producer that held it shared are visible then.
-func (l *wakeLock) take(ctx context.Context, claimed int64) (top int64, err error) {
+// rows of every producer that held it shared are visible then. When the
+// lock could not be had, relayHolds says whether another session holds it
+// exclusively: a relay, which producers notify.
+func (l *wakeLock) take(ctx context.Context, claimed int64) (top int64, relayHolds bool, err error) {
 	b := &pgx.Batch{}
 	b.Queue(outboxsql.SetLockTimeout, strconv.Itoa(int(wakeLockWait.Milliseconds()))+"ms")
 	b.Queue(`SELECT pg_advisory_lock($1)`, l.key)
@@ -247,11 +276,12 @@ func (l *wakeLock) take(ctx context.Context, claimed int64) (top int64, err erro
 	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
-		return top, err
+		return top, false, err
 	}
 	// A long producer transaction holds it shared, or another relay holds
 	// it: still, rows may have committed.
-	return top, l.conn.QueryRow(ctx, l.maxID, claimed).Scan(&top)
+	err = l.conn.QueryRow(ctx, `SELECT (`+l.maxID+`), EXISTS (`+schema.WakeLockHolderSQL(l.key)+`)`, claimed).Scan(&top, &relayHolds)
+	return top, relayHolds, err
 }
 
 // waitNotification waits for a notification (true), a change of the idle

@@ -344,3 +344,64 @@ func TestWakeDefaultPattern(t *testing.T) {
 		}
 	}
 }
+
+// While a producer's long transaction holds the wake lock shared, the idle
+// relay cannot take it and producers do not notify: the relay watches for
+// their rows, and claims each at once, however long the lock has been held.
+// While another relay holds it, producers notify: the relay only listens.
+func TestRowsCommittedWhileTheWakeLockIsHeld(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		hold    func(t *testing.T, f *fixture, conn *pgxpool.Conn)
+		watches bool
+	}{
+		{"by a producer's open transaction", func(t *testing.T, f *fixture, conn *pgxpool.Conn) {
+			// Its insert took the lock shared: no relay held it.
+			if _, err := conn.Exec(context.Background(), `BEGIN; INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.held', 'x')`); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"by another relay", func(t *testing.T, f *fixture, conn *pgxpool.Conn) {
+			keys, err := readWakeKeys(context.Background(), f.pool, f.table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_lock($1)`, keys.lock); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := setupOwnDatabase(t) // a transaction held for seconds
+			ctx := context.Background()
+			holder, err := f.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer holder.Release()
+			tc.hold(t, f, holder)
+			defer holder.Conn().Close(ctx) //nolint:errcheck // ends what it held
+
+			var tries, watched atomic.Int64
+			sink := newFake(TargetAMQP)
+			f.startWith(Config{Sinks: []Sink{sink}, Workers: 1, PollInterval: time.Hour}, func(r *Relay) {
+				r.hooks = &testHooks{wakeLock: func() { tries.Add(1) }, watch: func() { watched.Add(1) }}
+			})
+			// Eight failed tries: the next is 5 s away.
+			testenv.Eventually(t, 20*time.Second, func() bool { return tries.Load() >= 8 }, "relay did not try the wake lock 8 times")
+			for i := range 3 {
+				at := time.Now()
+				f.insert(1, "orders.created")
+				testenv.Eventually(t, 10*time.Second, func() bool { return sink.total() == i+1 }, "row %d not claimed", i)
+				if took := time.Since(at); took > time.Second {
+					t.Errorf("row %d claimed %v after its commit, want at once (poll interval 1h)", i, took)
+				}
+			}
+			if got := watched.Load(); (got > 0) != tc.watches {
+				t.Errorf("the relay read the top id %d times between tries, want watching %v", got, tc.watches)
+			}
+		})
+	}
+}

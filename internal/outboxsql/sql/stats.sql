@@ -16,11 +16,13 @@
 		(SELECT {{.Fresh}} FROM {{.Table}} WHERE id >= $1::bigint ORDER BY id LIMIT {{.N}})
 	) u ORDER BY id LIMIT {{.N}}){{end}}
 
--- pendingLast: the highest id owed to the target (NULL if none).
+-- pendingLast: the highest id owed to the target (NULL if none). The
+-- outbox's is read down to $1 at most: when every row above is deleted, a
+-- held horizon keeps them all on disk, and the walk would visit each.
 {{define "pendingLast"}}greatest(
 		(SELECT id FROM {{.Owed}} WHERE key IS NULL AND {{template "owed" .}} ORDER BY id DESC LIMIT 1),
 		(SELECT id FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "owed" .}} ORDER BY id DESC LIMIT 1),
-		(SELECT id FROM {{.Table}} ORDER BY id DESC LIMIT 1)){{end}}
+		(SELECT id FROM {{.Table}} WHERE id >= $1::bigint ORDER BY id DESC LIMIT 1)){{end}}
 
 -- StatsPending: the pending window and its retries, the id range for the
 -- estimate past it, and the oldest of the first 100 pending rows (the lag).
