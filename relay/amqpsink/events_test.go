@@ -46,6 +46,36 @@ func TestLateConfirmIsReported(t *testing.T) {
 	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), msgs, 1)
 }
 
+// Late confirms come in while the relay retries their batch: each message is
+// found either in flight or confirmed late, and none is queued twice. (A
+// confirm between sendOne's two looks once left it in neither, and sent it
+// again: TestResourceAlarmQueuesEachMessageOnce, under load.)
+func TestRetryWhileLateConfirmsComeIn(t *testing.T) {
+	t.Parallel()
+	var holding atomic.Bool
+	release := make(chan struct{})
+	e := setupReadyWith(t, func(c *amqpsink.Config) {
+		amqpsink.BeforeEvent(c, func() {
+			if holding.Load() {
+				<-release
+				time.Sleep(200 * time.Microsecond) // confirms trickle in while the retry is sent
+			}
+		})
+	})
+	late := lateConfirms(e.sink)
+	msgs := sinktest.Messages("retried", 300)
+	holding.Store(true)
+	for i, err := range sinktest.Publish(t, e.sink, 2*time.Second, msgs) {
+		if !errors.Is(err, relay.ErrAwaitingConfirm) {
+			t.Fatalf("%s: %v, want awaiting confirm", msgs[i].MessageID, err)
+		}
+	}
+	close(release)
+	testenv.Eventually(t, 10*time.Second, func() bool { return late() > 0 }, "no late confirm")
+	sinktest.RequireAllNil(t, msgs, sinktest.Publish(t, e.sink, 20*time.Second, msgs))
+	sinktest.RequireCounts(t, sinktest.Settle(t, e.sink, e), msgs, 1)
+}
+
 // The sink's event goroutine held up for longer than amqp091-go waits for a
 // listener (5 s, as in a process frozen that long) while confirms and returns
 // keep coming: none of them is lost, and each message still gets its own

@@ -60,13 +60,15 @@ func (s *Sink) sendOne(ctx context.Context, l *link, m *relay.Message, blocked e
 	if err != nil {
 		return nil, err
 	}
-	if s.takeLate(m.MessageID) {
-		return nil, nil // confirmed after its publish gave up waiting
-	}
+	// In flight before late: a late confirm moves the message from the one
+	// to the other (onConfirm), so it is always found in one of them.
 	if p := l.inFlight(m.MessageID); p != nil {
 		// An earlier publish outlived its timeout on this live connection:
 		// wait for its verdict rather than queue a second copy.
 		return p, nil
+	}
+	if s.takeLate(m.MessageID) {
+		return nil, nil // confirmed after its publish gave up waiting
 	}
 	if blocked != nil {
 		return nil, blocked
