@@ -21,7 +21,6 @@ type claimFloor struct {
 	highWater int64            // the next walks start past it
 	fullWalk  int64            // unix ns of the last walk from the oldest row
 	cheapWalk bool             // the last walk from the oldest row was short and quick
-	walkTook  time.Duration    // the last claim that walked from the oldest row
 	safe      int64            // every row below it was taken
 	seenXmin  int64            // the newest claim snapshot's oldest running transaction
 	tops      []floorCandidate // short claims' tops, waiting for seenXmin
@@ -42,11 +41,6 @@ const (
 	quickWalkEvery = 100 * time.Millisecond
 	cheapWalkTook  = 20 * time.Millisecond
 )
-
-// owedWalkShare bounds the walks from the owed table's oldest row to a
-// twentieth of the claims' time: after an outage, a held horizon keeps
-// every row delivered since on disk, and each walk steps over them.
-const owedWalkShare = 20
 
 func newClaimFloor(batchSize int, poll time.Duration) *claimFloor {
 	return &claimFloor{batchSize: batchSize, poll: poll, quickWalk: quickWalkEvery, cheapTook: cheapWalkTook,
@@ -128,7 +122,7 @@ func (f *claimFloor) end(fl floors, ok bool) {
 // the last transactions, a restore): its ids may come again, below the
 // floors.
 func (f *claimFloor) reset() {
-	f.highWater, f.fullWalk, f.cheapWalk, f.walkTook, f.safe, f.seenXmin, f.tops = 0, 0, false, 0, 0, 0, nil
+	f.highWater, f.fullWalk, f.cheapWalk, f.safe, f.seenXmin, f.tops = 0, 0, false, 0, 0, nil
 	f.fresh, f.keyed = newFreshFloor(f.poll, time.Now()), newKeyedFloor()
 	f.xmax = 0
 	f.gen++
@@ -158,14 +152,13 @@ func (f *claimFloor) lowestFresh() int64 {
 }
 
 // start is where a claim's unkeyed walks start: the high-water mark, or 0
-// (the oldest row) every poll, every quickWalk while that walk is cheap,
-// and no more than owedWalkShare allows, to take what the mark skips.
+// (the oldest row) at least every poll, and every quickWalk while that walk
+// is cheap, to take what the mark skips.
 func (f *claimFloor) start(now time.Time) int64 {
 	every := int64(f.poll)
 	if f.cheapWalk {
 		every = min(every, int64(f.quickWalk))
 	}
-	every = max(every, int64(owedWalkShare*f.walkTook))
 	if now.UnixNano()-f.fullWalk >= every {
 		f.fullWalk = now.UnixNano()
 		return 0
@@ -179,7 +172,7 @@ func (f *claimFloor) start(now time.Time) int64 {
 func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took time.Duration) {
 	full := len(rows) >= f.batchSize
 	if floor == 0 {
-		f.cheapWalk, f.walkTook = !full && took < f.cheapTook, took
+		f.cheapWalk = !full && took < f.cheapTook
 	}
 	var top int64
 	for _, c := range rows {
