@@ -186,12 +186,7 @@ func TestRetentionCleanupStartsWhereItStopped(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx) //nolint:errcheck // deletes nothing worth keeping
-		var plan []map[string]any
-		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+r.store.cleanupDeliveredSQL,
-			r.cfg.Retention.Milliseconds(), 1000, from).Scan(&plan); err != nil {
-			t.Fatal(err)
-		}
-		return plan[0]["Plan"].(map[string]any)["Shared Hit Blocks"].(float64)
+		return planBlocks(t, tx, r.store.cleanupDeliveredSQL, r.cfg.Retention.Milliseconds(), 1000, from)
 	}
 	fromStop, fromOldest := buffers(r.trimmed[0].Add(-trimMargin)), buffers(time.Time{})
 	t.Logf("the next pass reads %v blocks from where the last stopped, %v from the oldest", fromStop, fromOldest)

@@ -282,3 +282,15 @@ func idToMsg(t *testing.T, f *fixture, id int64) string {
 	}
 	return m
 }
+
+// planBlocks runs query with args under EXPLAIN (ANALYZE, BUFFERS) in tx
+// and returns the shared blocks it read, from cache or not.
+func planBlocks(t *testing.T, tx pgx.Tx, query string, args ...any) float64 {
+	t.Helper()
+	var plan []map[string]any
+	if err := tx.QueryRow(context.Background(), `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+query, args...).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	p := plan[0]["Plan"].(map[string]any)
+	return p["Shared Hit Blocks"].(float64) + p["Shared Read Blocks"].(float64)
+}

@@ -91,6 +91,19 @@ func (p pendingTxs) remember(xip []int64, from int64) bool {
 	return true
 }
 
+// ended forgets each transaction snap no longer shows running and returns
+// where their rows may start.
+func (p pendingTxs) ended(snap snapshot) []int64 {
+	var froms []int64
+	for x, from := range p {
+		if !snap.running(x) {
+			delete(p, x)
+			froms = append(froms, from)
+		}
+	}
+	return froms
+}
+
 func newFreshFloor(poll time.Duration, now time.Time) *freshFloor {
 	return &freshFloor{poll: poll, pending: map[int64]int64{}, lastRecheck: now, lastFull: now}
 }
@@ -220,11 +233,7 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full b
 	f.gaps = slices.DeleteFunc(f.gaps, func(g span) bool { return g.from >= w.from })
 	// A transaction that ended before snap: its rows from w.from on were
 	// visible to this walk; those below are a gap.
-	for x, from := range f.pending {
-		if snap.running(x) {
-			continue
-		}
-		delete(f.pending, x)
+	for _, from := range f.pending.ended(snap) {
 		if from < w.from {
 			f.addGap(span{from, w.from})
 		}

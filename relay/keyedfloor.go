@@ -30,10 +30,7 @@ func (k *keyedFloor) advance(snap snapshot, visible int64) {
 	// A transaction that ended before snap: its rows below the floor were
 	// not in this claim's reach. The next walks from where they may start,
 	// once.
-	for x, from := range k.pending {
-		if !snap.running(x) {
-			delete(k.pending, x)
-			k.floor = min(k.floor, from)
-		}
+	for _, from := range k.pending.ended(snap) {
+		k.floor = min(k.floor, from)
 	}
 }

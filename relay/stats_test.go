@@ -186,12 +186,7 @@ func TestStatsReadNothingAHeldHorizonKeeps(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx) //nolint:errcheck // read-only
-		var plan []map[string]any
-		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+statsQueries(f.table, TargetNATS)[0], from).Scan(&plan); err != nil {
-			t.Fatal(err)
-		}
-		p := plan[0]["Plan"].(map[string]any)
-		return p["Shared Hit Blocks"].(float64) + p["Shared Read Blocks"].(float64)
+		return planBlocks(t, tx, statsQueries(f.table, TargetNATS)[0], from)
 	}
 	fromFloor, fromOldest := buffers(floor), buffers(0)
 	t.Logf("the backlog figures read %v blocks from the floor, %v from the oldest, over 20,000 deleted rows", fromFloor, fromOldest)
