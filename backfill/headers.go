@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/headers"
+	"github.com/relayd/relayd/internal/headers/amqpprop"
 )
 
 // DerivedIDHeader marks a message whose id was derived from its content
@@ -29,24 +30,22 @@ func badHeaderKey(t amqp.Table) string {
 	})
 }
 
-// natsHeaders carries the AMQP headers and the useful properties over.
+// natsHeaders carries the AMQP headers over, and each property of
+// headers.AMQPProperties as the header of its name ("content-type"): the
+// NATS headers the relay gives the same message from an outbox row, whose
+// headers it copies verbatim. A property wins over a header of its name.
 func natsHeaders(d amqp.Delivery) nats.Header {
-	// Room for the properties below and the three headers prepare adds.
-	h := make(nats.Header, len(d.Headers)+8)
+	// Room for the properties, the two Amqp- headers and the three prepare adds.
+	h := make(nats.Header, len(d.Headers)+len(headers.AMQPProperties)+5)
 	for k, v := range d.Headers {
 		h[k] = []string{headerValue(v)}
 	}
-	if d.ContentType != "" {
-		h.Set("Content-Type", d.ContentType)
+	for k, v := range amqpprop.FromDelivery(&d) {
+		h[k] = []string{v}
 	}
-	if d.CorrelationId != "" {
-		h.Set("Correlation-Id", d.CorrelationId)
-	}
+	// What only the AMQP side has.
 	if !d.Timestamp.IsZero() {
 		h.Set("Amqp-Timestamp", d.Timestamp.UTC().Format(time.RFC3339))
-	}
-	if d.Type != "" {
-		h.Set("Amqp-Type", d.Type)
 	}
 	h.Set("Amqp-Routing-Key", d.RoutingKey)
 	return h

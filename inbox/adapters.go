@@ -9,26 +9,35 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/relayd/relayd/internal/backoff"
+	"github.com/relayd/relayd/internal/headers/amqpprop"
 )
 
 // AMQPMessage converts a RabbitMQ delivery. The id is the message-id
 // property, else the [DerivedIDHeader] header; it is normalised by
-// [Inbox.Process], not here. Use it to call Process with an acknowledgement
-// policy of your own; [Inbox.HandleAMQP] is the usual one.
+// [Inbox.Process], not here. The properties a row's headers set (type,
+// reply-to …) are headers again, as the JetStream copy has them. Use it to
+// call Process with an acknowledgement policy of your own;
+// [Inbox.HandleAMQP] is the usual one.
 func AMQPMessage(d amqp.Delivery) Message {
 	m := Message{ID: d.MessageId, Source: SourceAMQP, Subject: d.RoutingKey, Payload: d.Body}
-	if len(d.Headers) > 0 {
-		m.Headers = make(map[string]string, len(d.Headers))
-		for k, v := range d.Headers {
-			switch v := v.(type) {
-			case string:
-				m.Headers[k] = v
-			case []byte:
-				m.Headers[k] = string(v)
-			default:
-				m.Headers[k] = fmt.Sprint(v)
-			}
+	for k, v := range d.Headers {
+		if m.Headers == nil {
+			m.Headers = make(map[string]string, len(d.Headers)+2)
 		}
+		switch v := v.(type) {
+		case string:
+			m.Headers[k] = v
+		case []byte:
+			m.Headers[k] = string(v)
+		default:
+			m.Headers[k] = fmt.Sprint(v)
+		}
+	}
+	for k, v := range amqpprop.FromDelivery(&d) {
+		if m.Headers == nil {
+			m.Headers = map[string]string{}
+		}
+		m.Headers[k] = v
 	}
 	if m.ID == "" {
 		m.ID = m.Headers[DerivedIDHeader]

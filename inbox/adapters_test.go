@@ -592,3 +592,19 @@ func TestPoisonMessages(t *testing.T) {
 		f.checkOnce([]string{"derived-1"})
 	})
 }
+
+// A handler reads the same headers from either broker: what RabbitMQ
+// carries as properties (a row's content-type, type …) comes back as the
+// headers the JetStream copy has.
+func TestAMQPMessageHeadersMatchJetStreams(t *testing.T) {
+	d := amqp.Delivery{MessageId: "m-1", RoutingKey: "orders.created", ContentType: "application/json", Type: "OrderCreated",
+		Priority: 5, Headers: amqp.Table{"x-tenant": "acme"}}
+	got := inbox.AMQPMessage(d).Headers
+	want := map[string]string{"x-tenant": "acme", "content-type": "application/json", "type": "OrderCreated", "priority": "5"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("headers %v, want %v", got, want)
+	}
+	if h := inbox.AMQPMessage(amqp.Delivery{MessageId: "m-2"}).Headers; h != nil {
+		t.Errorf("a delivery without headers or properties gave headers %v", h)
+	}
+}

@@ -86,9 +86,9 @@ func topicReason(topic string) string {
 // headers: keys must be what NATS takes (printable ASCII, no spaces, none of
 // "()/,:;<=>?@[\]{} or the double quote), at most 255 bytes (an AMQP short
 // string), and not start with "Nats-" in any case (those headers control
-// JetStream; the relay sets Nats-Msg-Id from the message id); values must be UTF-8 with no '\r', '\n' or NUL, and at most
-// 255 bytes for content-type and correlation-id (they set the AMQP
-// properties); keys and values together at most [headers.MaxTotal] (64 KiB)
+// JetStream; the relay sets Nats-Msg-Id from the message id); values must be UTF-8 with no '\r', '\n' or NUL, and
+// what the AMQP property a header names takes (docs/consumers.md, "AMQP
+// properties"); keys and values together at most [headers.MaxTotal] (64 KiB)
 // bytes. The relay parks a row written with plain SQL whose headers a
 // broker refuses, for that broker, with the reason. The error is a
 // *[ValidationError] with Index -1.

@@ -19,7 +19,7 @@ func (r *Relay) retryBackoff(attempt int32) time.Duration {
 // outageBackoff is the wait before a row whose publish failed for want of
 // the broker (ErrUnavailable, ErrOutOfRoom) is tried again on target t.
 func (r *Relay) outageBackoff(t Target, c *claimed, err error, now time.Time) time.Duration {
-	if errors.Is(err, ErrOutOfRoom) {
+	if waits(err) {
 		return r.roomBackoff(now.Sub(r.full.refused(t, c.msg.Topic, now, 2*r.cfg.RetryMax)))
 	}
 	d := r.retryBackoff(c.attempts.Get(t) + 1)

@@ -96,6 +96,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 	}
 
 	w.set(workerBusy) // producers need not notify meanwhile
+	r.routeRows(rows)
 	bt := r.tracer.startBatch(rows, claimStart, claimedAt)
 	rec := r.publish(bctx, rows, enabled, bt)
 	r.hooks.onAfterPublish()
@@ -185,7 +186,7 @@ func (r *Relay) feedBreaker(t Target, rows []*claimed, results []error, now time
 			continue
 		}
 		err := results[i]
-		if c.badRow == "" && errors.Is(err, ErrOutOfRoom) {
+		if c.badRow == "" && waits(err) {
 			full++
 			continue
 		}
@@ -219,7 +220,7 @@ func classify(wanted bool, err error, attempts int32, maxAttempts int) int16 {
 		return outcomeDelivered
 	case IsPermanent(err):
 		return outcomeParked
-	case errors.Is(err, ErrOutOfRoom), errors.Is(err, ErrUnavailable):
+	case waits(err), errors.Is(err, ErrUnavailable):
 		// The broker, not the row: retry without using up attempts.
 		return outcomeOutage
 	case maxAttempts > 0 && attempts+1 >= int32(maxAttempts):

@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -19,6 +20,10 @@ type Config struct {
 	// Sinks are the targets the relay can publish to, at most one per
 	// Target. Required.
 	Sinks []Sink
+	// Routes chooses each row's exchange, routing key, subject and stream;
+	// a row left owed to a target keeps the route it first went by, which
+	// the owed table records. Default nil: each sink's defaults.
+	Routes *route.Table
 	// Targets is the phase the relay starts in: the targets a row must
 	// reach. Each needs a sink. Default: the sinks' targets.
 	Targets []Target

@@ -84,7 +84,7 @@ func (r *Relay) recordLateSet(sctx context.Context, t Target, ids []string, stop
 			limit = lateStopGrace // the process is on its way out
 		}
 		ctx, cancel := context.WithTimeout(sctx, limit)
-		n, err := r.store.recordLate(ctx, r.pool, t, ids, r.phase.now(), lockWait)
+		n, err := r.store.recordLate(ctx, r.pool, t, ids, r.phase.now(), lockWait, r.cfg.Routes)
 		cancel()
 		if err == nil {
 			r.cfg.Metrics.LateConfirmed(t, len(ids))

@@ -104,7 +104,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	st := newStore(f.table)
 	const (
 		claim  = `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{7,8}', 0, 9223372036854775807, 0)`
-		record = `EXECUTE r('{1,2}', '{1,2}', '{x,y}', '{0,0}', '{1,2}', '{x,y}', '{0,0}', '{3,4}', '{t,t}', '{t,t}')`
+		record = `EXECUTE r('{1,2}', '{1,2}', '{x,y}', '{0,0}', '{1,2}', '{x,y}', '{0,0}', '{3,4}', '{t,t}', '{t,t}', '{x,y}', '{k,k}', '{s.a,s.b}', '{S,S}')`
 	)
 	plans := func(opts pgx.TxOptions) (claimScans, recordScans []string) {
 		t.Helper()
@@ -119,7 +119,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 		}()
 		for _, q := range []string{
 			`PREPARE c(boolean, boolean, int, boolean, int, int, bigint, bigint[], bigint) AS ` + st.claimSQL,
-			`PREPARE r(bigint[], smallint[], text[], bigint[], smallint[], text[], bigint[], bigint[], boolean[], boolean[]) AS ` + st.recordSQL,
+			`PREPARE r(bigint[], smallint[], text[], bigint[], smallint[], text[], bigint[], bigint[], boolean[], boolean[], text[], text[], text[], text[]) AS ` + st.recordSQL,
 		} {
 			if _, err := tx.Exec(ctx, q); err != nil {
 				t.Fatal(err)

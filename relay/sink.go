@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/relayd/relayd/route"
 )
 
 // Message is one outbox row on its way to a broker.
@@ -17,6 +19,9 @@ type Message struct {
 	Headers   map[string]string // copied into the broker's headers
 	Payload   []byte
 	CreatedAt time.Time
+	// Route is where the message goes; nil: where the sink sends a topic by
+	// default (its exchange and the topic; its subject prefix and stream).
+	Route *route.Dest
 }
 
 // Sink publishes messages to one broker with confirmation.
@@ -68,11 +73,11 @@ type RetryBounder interface {
 	RetryBound() time.Duration
 }
 
-// Destinationer is a Sink that can name where a topic's messages go (the
+// Destinationer is a Sink that can name where a message goes (the
 // exchange, the subject), for the spans of its publishes
 // (messaging.destination.name). A sink without it is named by the topic.
 type Destinationer interface {
-	Destination(topic string) string
+	Destination(m *Message) string
 }
 
 // ErrAwaitingConfirm marks a publish the broker had not answered by the
@@ -100,6 +105,23 @@ var ErrUnavailable = errors.New("broker unavailable")
 // every row that came meanwhile). It does not pause the target: with one
 // subject full, the others go on.
 var ErrOutOfRoom = errors.New("broker out of room")
+
+// ErrNoDestination marks a message whose route names an exchange or a
+// stream that does not exist: the operator creates it, or fixes the route.
+// As with ErrOutOfRoom the row waits without using up its attempts, and the
+// target goes on with the rows of other routes.
+var ErrNoDestination = errors.New("destination does not exist")
+
+// NoDestination wraps err as ErrNoDestination.
+func NoDestination(err error) error {
+	return fmt.Errorf("%w: %w", ErrNoDestination, err)
+}
+
+// waits reports whether err is the broker's state that a row waits out
+// without pausing its target: want of room, or a destination missing.
+func waits(err error) bool {
+	return errors.Is(err, ErrOutOfRoom) || errors.Is(err, ErrNoDestination)
+}
 
 // OutOfRoom wraps err as ErrOutOfRoom.
 func OutOfRoom(err error) error {

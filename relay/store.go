@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -25,6 +26,7 @@ type store struct {
 	// their batch gave up waiting.
 	lateSQL              perTarget[string]
 	lateWaitSQL          string // first: waits for the batches holding them
+	lateRouteSQL         string // then: the moved rows' route
 	cleanupDeliveredSQL  string
 	cleanupBackfilledSQL string
 	// finishSQL moves out of the owed table rows JetStream has that no
@@ -41,6 +43,7 @@ func newStore(t schema.Table) *store {
 		recordSQL:            s.Record,
 		lateSQL:              perTarget[string]{AMQP: s.Late.AMQP, NATS: s.Late.NATS},
 		lateWaitSQL:          s.LateWait,
+		lateRouteSQL:         s.LateRoute,
 		cleanupDeliveredSQL:  s.CleanupDelivered,
 		cleanupBackfilledSQL: s.CleanupBackfilled,
 		finishSQL:            s.Finish,
@@ -124,10 +127,12 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 	for rows.Next() {
 		c := &claimed{}
 		var key, headers *string
+		var exchange, routingKey, subject, stream *string
 		var xmin, xmax, keyedLow *int64
 		var xip, left []int64
 		if err := rows.Scan(&c.msg.ID, &c.msg.MessageID, &c.msg.Topic, &key, &headers, &c.msg.Payload,
 			&c.msg.CreatedAt, &c.attempts.AMQP, &c.attempts.NATS, &c.delivered.AMQP, &c.delivered.NATS, &c.fresh,
+			&exchange, &routingKey, &subject, &stream,
 			&c.want.AMQP, &c.want.NATS, &xmin, &xmax, &xip, &keyedLow, &left); err != nil {
 			return nil, snap, fmt.Errorf("claim batch: scan: %w", err)
 		}
@@ -140,6 +145,9 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 		}
 		if key != nil {
 			c.msg.Key, c.msg.HasKey = *key, true
+		}
+		if subject != nil { // the route it went by before
+			c.msg.Route = &route.Dest{Exchange: deref(exchange), RoutingKey: deref(routingKey), Subject: *subject, Stream: deref(stream)}
 		}
 		switch {
 		case c.msg.Topic == "":
@@ -161,6 +169,13 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 		return nil, snap, fmt.Errorf("claim batch: %w", err)
 	}
 	return out, snap, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // decodeHeaders turns the headers column into a string map, or says why it
@@ -200,6 +215,9 @@ type batchRecord struct {
 	outcome perTarget[[]int16]
 	errText perTarget[[]string]
 	backoff perTarget[[]int64] // milliseconds
+	// the route each row went by (NULL: a sink's defaults): exchange,
+	// routing key, subject, stream
+	route [4][]*string
 
 	doneIDs []int64
 	doneNow perTarget[[]bool] // delivered in this batch (else before)
@@ -225,6 +243,15 @@ func (b *batchRecord) add(c *claimed, outcome perTarget[int16], errText perTarge
 		return
 	}
 	b.ids = append(b.ids, c.msg.ID)
+	if d := c.msg.Route; d != nil {
+		for i, v := range []*string{&d.Exchange, &d.RoutingKey, &d.Subject, &d.Stream} {
+			b.route[i] = append(b.route[i], v)
+		}
+	} else {
+		for i := range b.route {
+			b.route[i] = append(b.route[i], nil)
+		}
+	}
 	for _, t := range Targets {
 		appendTo(&b.outcome, t, outcome.Get(t))
 		appendTo(&b.errText, t, errText.Get(t))
@@ -237,7 +264,8 @@ func (b *batchRecord) args() []any {
 	return []any{b.ids,
 		b.outcome.AMQP, b.errText.AMQP, b.backoff.AMQP,
 		b.outcome.NATS, b.errText.NATS, b.backoff.NATS,
-		b.doneIDs, b.doneNow.AMQP, b.doneNow.NATS}
+		b.doneIDs, b.doneNow.AMQP, b.doneNow.NATS,
+		b.route[0], b.route[1], b.route[2], b.route[3]}
 }
 
 // recordLate records that target t has the rows of msgIDs (their confirms
@@ -247,7 +275,10 @@ func (b *batchRecord) args() []any {
 //
 // It waits for a row's lock at most lockWait: a batch in flight holds its
 // rows for up to its publish timeout and its record.
-func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, msgIDs []string, enabled phase, lockWait time.Duration) (int, error) {
+//
+// A row it moves from the outbox gets the route routes resolves for it (nil:
+// none): this process published it, with these routes.
+func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, msgIDs []string, enabled phase, lockWait time.Duration, routes *route.Table) (int, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return 0, err
@@ -264,15 +295,28 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, ms
 		return 0, err
 	}
 	done := newBatchRecord(0, enabled)
+	routed := newBatchRecord(0, enabled) // the moved rows still owed, and their routes
 	marked := 0
 	for rows.Next() {
 		var id int64
 		var has perTarget[bool]
-		if err := rows.Scan(&id, &has.AMQP, &has.NATS); err != nil {
+		var topic, headers *string
+		if err := rows.Scan(&id, &has.AMQP, &has.NATS, &topic, &headers); err != nil {
 			rows.Close()
 			return 0, err
 		}
 		marked++
+		if topic != nil && routes != nil {
+			var h map[string]string
+			if headers != nil {
+				h, _ = decodeHeaders(*headers)
+			}
+			d, _ := routes.Resolve(*topic, h)
+			routed.ids = append(routed.ids, id)
+			for i, v := range []string{d.Exchange, d.RoutingKey, d.Subject, d.Stream} {
+				routed.route[i] = append(routed.route[i], &v)
+			}
+		}
 		if (has.AMQP || !enabled.AMQP) && (has.NATS || !enabled.NATS) {
 			done.doneIDs = append(done.doneIDs, id)
 			done.doneNow.AMQP = append(done.doneNow.AMQP, false)
@@ -282,6 +326,11 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, ms
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return 0, err
+	}
+	if len(routed.ids) > 0 {
+		if _, err := tx.Exec(ctx, s.lateRouteSQL, routed.ids, routed.route[0], routed.route[1], routed.route[2], routed.route[3]); err != nil {
+			return 0, err
+		}
 	}
 	if len(done.doneIDs) > 0 {
 		if _, err := tx.Exec(ctx, s.recordSQL, done.args()...); err != nil {

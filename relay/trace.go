@@ -29,7 +29,7 @@ const outcomeKey = attribute.Key("relayd.outcome")
 // row's headers are looked at.
 type tracer struct {
 	tr     trace.Tracer
-	dest   perTarget[func(topic string) string]
+	dest   perTarget[func(m *Message) string]
 	system perTarget[attribute.KeyValue]
 	table  string
 }
@@ -48,12 +48,12 @@ func newTracer(tp trace.TracerProvider, sinks []Sink, table string) *tracer {
 	return t
 }
 
-// destination names where tg publishes topic.
-func (t *tracer) destination(tg Target, topic string) string {
+// destination names where tg publishes m.
+func (t *tracer) destination(tg Target, m *Message) string {
 	if f := t.dest.Get(tg); f != nil {
-		return f(topic)
+		return f(m)
 	}
-	return topic
+	return m.Topic
 }
 
 // sendSpan is one row's publish to one target, traced.
@@ -138,14 +138,18 @@ func (t *tracer) startSend(ctx context.Context, c *claimed, tg Target, claimedAt
 	}
 	span.SetAttributes(
 		t.system.Get(tg),
-		semconv.MessagingDestinationName(t.destination(tg, m.Topic)),
+		semconv.MessagingDestinationName(t.destination(tg, m)),
 		semconv.MessagingMessageID(m.MessageID),
 		semconv.MessagingOperationTypeSend,
 		semconv.MessagingOperationName("send"),
 		attemptKey.Int(int(c.attempts.Get(tg))+1),
 	)
 	if tg == TargetAMQP {
-		span.SetAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(m.Topic))
+		key := m.Topic
+		if m.Route != nil {
+			key = m.Route.RoutingKey
+		}
+		span.SetAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(key))
 	}
 	span.AddEvent("claimed", trace.WithTimestamp(claimedAt))
 	out := *m
@@ -242,6 +246,8 @@ func errorType(outcome int16, err error) string {
 		return "parked"
 	case errors.Is(err, ErrOutOfRoom):
 		return "out_of_room"
+	case errors.Is(err, ErrNoDestination):
+		return "no_destination"
 	case errors.Is(err, ErrUnavailable):
 		return "unavailable"
 	}

@@ -26,7 +26,9 @@ const (
 // stream message: the Nats-Msg-Id as message id, the subject less prefix as
 // routing key, the headers the relay copied (natssink adds only Nats-*
 // ones), and as timestamp the time JetStream stored it, since the row's
-// created_at is not in the stream.
+// created_at is not in the stream. The sink's Publishing turns the headers
+// that name an AMQP property (type, content-type, ...) into it, as it did
+// for the row.
 func toAMQP(subject string, h nats.Header, data []byte, stored time.Time, prefix string) (*relay.Message, skip) {
 	topic, ok := strings.CutPrefix(subject, prefix)
 	if !ok || topic == "" {

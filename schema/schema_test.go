@@ -306,10 +306,13 @@ func query(t *testing.T, pool *pgxpool.Pool, q string, args ...any) string {
 }
 
 // rowsOf is every row of rel (those matching where, if given) with all its
-// columns, in id order: what a migration must keep exactly.
+// columns, in id order: what a migration must keep exactly. A route column
+// (00019) that is NULL is left out: a row not routed yet compares equal to
+// itself before 00019.
 func rowsOf(t *testing.T, pool *pgxpool.Pool, rel string, where ...string) string {
 	t.Helper()
-	q := `SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY id), '[]')::text FROM ` + rel + ` o`
+	q := `SELECT coalesce(jsonb_agg((SELECT jsonb_object_agg(j.key, j.value) FROM jsonb_each(to_jsonb(o)) j
+		WHERE NOT (j.key IN ('amqp_exchange', 'amqp_routing_key', 'nats_subject', 'nats_stream') AND j.value = 'null'::jsonb)) ORDER BY id), '[]')::text FROM ` + rel + ` o`
 	if len(where) > 0 {
 		q += ` WHERE ` + where[0]
 	}

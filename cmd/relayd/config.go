@@ -12,6 +12,7 @@ import (
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -37,6 +38,7 @@ type config struct {
 	NATSSubjectPrefix string        `env:"RELAY_NATS_SUBJECT_PREFIX, default=outbox."`
 	NATSDupWindow     time.Duration `env:"RELAY_NATS_DUPLICATE_WINDOW, default=2m"`
 	AMQPExchange      string        `env:"RELAY_AMQP_EXCHANGE, default=outbox"`
+	RoutesFile        string        `env:"RELAY_ROUTES"`
 	OutboxTable       string        `env:"RELAY_OUTBOX_TABLE, default=outbox"`
 	MetricsAddr       string        `env:"RELAY_METRICS_ADDR, default=127.0.0.1:9090"`
 	PProf             bool          `env:"RELAY_PPROF, default=false"`
@@ -63,6 +65,7 @@ type config struct {
 	targets  []relay.Target // RELAY_TARGETS, or every target when it is unset
 	pinned   bool           // RELAY_TARGETS is set: the relay does not follow the table's phase
 	logLevel slog.Level
+	routes   *route.Table // RELAY_ROUTES' routes, then the default route
 }
 
 // configError is a configuration problem: relayd exits 2 with its message.
@@ -91,8 +94,9 @@ func loadConfig(ctx context.Context, l envconfig.Lookuper) (*config, error) {
 }
 
 // emptyMeans are the variables with a default whose empty value is a
-// setting of its own: no metrics listener; subjects without a prefix.
-var emptyMeans = map[string]bool{"RELAY_METRICS_ADDR": true, "RELAY_NATS_SUBJECT_PREFIX": true}
+// setting of its own: no metrics listener; subjects without a prefix; any
+// stream that captures a subject.
+var emptyMeans = map[string]bool{"RELAY_METRICS_ADDR": true, "RELAY_NATS_SUBJECT_PREFIX": true, "RELAY_NATS_STREAM": true}
 
 // noEmpty refuses a variable of T that is required or has a default, set
 // to nothing: go-envconfig takes "" as the value, so that an empty

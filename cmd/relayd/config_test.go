@@ -80,6 +80,10 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"RELAY_NATS_SUBJECT_PREFIX": "a.*."}, "RELAY_NATS_SUBJECT_PREFIX"},
 		{map[string]string{"RELAY_NATS_SUBJECT_PREFIX": "events"}, "RELAY_NATS_SUBJECT_PREFIX"},
 		{map[string]string{"RELAY_NATS_STREAM": "a.b"}, "RELAY_NATS_STREAM"},
+		{map[string]string{"RELAY_NATS_STREAM": "", "RELAY_PROVISION": "true"}, "RELAY_NATS_STREAM: is empty"},
+		{map[string]string{"RELAY_ROUTES": "/nonexistent/routes.yaml"}, "RELAY_ROUTES: open /nonexistent/routes.yaml"},
+		{map[string]string{"RELAY_ROUTES": routesFile(t, "routes: [{topic: 'a.*', amqp: {routing_key: '{2}'}}]")}, "RELAY_ROUTES: /"},
+		{map[string]string{"RELAY_ROUTES": routesFile(t, "routes: [{topic: a, nats: {stream: 'A.B'}}]")}, "RELAY_ROUTES: /"},
 		{map[string]string{"RELAY_AMQP_EXCHANGE": ""}, "RELAY_AMQP_EXCHANGE"},
 		{map[string]string{"RELAY_BATCH_SIZE": "0"}, "RELAY_BATCH_SIZE"},
 		{map[string]string{"RELAY_BATCH_SIZE": "1"}, "RELAY_BATCH_SIZE"},
@@ -154,6 +158,8 @@ func TestConfigAccepts(t *testing.T) {
 		{"RELAY_AMQP_URL": "amqp://relay:Pa55,word@rabbit:5672/"}, // a ',' in a password is the password's
 		{"RELAY_METRICS_ADDR": ""},
 		{"RELAY_NATS_SUBJECT_PREFIX": ""},
+		{"RELAY_NATS_STREAM": ""},
+		{"RELAY_ROUTES": routesFile(t, "routes: [{topic: billing.*, amqp: {exchange: 'Billing:{1}', routing_key: ''}}]")},
 		{"RELAY_NATS_CREDS": ""},
 		{"RELAY_MAX_ATTEMPTS": "0"},
 	} {
@@ -381,4 +387,14 @@ func TestConfigFilesAreLoaded(t *testing.T) {
 			t.Errorf("%v: %v, want one line starting %q", tc.set, err, tc.want)
 		}
 	}
+}
+
+// routesFile writes a routes file for a config test and returns its path.
+func routesFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

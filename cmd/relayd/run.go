@@ -184,6 +184,7 @@ func relayConfig(cfg *config, sinks []relay.Sink, m *metrics.Relay, log *slog.Lo
 		Table:          cfg.table,
 		Sinks:          sinks,
 		Targets:        cfg.targets,
+		Routes:         cfg.routes,
 		Pinned:         cfg.pinned,
 		BatchSize:      cfg.BatchSize,
 		Workers:        cfg.Workers,

@@ -43,6 +43,10 @@ func openSession(stderr io.Writer, env envconfig.Lookuper, poolSize int32, withN
 			fmt.Fprintf(stderr, "relayd: config: RELAY_NATS_URL: %v\n", err)
 			return nil, exitUsage
 		}
+		if err := cfg.needStream(); err != nil {
+			fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+			return nil, exitUsage
+		}
 	}
 	s := &session{cfg: cfg, log: newLogger(cfg, stderr)}
 	s.ctx, s.cancel = signalContext(s.log)

@@ -55,17 +55,24 @@ func openNATSSink(ctx context.Context, cfg *config, m *metrics.Relay, log *slog.
 		return nil, nil, err
 	}
 	sctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
-	found, err := natssink.EnsureStream(sctx, nc, cfg.NATSStream, cfg.NATSSubjectPrefix, cfg.NATSDupWindow, cfg.Provision)
-	cancel()
-	if err != nil {
-		return nil, nc.Close, err
+	defer cancel()
+	var found natssink.Stream
+	if cfg.NATSStream != "" {
+		if found, err = natssink.EnsureStream(sctx, nc, cfg.NATSStream, cfg.NATSSubjectPrefix, cfg.NATSDupWindow, cfg.Provision); err != nil {
+			return nil, nc.Close, err
+		}
+		if found.Warning != "" {
+			log.Warn("nats: " + found.Warning)
+		}
 	}
-	if found.Warning != "" {
-		log.Warn("nats: " + found.Warning)
+	// Retries stay inside the shortest duplicate window of the streams used.
+	window := found.DuplicateWindow
+	if w := checkNATSRoutes(sctx, cfg, nc, log); w > 0 && (window == 0 || w < window) {
+		window = w
 	}
 	s, err := natssink.New(natssink.Config{
 		Conn: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix,
-		AckTimeout: cfg.PublishTimeout, DuplicateWindow: found.DuplicateWindow, OnDuplicate: m.Duplicate, Logger: log,
+		AckTimeout: cfg.PublishTimeout, DuplicateWindow: window, OnDuplicate: m.Duplicate, Logger: log,
 	})
 	if err != nil {
 		return nil, nc.Close, err
@@ -85,6 +92,7 @@ func openAMQPSink(ctx context.Context, cfg *config, log *slog.Logger) (relay.Sin
 	if err := ensureExchange(sctx, cfg, tlsCfg, log); err != nil {
 		return nil, nil, err
 	}
+	checkAMQPRoutes(sctx, cfg, tlsCfg, log)
 	s, err := amqpsink.New(sctx, amqpsink.Config{URL: cfg.AMQPURL, Exchange: cfg.AMQPExchange, TLS: tlsCfg, Logger: log,
 		StallTimeout: 2 * cfg.PublishTimeout, HoldAfter: cfg.PublishTimeout})
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/internal/headers/amqpprop"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -85,6 +86,10 @@ func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) in
 	failed := make(chan error, 2)
 	var watching []any
 	if cfg.wants(relay.TargetNATS) {
+		if err := cfg.needStream(); err != nil {
+			fmt.Fprintf(stderr, "relayd: config: %v\n", err)
+			return exitUsage
+		}
 		closeNATS, err := tailNATS(ctx, cfg, log, arrivals)
 		if err != nil {
 			log.Error("tail", "error", err.Error())
@@ -267,6 +272,12 @@ func amqpArrival(d amqp.Delivery) arrival {
 			a.Headers = map[string]string{}
 		}
 		a.Headers[k] = fmt.Sprint(v)
+	}
+	for k, v := range amqpprop.FromDelivery(&d) { // the properties a row's headers set
+		if a.Headers == nil {
+			a.Headers = map[string]string{}
+		}
+		a.Headers[k] = v
 	}
 	a.setPayload(d.Body)
 	return a

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -20,7 +21,7 @@ import (
 // derives table, targets and logLevel. The first problem found is returned.
 func (c *config) validate() error {
 	for _, check := range []func() error{
-		c.validateWhere, c.validateNATS, c.validateAMQP, c.validateFiles,
+		c.validateWhere, c.validateNATS, c.validateAMQP, c.validateRoutes, c.validateFiles,
 		c.validateCredentials, c.validateTunables, c.validateLogging,
 	} {
 		if err := check(); err != nil {
@@ -58,8 +59,11 @@ func (c *config) validateNATS() error {
 	if err := checkNATSURL(c.NATSURL); err != nil {
 		return badVar("RELAY_NATS_URL", "%v", err)
 	}
-	if c.NATSStream == "" || strings.ContainsAny(c.NATSStream, " \t.*>") {
+	if strings.ContainsAny(c.NATSStream, " \t.*>") {
 		return badVar("RELAY_NATS_STREAM", "%q is not a valid stream name", c.NATSStream)
+	}
+	if c.NATSStream == "" && c.Provision {
+		return badVar("RELAY_NATS_STREAM", "is empty (any stream that captures a subject), so RELAY_PROVISION has no stream to create: name one, or create your streams")
 	}
 	if p := c.NATSSubjectPrefix; p != "" && (strings.ContainsAny(p, " \t\r\n*>") || !strings.HasSuffix(p, ".") || strings.HasPrefix(p, ".") || strings.Contains(p, "..")) {
 		return badVar("RELAY_NATS_SUBJECT_PREFIX", "%q must be subject tokens ending in '.', like \"events.\"", p)
@@ -80,6 +84,30 @@ func (c *config) validateAMQP() error {
 	}
 	if c.AMQPExchange == "" {
 		return badVar("RELAY_AMQP_EXCHANGE", "must not be empty")
+	}
+	return nil
+}
+
+// validateRoutes reads RELAY_ROUTES: a route the file gets wrong would send
+// rows where nobody reads them.
+func (c *config) validateRoutes() error {
+	d := route.Defaults{Exchange: c.AMQPExchange, SubjectPrefix: c.NATSSubjectPrefix, Stream: c.NATSStream}
+	if c.RoutesFile == "" {
+		c.routes = route.Default(d)
+		return nil
+	}
+	var err error
+	if c.routes, err = route.Load(c.RoutesFile, d); err != nil {
+		return badVar("RELAY_ROUTES", "%v", err)
+	}
+	return nil
+}
+
+// needStream refuses an empty RELAY_NATS_STREAM to the commands that read
+// one stream (backfill, replay, cutover, verify, tail).
+func (c *config) needStream() error {
+	if c.NATSStream == "" {
+		return badVar("RELAY_NATS_STREAM", "is empty (any stream, for relayd run): this command reads one stream; name it")
 	}
 	return nil
 }

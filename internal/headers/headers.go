@@ -40,24 +40,6 @@ func NATSReservedReason(k string) string {
 	return ""
 }
 
-// maxShortString is AMQP 0-9-1's limit on a short string: a field-table key,
-// and the content-type and correlation-id properties.
-const maxShortString = 255
-
-// AMQPReason says why RabbitMQ cannot take header k with value v, or "": a
-// key over 255 bytes, or a content-type or correlation-id value over 255
-// bytes (the relay copies those into the AMQP properties). amqp091-go finds
-// out only while writing the frames, and closes the whole connection.
-func AMQPReason(k, v string) string {
-	if len(k) > maxShortString {
-		return fmt.Sprintf("key %.20q… is %d bytes: AMQP takes at most %d", k, len(k), maxShortString)
-	}
-	if IsAMQPProperty(k) && len(v) > maxShortString {
-		return fmt.Sprintf("value of %q is %d bytes: as an AMQP property it takes at most %d", k, len(v), maxShortString)
-	}
-	return ""
-}
-
 // MaxTotal is the most bytes of keys and values a message's headers may
 // take, all together, as package outbox takes them: well inside RabbitMQ's
 // default frame_max (128 KiB; amqp091-go puts all the properties in one
@@ -89,16 +71,6 @@ func NATSSize(h map[string]string) int {
 		n += len(k) + len(": \r\n") + len(v)
 	}
 	return n
-}
-
-// IsAMQPProperty says whether header k also sets an AMQP property: the
-// content-type or correlation-id (amqpsink.Publishing).
-func IsAMQPProperty(k string) bool {
-	switch k {
-	case "content-type", "Content-Type", "correlation-id", "Correlation-Id":
-		return true
-	}
-	return false
 }
 
 // First is reason's verdict on the first of h's headers it refuses, in key

@@ -44,11 +44,14 @@ func (p *Publisher) parseAck(m *nats.Msg) (dup bool, err error) {
 // ,"duplicate":true before the brace for a repeat (2.9 puts a space after
 // the first comma and after the last colon; 2.10 and later not after the
 // comma). It says whether the message is a repeat, and whether d is such a
-// PubAck at all.
+// PubAck at all. A stream other than the publisher's (several routes' streams)
+// is read when its name needs no escape.
 func (p *Publisher) storedAck(d []byte) (dup, ok bool) {
 	rest, ok := bytes.CutPrefix(d, p.ackStored)
 	if !ok {
-		return false, false
+		if rest, ok = cutStream(d); !ok {
+			return false, false
+		}
 	}
 	if rest, ok = bytes.CutPrefix(bytes.TrimPrefix(rest, []byte(" ")), []byte(`"seq":`)); !ok {
 		return false, false
@@ -67,4 +70,17 @@ func (p *Publisher) storedAck(d []byte) (dup, ok bool) {
 		return true, true
 	}
 	return false, false
+}
+
+// cutStream cuts {"stream":"NAME", off d, NAME without a quote or escape.
+func cutStream(d []byte) ([]byte, bool) {
+	rest, ok := bytes.CutPrefix(d, []byte(`{"stream":"`))
+	if !ok {
+		return nil, false
+	}
+	end := bytes.IndexByte(rest, '"')
+	if end <= 0 || bytes.IndexByte(rest[:end], '\\') >= 0 {
+		return nil, false
+	}
+	return bytes.CutPrefix(rest[end+1:], []byte(","))
 }

@@ -19,17 +19,18 @@ import (
 type Lookup struct {
 	js   jetstream.JetStream
 	none map[string]bool
-	down bool // a lookup failed other than "not found"
-	// stream: whether the configured stream exists, asked once.
-	stream streamAnswer
-	// maxBytes: the stream's MaxBytes, looked up by TooLarge (-1: not yet;
-	// 0: the lookup failed, or no limit).
-	maxBytes int64
+	by   map[string]string // the stream that captures a subject ("": none, or not known)
+	down bool              // a lookup failed other than "not found"
+	// streams: whether each stream exists, asked once.
+	streams map[string]streamAnswer
+	// maxBytes: each stream's MaxBytes, looked up by TooLarge (0: the
+	// lookup failed, or no limit).
+	maxBytes map[string]int64
 }
 
 // NewLookup returns a lookup for one batch.
 func NewLookup(js jetstream.JetStream) *Lookup {
-	return &Lookup{js: js, none: map[string]bool{}, maxBytes: -1}
+	return &Lookup{js: js, none: map[string]bool{}, by: map[string]string{}, streams: map[string]streamAnswer{}, maxBytes: map[string]int64{}}
 }
 
 // NoStream reports whether JetStream said that no stream captures subject.
@@ -40,11 +41,18 @@ func (l *Lookup) NoStream(ctx context.Context, subject string) bool {
 	}
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_, err := l.js.StreamNameBySubject(lctx, subject)
+	name, err := l.js.StreamNameBySubject(lctx, subject)
 	none := errors.Is(err, jetstream.ErrStreamNotFound)
 	l.down = err != nil && !none
-	l.none[subject] = none
+	l.none[subject], l.by[subject] = none, name
 	return none
+}
+
+// StreamOf is the stream that captures subject, or "" when none does or
+// JetStream could not say.
+func (l *Lookup) StreamOf(ctx context.Context, subject string) string {
+	l.NoStream(ctx, subject)
+	return l.by[subject]
 }
 
 // streamAnswer is what JetStream said of a stream's existence.
@@ -59,22 +67,24 @@ const (
 
 // StreamMissing reports whether JetStream said that the stream name does
 // not exist (deleted, or not re-created yet); known is false when it did
-// not answer. It asks once per batch.
+// not answer. It asks once per batch and stream.
 func (l *Lookup) StreamMissing(ctx context.Context, name string) (missing, known bool) {
-	if l.stream == streamNotAsked {
+	a := l.streams[name]
+	if a == streamNotAsked {
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		_, err := l.js.Stream(lctx, name)
 		switch {
 		case err == nil:
-			l.stream = streamExists
+			a = streamExists
 		case errors.Is(err, jetstream.ErrStreamNotFound):
-			l.stream = streamMissing
+			a = streamMissing
 		default:
-			l.stream = streamUnknown
+			a = streamUnknown
 		}
+		l.streams[name] = a
 	}
-	return l.stream == streamMissing, l.stream != streamUnknown
+	return a == streamMissing, a != streamUnknown
 }
 
 // JetStream's refusals of a publish for want of room: the broker's state,
@@ -115,15 +125,16 @@ func (l *Lookup) TooLarge(ctx context.Context, stream string, m *nats.Msg, err e
 	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed || apiErr.Description != descMaxBytes {
 		return 0, false
 	}
-	if l.maxBytes < 0 {
-		l.maxBytes = 0
+	most, asked := l.maxBytes[stream]
+	if !asked {
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		if st, err := l.js.Stream(lctx, stream); err == nil {
-			l.maxBytes = st.CachedInfo().Config.MaxBytes
+			most = st.CachedInfo().Config.MaxBytes
 		}
+		l.maxBytes[stream] = most
 	}
-	return l.maxBytes, l.maxBytes > 0 && StoredSize(m) > l.maxBytes
+	return most, most > 0 && StoredSize(m) > most
 }
 
 // StoredSize is about what a stream's store counts for m: its subject,

@@ -52,6 +52,9 @@ func WhereTo(ctx context.Context, l StreamLookup, err error, subject, stream str
 	if !mismatch && (!noResponders || !l.NoStream(ctx, subject)) {
 		return WhereElse
 	}
+	if stream == "" { // any stream would do, and none captures it
+		return WhereNotCaptured
+	}
 	switch missing, known := l.StreamMissing(ctx, stream); {
 	case !known:
 		return WhereUnknown

@@ -57,8 +57,9 @@ type Statements struct {
 	Recheck string // a claim of the rows below the floor that other batches held
 	Record  string
 	Late    ByTarget[string] // confirms that came after their batch gave up
-	// LateWait goes before Late, in its transaction.
-	LateWait string
+	// LateWait goes before Late, in its transaction; LateRoute after it.
+	LateWait  string
+	LateRoute string
 	// Finish moves out rows JetStream has that no batch will (nats-only),
 	// after PhaseShare in its transaction.
 	Finish string
@@ -164,6 +165,7 @@ func render(t schema.Table) *Statements {
 		Record:                   exec("Record", d),
 		Late:                     perTarget("Late"),
 		LateWait:                 exec("LateWait", d),
+		LateRoute:                exec("LateRoute", d),
 		Finish:                   exec("Finish", d),
 		CleanupDelivered:         exec("CleanupDelivered", d),
 		CleanupBackfilled:        exec("CleanupBackfilled", d),

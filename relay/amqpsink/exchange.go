@@ -41,3 +41,37 @@ func EnsureExchange(ctx context.Context, url string, tlsCfg *tls.Config, name st
 	}
 	return nil
 }
+
+// MissingExchanges returns those of names RabbitMQ has no exchange of, on
+// one connection (a missing one closes its channel: a channel each).
+func MissingExchanges(ctx context.Context, url string, tlsCfg *tls.Config, names []string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	conn, err := amqpio.DialURL(url, amqpio.DialOptions{TLS: tlsCfg, Timeout: 10 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("amqp: connect: %w", err)
+	}
+	defer conn.Close()
+	var missing []string
+	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return missing, err
+		}
+		ch, err := conn.Channel()
+		if err != nil {
+			return missing, fmt.Errorf("amqp: channel: %w", err)
+		}
+		err = ch.ExchangeDeclarePassive(name, amqp.ExchangeDirect, true, false, false, false, nil)
+		var ae *amqp.Error
+		switch {
+		case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+			missing = append(missing, name)
+		case err != nil:
+			return missing, fmt.Errorf("amqp: check exchange %q: %w", name, err)
+		default:
+			ch.Close() //nolint:errcheck // answered
+		}
+	}
+	return missing, nil
+}

@@ -48,6 +48,8 @@ type link struct {
 	onBlock  func(reason string) // told when RabbitMQ blocks ("" when it unblocks) the connection
 	onReturn func(amqp.Return)   // told of every basic.return, before it is applied
 
+	exchanges exchangeSet // the routes' exchanges, checked
+
 	done chan struct{} // closed when the channel or connection is gone
 }
 

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/headers"
+	"github.com/relayd/relayd/internal/headers/amqpprop"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -29,7 +30,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			s.nacked.Warn(msgs[i].Topic, "RabbitMQ nacked a message: a queue its topic routes to is full and refuses new messages "+
 				"(x-overflow reject-publish at x-max-length), or failing. Let the queue's consumers drain it or raise its limit; "+
 				"until then the row is retried, an attempt each, and parked when its attempts run out",
-				"topic", msgs[i].Topic, "exchange", s.cfg.Exchange, "message_id", msgs[i].MessageID)
+				"topic", msgs[i].Topic, "exchange", s.Destination(msgs[i]), "message_id", msgs[i].MessageID)
 		}
 	}
 }
@@ -42,6 +43,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 func (s *Sink) send(ctx context.Context, l *link, msgs []*relay.Message, results []error) []*pending {
 	blocked := cmp.Or(l.blockedErr(), l.quietErr(s.cfg.HoldAfter))
 	if blocked == nil {
+		l.checkExchanges(s.routedExchanges(msgs))
 		deadline, _ := ctx.Deadline()
 		l.cork.Cork()
 		defer l.cork.Uncork(deadline) //nolint:errcheck // a failed flush closes the connection: the waits end as unknown
@@ -56,7 +58,7 @@ func (s *Sink) send(ctx context.Context, l *link, msgs []*relay.Message, results
 // sendOne publishes m unless it cannot go, is already delivered, or is
 // already in flight; blocked is l's blockedErr.
 func (s *Sink) sendOne(ctx context.Context, l *link, m *relay.Message, blocked error) (*pending, error) {
-	pub, err := checkedPublishing(m, l.conn.Config.FrameSize)
+	pub, err := checkedPublishing(m, l.conn.Config.FrameSize, connUser(l.conn))
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +75,13 @@ func (s *Sink) sendOne(ctx context.Context, l *link, m *relay.Message, blocked e
 	if blocked != nil {
 		return nil, blocked
 	}
-	p, err := l.publish(ctx, s.cfg.Exchange, m.Topic, m.MessageID, pub)
+	exchange, key := s.dest(m)
+	if err := l.exchangeMissing(exchange); err != nil {
+		s.missing.Warn("exchange "+exchange, "RabbitMQ has no exchange "+exchange+", which a route names: that route's rows wait, and are delivered once it exists. "+
+			"Declare the exchange, or fix the route's amqp.exchange", "exchange", exchange, "topic", m.Topic, "node", l.node)
+		return nil, err
+	}
+	p, err := l.publish(ctx, exchange, key, m.MessageID, pub)
 	if err != nil {
 		return nil, relay.Unavailable(fmt.Errorf("amqp publish: %w", err))
 	}
@@ -101,15 +109,31 @@ func awaitConfirms(ctx context.Context, l *link, waits []*pending, results []err
 }
 
 // checkedPublishing is Publishing(m), or the permanent error of a message
-// RabbitMQ cannot take. frameSize is the connection's frame_max.
-func checkedPublishing(m *relay.Message, frameSize int) (amqp.Publishing, error) {
-	if len(m.Topic) > 255 {
+// RabbitMQ cannot take. frameSize is the connection's frame_max, user the
+// user it authenticated as ("" when unknown: see connUser).
+func checkedPublishing(m *relay.Message, frameSize int, user string) (amqp.Publishing, error) {
+	key, exchange := m.Topic, ""
+	if r := m.Route; r != nil {
+		key, exchange = r.RoutingKey, r.Exchange
+	}
+	if len(key) > 255 {
 		return amqp.Publishing{}, relay.Permanent("amqp: routing key longer than 255 bytes")
+	}
+	if len(exchange) > 255 { // a route's placeholders filled in
+		return amqp.Publishing{}, relay.Permanent("amqp: exchange name longer than 255 bytes")
 	}
 	if reason := headers.First(m.Headers, headers.AMQPReason); reason != "" {
 		return amqp.Publishing{}, relay.Permanent("amqp: headers: %s", reason)
 	}
-	pub := Publishing(m)
+	pub, err := publishing(m)
+	if err != nil {
+		return amqp.Publishing{}, relay.Permanent("amqp: headers: %v", err)
+	}
+	if pub.UserId != "" && pub.UserId != user {
+		// RabbitMQ would close the channel (PRECONDITION_FAILED), and with
+		// it every publish in flight on it.
+		return amqp.Publishing{}, relay.Permanent("amqp: headers: %s", userIDReason(pub.UserId, user))
+	}
 	if err := pub.Headers.Validate(); err != nil {
 		return amqp.Publishing{}, relay.Permanent("amqp: headers: %v", err)
 	}
@@ -121,10 +145,40 @@ func checkedPublishing(m *relay.Message, frameSize int) (amqp.Publishing, error)
 	return pub, nil
 }
 
+// connUser is the user conn authenticated as, or "" when its mechanism
+// names none (EXTERNAL: the user is in the client certificate). amqp091-go
+// keeps the mechanism it used, the URL's user ("guest" when it has none).
+func connUser(conn *amqp.Connection) string {
+	for _, a := range conn.Config.SASL {
+		switch a := a.(type) {
+		case *amqp.PlainAuth:
+			return a.Username
+		case *amqp.AMQPlainAuth:
+			return a.Username
+		}
+	}
+	return ""
+}
+
+func userIDReason(id, user string) string {
+	const why = "RabbitMQ closes the channel on a user-id other than the connection's user"
+	if user == "" {
+		return fmt.Sprintf("user-id %q: relayd connects with a certificate (EXTERNAL) and cannot tell its user name, and %s", id, why)
+	}
+	return fmt.Sprintf("user-id %q is not %q, the user relayd connects as: %s", id, user, why)
+}
+
 // Publishing is the AMQP message the sink publishes for m: persistent, the
-// row's message id as message-id, its created_at as timestamp, its headers
-// as headers (content-type and correlation-id also as those properties).
+// row's message id as message-id, its created_at as timestamp, and its
+// headers as a legacy publisher sets them: each that names an AMQP property
+// (headers.AMQPProperties) as that property alone, the others as headers.
+// It is for a message checkedPublishing takes.
 func Publishing(m *relay.Message) amqp.Publishing {
+	p, _ := publishing(m)
+	return p
+}
+
+func publishing(m *relay.Message) (amqp.Publishing, error) {
 	// No default content type: it adds nothing a consumer can use, and
 	// properties past 64 bytes cost RabbitMQ (see TestPropertiesStaySmall).
 	p := amqp.Publishing{
@@ -133,19 +187,8 @@ func Publishing(m *relay.Message) amqp.Publishing {
 		Timestamp:    m.CreatedAt,
 		Body:         m.Payload,
 	}
-	if len(m.Headers) > 0 {
-		p.Headers = make(amqp.Table, len(m.Headers))
-		for k, v := range m.Headers {
-			p.Headers[k] = v
-			switch k {
-			case "content-type", "Content-Type":
-				p.ContentType = v
-			case "correlation-id", "Correlation-Id":
-				p.CorrelationId = v
-			}
-		}
-	}
-	return p
+	err := amqpprop.Fill(&p, m.Headers)
+	return p, err
 }
 
 // frameOverhead is an AMQP frame's bytes around its payload: type, channel
@@ -154,17 +197,15 @@ const frameOverhead = 8
 
 // contentHeaderSize is the payload of p's content header frame as amqp091-go
 // writes it: class, weight, body size and property flags, then each
-// property set. It counts the properties Publishing sets.
+// property set. It counts every property amqp091-go writes.
 func contentHeaderSize(p *amqp.Publishing) int {
 	n := 2 + 2 + 8 + 2
-	shortstr := func(s string) {
+	for _, s := range [...]string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo,
+		p.Expiration, p.MessageId, p.Type, p.UserId, p.AppId} {
 		if s != "" {
-			n += 1 + len(s)
+			n += 1 + len(s) // a short string
 		}
 	}
-	shortstr(p.ContentType)
-	shortstr(p.CorrelationId)
-	shortstr(p.MessageId)
 	if len(p.Headers) > 0 {
 		n += 4 // the table's length
 		for k, v := range p.Headers {
@@ -177,6 +218,9 @@ func contentHeaderSize(p *amqp.Publishing) int {
 		}
 	}
 	if p.DeliveryMode != 0 {
+		n++
+	}
+	if p.Priority != 0 {
 		n++
 	}
 	if !p.Timestamp.IsZero() {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,10 +185,10 @@ func TestLongRoutingKeyIsPermanent(t *testing.T) {
 	sinktest.WaitArrived(t, e, ok)
 }
 
-// A header RabbitMQ cannot take — a key over 255 bytes, or a content-type or
-// correlation-id value over 255 bytes (an AMQP short string) — is permanent.
-// amqp091-go would find out only while writing the frames and close the
-// connection, failing every publish on it, batch after batch.
+// A header RabbitMQ cannot take — a key over 255 bytes, or the value of one
+// that sets an AMQP property over 255 bytes (an AMQP short string) — is
+// permanent. amqp091-go would find out only while writing the frames and
+// close the connection, failing every publish on it, batch after batch.
 func TestHeaderOverShortStringIsPermanent(t *testing.T) {
 	t.Parallel()
 	e := setupReady(t)
@@ -196,6 +197,7 @@ func TestHeaderOverShortStringIsPermanent(t *testing.T) {
 		"key of 256 bytes":            {long: "v"},
 		"content-type of 256 bytes":   {"content-type": long},
 		"Correlation-Id of 256 bytes": {"Correlation-Id": long},
+		"reply-to of 256 bytes":       {"reply-to": long},
 	} {
 		msgs := sinktest.Messages("shortstr", 3)
 		msgs[1].Headers = h
@@ -227,6 +229,95 @@ func TestHeaderOverShortStringIsPermanent(t *testing.T) {
 	msgs[0].Headers = map[string]string{"x-note": strings.Repeat("a", 4096)}
 	sinktest.RequireAllNil(t, msgs, sinktest.Publish(t, e.sink, 20*time.Second, msgs))
 	sinktest.WaitArrived(t, e, msgs)
+}
+
+// A row's headers reach RabbitMQ as the legacy service's own publish of the
+// message with amqp091-go: those naming a property as the property alone,
+// the others in the headers table. A consumer cannot tell them apart.
+func TestPropertiesAsALegacyPublisherSetsThem(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t)
+	ch := testenv.ConfirmChannel(t)
+	queue := e.queue + "_legacy"
+	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer ch.QueueDelete(queue, false, false, false) //nolint:errcheck // the test's own queue
+	topic := sinktest.TopicPrefix + "legacy.placed"
+	if err := ch.QueueBind(queue, topic, e.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	user := amqpUser(t)
+	msg := sinktest.Messages("legacy", 1)[0]
+	msg.Topic = topic
+	msg.CreatedAt = time.Now().Truncate(time.Second) // AMQP timestamps are seconds
+	msg.Headers = map[string]string{
+		"Content-Type": "application/json", "content-encoding": "gzip", "correlation-id": "c-1", "reply-to": "replies",
+		"expiration": "600000", "priority": "3", "type": "order.placed", "user-id": user, "app-id": "shop",
+		"tenant": "acme", "traceparent": sinktest.Traceparent,
+	}
+	legacy := amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: msg.MessageID, Timestamp: msg.CreatedAt, Body: msg.Payload,
+		ContentType: "application/json", ContentEncoding: "gzip", CorrelationId: "c-1", ReplyTo: "replies",
+		Expiration: "600000", Priority: 3, Type: "order.placed", UserId: user, AppId: "shop",
+		Headers: amqp.Table{"tenant": "acme", "traceparent": sinktest.Traceparent}}
+
+	sinktest.RequireAllNil(t, []*relay.Message{msg}, sinktest.Publish(t, e.sink, 20*time.Second, []*relay.Message{msg}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	confirm, err := ch.PublishWithDeferredConfirmWithContext(ctx, e.exchange, topic, false, false, legacy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := confirm.WaitContext(ctx); !ok || err != nil {
+		t.Fatalf("legacy publish not confirmed: %v", err)
+	}
+	var got [2]amqp.Publishing // the relay's, the legacy service's
+	for i := range got {
+		var d amqp.Delivery
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			var ok bool
+			d, ok, err = ch.Get(queue, true)
+			return ok || err != nil
+		}, "message never in the queue")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[i] = amqp.Publishing{Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+			DeliveryMode: d.DeliveryMode, Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo,
+			Expiration: d.Expiration, MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type, UserId: d.UserId,
+			AppId: d.AppId, Body: d.Body}
+	}
+	if !reflect.DeepEqual(got[0], got[1]) {
+		t.Errorf("the relay's message differs from the legacy publish:\n relay  %+v\n legacy %+v", got[0], got[1])
+	}
+}
+
+// A row whose user-id is not the user the sink connects as is parked, and
+// the rest of its batch is confirmed: RabbitMQ would have closed the
+// channel on it (PRECONDITION_FAILED), failing every publish in flight.
+func TestForeignUserIDIsParked(t *testing.T) {
+	t.Parallel()
+	e := setupReady(t)
+	msgs := sinktest.Messages("userid", 3)
+	msgs[0].Headers = map[string]string{"user-id": amqpUser(t)}
+	msgs[1].Headers = map[string]string{"user-id": "not-" + amqpUser(t)}
+	results := sinktest.Publish(t, e.sink, 20*time.Second, msgs)
+	if !relay.IsPermanent(results[1]) {
+		t.Fatalf("a foreign user-id: result %v, want permanent", results[1])
+	}
+	ok := []*relay.Message{msgs[0], msgs[2]}
+	sinktest.RequireAllNil(t, ok, []error{results[0], results[2]})
+	sinktest.WaitArrived(t, e, ok)
+}
+
+// amqpUser is the user the tests connect to RabbitMQ as.
+func amqpUser(t *testing.T) string {
+	t.Helper()
+	u, err := amqp.ParseURI(testenv.AMQPURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Username
 }
 
 // writeCounter counts the writes that reach a connection's socket, and

@@ -83,6 +83,8 @@ type Sink struct {
 	unroutable *unroutableWarner
 	// nacked says, per topic, that RabbitMQ nacked its messages (Publish).
 	nacked *errlog.PerKey
+	// missing says, per exchange, that a route names one RabbitMQ lacks.
+	missing *errlog.PerKey
 
 	stop    chan struct{}
 	stopped chan struct{}
@@ -112,6 +114,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		stop: make(chan struct{}), stopped: make(chan struct{}), late: map[string]time.Time{}}
 	s.unroutable = newUnroutableWarner(s.log)
 	s.nacked = errlog.NewPerKey(s.log, unroutableTopics)
+	s.missing = errlog.NewPerKey(s.log, unroutableTopics)
 	var first *link
 	var err error
 	for {

@@ -10,6 +10,7 @@
 package natssink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,7 +31,8 @@ type Config struct {
 	// Conn is the NATS connection; the caller owns it and should let it
 	// reconnect forever (nats.MaxReconnects(-1)). Required.
 	Conn *nats.Conn
-	// Stream is the JetStream stream messages must land in. Required.
+	// Stream is the JetStream stream messages must land in, unless their
+	// route names another. Default "": any stream that captures the subject.
 	Stream string
 	// SubjectPrefix is prepended to the row's topic. Default "".
 	SubjectPrefix string
@@ -52,9 +54,9 @@ type Sink struct {
 	cfg Config
 	js  jetstream.JetStream
 	pub *jspub.Publisher
-	// stream is the Nats-Expected-Stream header's value, shared by every
-	// message (read-only).
-	stream []string
+	// streamHeader is the Nats-Expected-Stream header's value for the
+	// configured stream, shared by its messages (read-only).
+	streamHeader []string
 	// warn says what the operator must fix on JetStream (route).
 	warn *errlog.PerKey
 }
@@ -81,9 +83,6 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("natssink: Conn is required")
 	}
-	if cfg.Stream == "" {
-		return nil, errors.New("natssink: Stream is required")
-	}
 	if cfg.MaxPending == 0 {
 		cfg.MaxPending = 4096
 	}
@@ -101,7 +100,7 @@ func New(cfg Config) (*Sink, error) {
 		return nil, fmt.Errorf("natssink: %w", err)
 	}
 	return &Sink{cfg: cfg, js: js, pub: jspub.New(cfg.Conn, cfg.Stream, cfg.MaxPending, cfg.AckTimeout),
-		stream: []string{cfg.Stream}, warn: errlog.NewPerKey(cfg.Logger, warnKeys)}, nil
+		streamHeader: []string{cfg.Stream}, warn: errlog.NewPerKey(cfg.Logger, warnKeys)}, nil
 }
 
 // Target implements relay.Sink.
@@ -129,8 +128,9 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 	maxPayload := s.cfg.Conn.MaxPayload()
 	out := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
-		if err := outbox.ValidateTopic(m.Topic); err != nil {
-			results[i] = relay.Permanent("nats: topic is not a valid subject: %v", err)
+		subject := s.subject(m)
+		if err := outbox.ValidateTopic(subject); err != nil {
+			results[i] = relay.Permanent("nats: not a valid subject: %v", err)
 			continue
 		}
 		if reason := badHeaders(m.Headers); reason != "" {
@@ -139,12 +139,19 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 		}
 		// Nats-Msg-Id and Nats-Expected-Stream are set here, in a map
 		// made to size.
-		msg := &nats.Msg{Subject: s.Subject(m.Topic), Data: m.Payload, Header: make(nats.Header, len(m.Headers)+2)}
+		msg := &nats.Msg{Subject: subject, Data: m.Payload, Header: make(nats.Header, len(m.Headers)+2)}
 		for k, v := range m.Headers {
 			msg.Header[k] = []string{v}
 		}
 		msg.Header[jetstream.MsgIDHeader] = []string{m.MessageID}
-		msg.Header[jetstream.ExpectedStreamHeader] = s.stream
+		switch stream := s.stream(m); stream {
+		case s.cfg.Stream:
+			if stream != "" {
+				msg.Header[jetstream.ExpectedStreamHeader] = s.streamHeader
+			}
+		default:
+			msg.Header[jetstream.ExpectedStreamHeader] = []string{stream}
+		}
 		// As nats.go will count it: the data and the headers on the wire.
 		if size := jspub.PayloadSize(msg); size > maxPayload {
 			results[i] = relay.Permanent("nats: message of %d bytes with its headers exceeds the server's max_payload %d", size, maxPayload)
@@ -164,8 +171,9 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			}
 		default:
 			results[i] = s.route(ctx, msgs[i], classify(results[i]), lookup)
-			if maxBytes, tooLarge := lookup.TooLarge(ctx, s.cfg.Stream, m, results[i]); tooLarge {
-				results[i] = relay.Permanent("nats: message of about %d bytes is larger than stream %s's MaxBytes %d", jspub.StoredSize(m), s.cfg.Stream, maxBytes)
+			stream := cmp.Or(s.stream(msgs[i]), lookup.StreamOf(ctx, m.Subject))
+			if maxBytes, tooLarge := lookup.TooLarge(ctx, stream, m, results[i]); tooLarge {
+				results[i] = relay.Permanent("nats: message of about %d bytes is larger than stream %s's MaxBytes %d", jspub.StoredSize(m), stream, maxBytes)
 			}
 		}
 	}
@@ -176,23 +184,42 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 // without the subject, the row is retried and counts an attempt
 // (ErrNotCaptured). Both are said at once, then every errlog.Every.
 func (s *Sink) route(ctx context.Context, m *relay.Message, err error, lookup jspub.StreamLookup) error {
-	subject := s.Subject(m.Topic)
-	fix := "add the subject to stream " + s.cfg.Stream + "'s subjects, or check the row's topic"
-	switch jspub.WhereTo(ctx, lookup, err, subject, s.cfg.Stream) {
-	case jspub.WhereElse:
+	subject, stream := s.subject(m), s.stream(m)
+	where := jspub.WhereTo(ctx, lookup, err, subject, stream)
+	if where == jspub.WhereElse {
 		return err
-	case jspub.WhereUnknown:
-		return relay.Unavailable(err)
-	case jspub.WhereNoStream:
-		s.warn.Warn("stream "+s.cfg.Stream, "JetStream has no stream "+s.cfg.Stream+" (RELAY_NATS_STREAM): the target waits, and every row is delivered once it exists. "+
-			"Create the stream, or set RELAY_NATS_STREAM to the stream that captures the subjects",
-			"stream", s.cfg.Stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted())
-		return relay.Unavailable(fmt.Errorf("nats: %w: %s (subject %q)", ErrNoStream, s.cfg.Stream, subject))
-	case jspub.WhereOtherStream:
-		fix = "another stream captures it: move the subject to stream " + s.cfg.Stream + ", or set RELAY_NATS_STREAM to that stream"
 	}
-	s.warn.Warn("subject "+subject, "stream "+s.cfg.Stream+" does not capture a row's subject: "+fix+"; "+
-		"until then the row is retried, and parked when its attempts run out",
-		"stream", s.cfg.Stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted(), "message_id", m.MessageID)
-	return fmt.Errorf("nats: %w: stream %s, subject %q: %s", ErrNotCaptured, s.cfg.Stream, subject, fix)
+	if where == jspub.WhereUnknown {
+		return relay.Unavailable(err)
+	}
+	routed := m.Route != nil && m.Route.Stream != "" && m.Route.Stream != s.cfg.Stream // a route's own stream
+	if where == jspub.WhereNoStream {
+		if routed {
+			// One route's stream: its rows wait, the others go on.
+			s.warn.Warn("stream "+stream, "JetStream has no stream "+stream+", which a route names: that route's rows wait, and are delivered once it exists. "+
+				"Create the stream, or change the route's nats.stream",
+				"stream", stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted())
+			return relay.NoDestination(fmt.Errorf("nats: %w: %s (subject %q)", ErrNoStream, stream, subject))
+		}
+		s.warn.Warn("stream "+stream, "JetStream has no stream "+stream+" (RELAY_NATS_STREAM): the target waits, and every row is delivered once it exists. "+
+			"Create the stream, or set RELAY_NATS_STREAM to the stream that captures the subjects",
+			"stream", stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted())
+		return relay.Unavailable(fmt.Errorf("nats: %w: %s (subject %q)", ErrNoStream, stream, subject))
+	}
+	setting := "RELAY_NATS_STREAM"
+	if routed {
+		setting = "the route's nats.stream"
+	}
+	var what, fix string
+	switch {
+	case stream == "":
+		what, fix = "no stream captures a row's subject", "add the subject to a stream's subjects, or check the row's topic and route"
+	case where == jspub.WhereOtherStream:
+		what, fix = "stream "+stream+" does not capture a row's subject", "another stream captures it: move the subject to stream "+stream+", or set "+setting+" to that stream"
+	default:
+		what, fix = "stream "+stream+" does not capture a row's subject", "add the subject to stream "+stream+"'s subjects, or check the row's topic and route"
+	}
+	s.warn.Warn("subject "+subject, what+": "+fix+"; until then the row is retried, and parked when its attempts run out",
+		"stream", stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted(), "message_id", m.MessageID)
+	return fmt.Errorf("nats: %w: stream %q, subject %q: %s", ErrNotCaptured, stream, subject, fix)
 }

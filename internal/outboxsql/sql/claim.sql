@@ -58,7 +58,8 @@ WITH h_a AS MATERIALIZED ({{template "heads" .AMQP}}
 		- (SELECT count(*) FROM n_u) - (SELECT count(*) FROM n_k) - (SELECT count(*) FROM f_k)) FOR UPDATE SKIP LOCKED
 ), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s
 )
-SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false, false, false,
+SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false,
+	NULL::text, NULL::text, NULL::text, NULL::text, false, false,
 	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
 	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > $11::bigint), NULL::bigint[]
 FROM snap
@@ -84,7 +85,8 @@ WITH v AS MATERIALIZED (
 	ORDER BY id LIMIT $6 FOR UPDATE SKIP LOCKED
 ), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s
 )
-SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false, false, false,
+SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false,
+	NULL::text, NULL::text, NULL::text, NULL::text, false, false,
 	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
 	NULL::bigint, ARRAY(SELECT id FROM v WHERE id NOT IN (SELECT id FROM f_u) ORDER BY id)
 FROM snap
@@ -93,14 +95,15 @@ SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 {{end}}
 
 -- claimColumns: what the relay reads of a claimed row (store.claim scans them
--- in this order, then want_amqp, want_nats and the snapshot), and whether it
--- is fresh.
+-- in this order, then want_amqp, want_nats and the snapshot), whether it is
+-- fresh, and its recorded route (NULL: none yet).
 {{define "claimColumns"}}id, message_id::text, topic, key, headers::text, payload, created_at, amqp_attempts, nats_attempts,
-		amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL, false{{end}}
+		amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL, false, amqp_exchange, amqp_routing_key, nats_subject, nats_stream{{end}}
 
 -- freshColumns: claimColumns of a fresh row: nothing tried, nothing
--- delivered, from the outbox.
-{{define "freshColumns"}}id, message_id::text, topic, key, headers::text, payload, created_at, 0, 0, false, false, true{{end}}
+-- delivered, no route, from the outbox.
+{{define "freshColumns"}}id, message_id::text, topic, key, headers::text, payload, created_at, 0, 0, false, false, true,
+		NULL::text, NULL::text, NULL::text, NULL::text{{end}}
 
 -- heads: the first row of each key among the oldest $5 keyed rows owed to
 -- the target (w, min(id) hashed by key), less the waiting keys; a window

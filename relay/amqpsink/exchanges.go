@@ -1,0 +1,88 @@
+package amqpsink
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/relay"
+)
+
+// exchangeSet is what a link found of the exchanges routes name. A publish
+// to a missing exchange has RabbitMQ close the channel (404), failing every
+// publish in flight on it; so an exchange is checked first, on a channel of
+// its own, and a route's missing exchange holds only that route's rows.
+type exchangeSet struct {
+	mu      sync.Mutex
+	found   map[string]bool      // exists, for the link's life (a deletion closes the channel: a new link)
+	missing map[string]time.Time // said missing then; asked again after exchangeRecheck
+}
+
+// exchangeRecheck is how long a missing exchange's answer stands.
+const exchangeRecheck = time.Second
+
+// check asks RabbitMQ about each exchange of names it has no answer for,
+// before the batch's publishes go (not while corked: the answer would wait
+// behind them).
+func (l *link) checkExchanges(names map[string]struct{}) {
+	if len(names) == 0 {
+		return
+	}
+	e := &l.exchanges
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := time.Now()
+	for name := range names {
+		if e.found[name] {
+			continue
+		}
+		if at, ok := e.missing[name]; ok && now.Sub(at) < exchangeRecheck {
+			continue
+		}
+		switch exists, err := l.exchangeExists(name); {
+		case err != nil: // the connection: the publish finds out
+		case exists:
+			if e.found == nil {
+				e.found = map[string]bool{}
+			}
+			e.found[name] = true
+			delete(e.missing, name)
+		default:
+			if e.missing == nil {
+				e.missing = map[string]time.Time{}
+			}
+			e.missing[name] = now
+		}
+	}
+}
+
+// exchangeMissing is the error of a publish to exchange name, which RabbitMQ
+// said does not exist, or nil.
+func (l *link) exchangeMissing(name string) error {
+	e := &l.exchanges
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.missing[name]; !ok {
+		return nil
+	}
+	return relay.NoDestination(fmt.Errorf("amqp: exchange %q does not exist", name))
+}
+
+// exchangeExists declares name passively on a channel of its own, which a
+// missing exchange closes.
+func (l *link) exchangeExists(name string) (bool, error) {
+	ch, err := l.conn.Channel()
+	if err != nil {
+		return false, err
+	}
+	err = ch.ExchangeDeclarePassive(name, amqp.ExchangeDirect, true, false, false, false, nil)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		return false, nil
+	}
+	ch.Close() //nolint:errcheck // the check is answered
+	return err == nil, err
+}
