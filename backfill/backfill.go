@@ -36,6 +36,7 @@ import (
 	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/internal/jspub"
 	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -55,6 +56,11 @@ type Config struct {
 	NATS *nats.Conn
 	// Stream must receive every message. Required.
 	Stream string
+	// Routes, when set, send a message as the relay sends the row its
+	// exchange and routing key come from (route.Table.FromAMQP): the route's
+	// subject and stream. A message no route explains goes by SubjectPrefix,
+	// SubjectMap and Stream.
+	Routes *route.Table
 	// SubjectPrefix is prepended to the (mapped) routing key.
 	SubjectPrefix string
 	// SubjectMap rewrites routing-key prefixes before SubjectPrefix is

@@ -174,8 +174,9 @@ func (b *runner) permanent(ctx context.Context, it *item, err error, lookup *jsp
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10054:
 		return "message exceeds the stream's maximum message size"
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10077:
-		if maxBytes, tooLarge := lookup.TooLarge(ctx, b.cfg.Stream, it.msg, err); tooLarge {
-			return fmt.Sprintf("message of about %d bytes is larger than stream %q's MaxBytes %d", jspub.StoredSize(it.msg), b.cfg.Stream, maxBytes)
+		stream := cmp.Or(it.stream, lookup.StreamOf(ctx, it.subject))
+		if maxBytes, tooLarge := lookup.TooLarge(ctx, stream, it.msg, err); tooLarge {
+			return fmt.Sprintf("message of about %d bytes is larger than stream %q's MaxBytes %d", jspub.StoredSize(it.msg), stream, maxBytes)
 		}
 	}
 	return ""
@@ -187,11 +188,14 @@ func (b *runner) permanent(ctx context.Context, it *item, err error, lookup *jsp
 // dead-lettered for it; nil for other refusals, and while JetStream does
 // not say (err says so).
 func (b *runner) streamRefusal(ctx context.Context, it *item, err error, lookup *jspub.Lookup) error {
-	switch jspub.WhereTo(ctx, lookup, err, it.subject, b.cfg.Stream) {
+	switch jspub.WhereTo(ctx, lookup, err, it.subject, it.stream) {
 	case jspub.WhereNoStream:
-		return fmt.Errorf("JetStream has no stream %s: create it, and the messages move: %w", b.cfg.Stream, err)
+		return fmt.Errorf("JetStream has no stream %s: create it, and the messages move: %w", it.stream, err)
 	case jspub.WhereNotCaptured, jspub.WhereOtherStream:
-		return fmt.Errorf("stream %s does not capture subject %q: add the subject to it, and the messages move: %w", b.cfg.Stream, it.subject, err)
+		if it.stream == "" {
+			return fmt.Errorf("no stream captures subject %q: add the subject to one, and the messages move: %w", it.subject, err)
+		}
+		return fmt.Errorf("stream %s does not capture subject %q: add the subject to it, and the messages move: %w", it.stream, it.subject, err)
 	}
 	return nil
 }

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -392,8 +394,22 @@ func TestRouteToAMissingExchangeWaits(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	missing := testenv.Name("mx")
-	relay := e.startRelay("relayd", "RELAY_RETRY_MIN=100ms", "RELAY_RETRY_MAX=1s", "RELAY_MAX_ATTEMPTS=2",
-		"RELAY_ROUTES="+writeRoutes(t, fmt.Sprintf("routes:\n  - topic: audit.*\n    amqp: {exchange: %q, routing_key: \"orders.{1}\"}\n", missing)))
+	routes := "RELAY_ROUTES=" + writeRoutes(t, fmt.Sprintf("routes:\n  - topic: audit.*\n    amqp: {exchange: %q, routing_key: \"orders.{1}\"}\n", missing))
+	check := func() (int, string) {
+		cmd := exec.Command(relaydBin, "routes", "check")
+		cmd.Env = e.relayEnv(routes)
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), string(out)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return 0, string(out)
+	}
+	if code, out := check(); code != 1 || !strings.Contains(out, "routes[0] (amqp): RabbitMQ has no exchange "+missing) {
+		t.Errorf("relayd routes check: exit %d, want 1 naming the missing exchange:\n%s", code, out)
+	}
+	relay := e.startRelay("relayd", "RELAY_RETRY_MIN=100ms", "RELAY_RETRY_MAX=1s", "RELAY_MAX_ATTEMPTS=2", routes)
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		return strings.Contains(relay.out.String(), "RabbitMQ has no exchange "+missing)
 	}, "relayd did not name the missing exchange at start")
@@ -435,5 +451,123 @@ func TestRouteToAMissingExchangeWaits(t *testing.T) {
 	}
 	if d := getOne(t, ch, e.queue); d.MessageId != ids["audit.login"] {
 		t.Fatalf("the queue's next message is %s, want the waiting row %s", d.MessageId, ids["audit.login"])
+	}
+	if code, out := check(); code != 0 {
+		t.Errorf("relayd routes check, every exchange and stream there: exit %d, want 0:\n%s", code, out)
+	}
+}
+
+// The backfill drains a queue of the estate as the relay would have sent
+// its messages: a legacy publish to a per-type exchange lands in the route's
+// stream on the route's subject, with the headers the relayed copy of the
+// same message has, and the message relayd itself put in the queue is not
+// moved twice.
+func TestBackfillByRoutesLandsWhereTheRelayWould(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := newEstate(t, e)
+	ctx := context.Background()
+	routes := "RELAY_ROUTES=" + writeRoutes(t, s.routes())
+	relay := e.startRelay("relayd", routes)
+	const body = `{"invoice": 7}`
+	headers, _ := json.Marshal(rowHeaders(body))
+	var relayed string
+	if err := e.pool.QueryRow(ctx, fmt.Sprintf(`INSERT INTO %s (topic, headers, payload) VALUES ('billing.InvoiceCreated', $1, $2) RETURNING message_id::text`, e.table),
+		headers, []byte(body)).Scan(&relayed); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDelivered(20 * time.Second)
+	if code := relay.stop(30 * time.Second); code != 0 {
+		t.Fatalf("relayd exited %d", code)
+	}
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	legacy := legacyPublishing(body)
+	legacy.MessageId = "6f1c7a4e-0b55-4a8e-9d0e-3f3f8c2a9b10"
+	if err := ch.PublishWithContext(ctx, s.typeExchange("InvoiceCreated"), "", true, false, legacy); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(relaydBin, "backfill", "--queue", s.billingQueue, "--json")
+	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=", routes)
+	dieWithTest(cmd)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("relayd backfill: %v\n%s", err, out)
+	}
+	st, err := e.js.Stream(ctx, s.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := streamSubjects(t, e.js, s.stream)
+	subject := s.prefix + "billing.InvoiceCreated"
+	if len(got) != 2 || len(got[relayed]) != 1 || len(got[legacy.MessageId]) != 1 || got[legacy.MessageId][0] != subject {
+		t.Fatalf("stream %s holds %v; want the relayed message once and the legacy one once, on %s", s.stream, got, subject)
+	}
+	// The same headers either way, but for what only one side has.
+	view := func(seq uint64) map[string]string {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for k, v := range m.Header {
+			if !strings.HasPrefix(k, "Nats-") && !strings.HasPrefix(k, "Amqp-") {
+				out[k] = v[0]
+			}
+		}
+		return out
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := view(info.State.FirstSeq), view(info.State.LastSeq); !reflect.DeepEqual(a, b) {
+		t.Errorf("the relayed and the backfilled copy differ in headers:\nrelayed:    %v\nbackfilled: %v", a, b)
+	}
+}
+
+// A rollback sends a message back the way its route sent it: relayd replay
+// of a route's stream publishes to the route's exchange and routing key,
+// with the properties the row's headers set, what the legacy service sent.
+func TestReplayByRoutesGoesBackWhereItCameFrom(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := newEstate(t, e)
+	ctx := context.Background()
+	const body = `{"invoice": 9}`
+	// As the relay stored it in the nats-only phase: the route's subject,
+	// the row's headers, its id.
+	id := "0b9d1a52-5f3e-4c1e-9a57-2b8f0f6f1c11"
+	m := &nats.Msg{Subject: s.prefix + "billing.InvoicePaid", Data: []byte(body), Header: nats.Header{jetstream.MsgIDHeader: {id}}}
+	for k, v := range rowHeaders(body) {
+		m.Header[k] = []string{v}
+	}
+	if _, err := e.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(relaydBin, "replay", "--json", "--from-seq", "1", "--stream", s.stream)
+	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=", "RELAY_ROUTES="+writeRoutes(t, s.routes()))
+	dieWithTest(cmd)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("relayd replay: %v\n%s", err, out)
+	}
+	ch, err := e.amqpConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	replayed := getOne(t, ch, s.billingQueue)
+	if err := ch.PublishWithContext(ctx, s.typeExchange("InvoicePaid"), "", true, false, legacyPublishing(body)); err != nil {
+		t.Fatal(err)
+	}
+	legacy := getOne(t, ch, s.billingQueue)
+	if replayed.MessageId != id {
+		t.Fatalf("the billing queue got %q, want the replayed %s", replayed.MessageId, id)
+	}
+	if diff := compareDeliveries(legacy, replayed); diff != "" {
+		t.Errorf("the replayed message differs from the legacy publish:\n%s", diff)
 	}
 }

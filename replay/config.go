@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 
@@ -31,8 +32,11 @@ type Config struct {
 	// JS and Stream are where the messages are read. Required.
 	JS     jetstream.JetStream
 	Stream string
-	// SubjectPrefix is stripped from a subject to give the routing key;
-	// messages on other subjects are counted and skipped.
+	// Routes give each message's topic from its subject, and the exchange
+	// and routing key the relay published it to (route.Table.FromSubject);
+	// messages on subjects no route gives are counted and skipped. Default:
+	// the default route of Exchange and SubjectPrefix.
+	Routes        *route.Table
 	SubjectPrefix string
 	// Sink publishes to the legacy exchange, named Exchange (recorded with
 	// the run). Required unless DryRun.
@@ -102,4 +106,12 @@ func (c *Config) applyDefaults() error {
 	// The min in float64: int() of a rate too large for an int is undefined.
 	c.BatchSize = max(1, int(min(float64(c.BatchSize), c.Rate/10)))
 	return nil
+}
+
+// routes are Routes, or the default route.
+func (c *Config) routes() *route.Table {
+	if c.Routes != nil {
+		return c.Routes
+	}
+	return route.Default(route.Defaults{Exchange: c.Exchange, SubjectPrefix: c.SubjectPrefix, Stream: c.Stream})
 }

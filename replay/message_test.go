@@ -12,6 +12,7 @@ import (
 
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
+	"github.com/relayd/relayd/route"
 )
 
 // asNATS builds the JetStream message the relay's nats target publishes for
@@ -50,7 +51,7 @@ func TestToAMQP(t *testing.T) {
 		{"the prefix alone is no topic", &nats.Msg{Subject: "outbox.", Header: nats.Header{jetstream.MsgIDHeader: {"x"}}}, "outbox.", nil, skipOtherSubject},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, why := toAMQP(tc.msg.Subject, tc.msg.Header, tc.msg.Data, stored, tc.prefix)
+			got, why := toAMQP(tc.msg.Subject, tc.msg.Header, tc.msg.Data, stored, route.Default(route.Defaults{Exchange: "outbox", SubjectPrefix: tc.prefix}))
 			if why != tc.wantSkip {
 				t.Fatalf("skip %q, want %q", why, tc.wantSkip)
 			}
@@ -94,7 +95,7 @@ func TestReplayedPublishingIsTheRelays(t *testing.T) {
 			row := &relay.Message{MessageID: "6f1c7a4e-0b55-4a8e-9d0e-3f3f8c2a9b10", Topic: "orders.placed",
 				Headers: tc.headers, Payload: []byte(`{"n":1}`), CreatedAt: stored}
 			n := asNATS("outbox.", row)
-			got, _ := toAMQP(n.Subject, n.Header, n.Data, stored, "outbox.")
+			got, _ := toAMQP(n.Subject, n.Header, n.Data, stored, route.Default(route.Defaults{Exchange: "outbox", SubjectPrefix: "outbox."}))
 			a, b := amqpsink.Publishing(row), amqpsink.Publishing(got)
 			if !reflect.DeepEqual(a, b) {
 				t.Fatalf("replayed publishing differs from the relay's:\n got %+v\nwant %+v", b, a)
@@ -103,5 +104,40 @@ func TestReplayedPublishingIsTheRelays(t *testing.T) {
 				t.Errorf("replayed publishing %+v", b)
 			}
 		})
+	}
+}
+
+// A rollback sends a message back where its route sent it: the topic from
+// the subject, then the route's exchange and routing key.
+func TestToAMQPByRoutes(t *testing.T) {
+	routes, err := route.Parse([]byte(`routes:
+  - topic: billing.*
+    amqp: {exchange: "Billing.Contracts:{1}", routing_key: ""}
+    nats: {subject: "billing.{1}", stream: BILLING}
+  - topic: tasks.>
+    amqp: {exchange: "", routing_key: celery}
+`), route.Defaults{Exchange: "outbox", SubjectPrefix: "outbox.", Stream: "OUTBOX"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		subject string
+		want    route.Dest // zero: skipped
+		topic   string
+	}{
+		{"billing.InvoiceCreated", route.Dest{Exchange: "Billing.Contracts:InvoiceCreated", Subject: "billing.InvoiceCreated", Stream: "BILLING"}, "billing.InvoiceCreated"},
+		{"outbox.tasks.send", route.Dest{Exchange: "", RoutingKey: "celery", Subject: "outbox.tasks.send", Stream: "OUTBOX"}, "tasks.send"},
+		{"outbox.orders.created", route.Dest{Exchange: "outbox", RoutingKey: "orders.created", Subject: "outbox.orders.created", Stream: "OUTBOX"}, "orders.created"},
+		{"outbox.billing.InvoiceCreated", route.Dest{}, ""}, // billing.* has its own subject: not the relay's
+	} {
+		n := &nats.Msg{Subject: tc.subject, Header: nats.Header{jetstream.MsgIDHeader: {"id-1"}}}
+		got, why := toAMQP(n.Subject, n.Header, nil, stored, routes)
+		switch {
+		case tc.topic == "" && why != skipOtherSubject:
+			t.Errorf("%s: skip %q, want %q", tc.subject, why, skipOtherSubject)
+		case tc.topic != "" && (why != send || got.Topic != tc.topic || got.Route == nil || *got.Route != tc.want):
+			t.Errorf("%s: %q, %+v; want topic %s by %+v", tc.subject, why, got, tc.topic, tc.want)
+		}
 	}
 }

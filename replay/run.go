@@ -19,7 +19,7 @@ func (r *runner) replay(ctx context.Context, stream jetstream.Stream, end time.T
 	if from > to {
 		return r.complete()
 	}
-	src, err := openSource(ctx, stream, stream.CachedInfo().Created, from, to, end, r.cfg.SubjectPrefix, r.cfg.BatchSize, r.gone, r.log)
+	src, err := openSource(ctx, stream, stream.CachedInfo().Created, from, to, end, r.cfg.routes(), r.cfg.BatchSize, r.gone, r.log)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", r.cfg.Stream, err)
 	}

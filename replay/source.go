@@ -12,6 +12,7 @@ import (
 
 	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/errlog"
+	"github.com/relayd/relayd/route"
 )
 
 // resolve turns w into the stream sequences from..to to read (from > to: an
@@ -75,15 +76,15 @@ type source struct {
 	batch   int
 	to      uint64
 	end     time.Time // zero: none
-	prefix  string
+	routes  *route.Table
 	done    bool
 	expect  uint64                // the sequence that comes next unless it is gone
 	gone    func(from, to uint64) // sequences of the window not in the stream
 	errs    *errlog.Limiter       // JetStream not answering
 }
 
-func openSource(ctx context.Context, stream jetstream.Stream, created time.Time, from, to uint64, end time.Time, prefix string, batch int, gone func(from, to uint64), log *slog.Logger) (*source, error) {
-	s := &source{stream: stream, created: created, batch: batch, to: to, end: end, prefix: prefix,
+func openSource(ctx context.Context, stream jetstream.Stream, created time.Time, from, to uint64, end time.Time, routes *route.Table, batch int, gone func(from, to uint64), log *slog.Logger) (*source, error) {
+	s := &source{stream: stream, created: created, batch: batch, to: to, end: end, routes: routes,
 		expect: from, gone: gone, errs: errlog.New(log, "replay: read the stream from JetStream")}
 	if err := s.open(ctx); err != nil {
 		return nil, err
@@ -204,7 +205,7 @@ func (s *source) next(ctx context.Context) (it item, ok bool, err error) {
 		if s.done {
 			s.skipTo(s.to + 1) // nothing after seq is left in the stream
 		}
-		m, why := toAMQP(msg.Subject(), msg.Headers(), msg.Data(), meta.Timestamp, s.prefix)
+		m, why := toAMQP(msg.Subject(), msg.Headers(), msg.Data(), meta.Timestamp, s.routes)
 		return item{seq: seq, msg: m, skip: why}, true, nil
 	}
 	return item{}, false, nil

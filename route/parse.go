@@ -125,6 +125,7 @@ func parseRoute(fr fileRoute, i int, d Defaults) (*Route, error) {
 		return nil, fmt.Errorf("nats.stream %q is not a valid stream name", stream)
 	}
 	r.stream = stream
+	r.reverse.exchange, r.reverse.routingKey, r.reverse.subject = r.exchange.matcher(r.spans), r.routingKey.matcher(r.spans), r.subject.matcher(r.spans)
 	return r, nil
 }
 

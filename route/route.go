@@ -6,6 +6,7 @@
 package route
 
 import (
+	"regexp"
 	"strings"
 )
 
@@ -40,6 +41,8 @@ type Route struct {
 
 	exchange, routingKey, subject template
 	stream                        string
+	// reverse: the templates as matchers, for FromAMQP and FromSubject
+	reverse struct{ exchange, routingKey, subject *regexp.Regexp }
 }
 
 // Default returns the table of the default route only: what relayd does
@@ -109,4 +112,27 @@ func (r *Route) String() string {
 	b.WriteString(r.topic.String())
 	b.WriteString(")")
 	return b.String()
+}
+
+// Spec is a route as its file gives it, defaults filled in: for listings.
+type Spec struct {
+	Name       string            `json:"name"`
+	Topic      string            `json:"topic"`
+	Headers    map[string]string `json:"headers,omitempty"`
+	Exchange   string            `json:"exchange"`
+	RoutingKey string            `json:"routing_key"`
+	Subject    string            `json:"subject"`
+	Stream     string            `json:"stream"`
+}
+
+// Spec is r as its file gives it.
+func (r *Route) Spec() Spec {
+	return Spec{Name: r.Name, Topic: r.topic.String(), Headers: r.headers, Exchange: r.exchange.String(),
+		RoutingKey: r.routingKey.String(), Subject: r.subject.String(), Stream: r.stream}
+}
+
+// DefaultSpec is the default route as a Spec.
+func (t *Table) DefaultSpec() Spec {
+	return Spec{Name: "(default)", Topic: ">", Exchange: t.def.Exchange, RoutingKey: "{topic}",
+		Subject: t.def.SubjectPrefix + "{topic}", Stream: t.def.Stream}
 }

@@ -146,3 +146,63 @@ func BenchmarkResolve(b *testing.B) {
 		tab.Resolve("shipping.label.printed", h)
 	}
 }
+
+// The routes in reverse give back the topic a route sent: where the
+// destinations hold every wildcard of the topic; else no answer, not a
+// wrong one.
+func TestReverse(t *testing.T) {
+	tab, err := Parse([]byte(estate), defaults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		topic   string
+		headers map[string]string
+		ok      bool // the exchange and key give the topic back
+	}{
+		{"billing.InvoiceCreated", nil, true},
+		{"shipping.label.printed", nil, true},
+		{"orders.created", nil, true},                                  // the default route
+		{"billing.a.b", nil, true},                                     // the default route: billing.* takes one token
+		{"tasks.send", map[string]string{"x-legacy": "celery"}, true},  // the topic has no wildcard
+		{"orders.created", map[string]string{"x-legacy": "yes"}, true}, // routing key {topic}
+	} {
+		d, _ := tab.Resolve(tc.topic, tc.headers)
+		topic, ok := tab.FromAMQP(d.Exchange, d.RoutingKey, tc.headers)
+		if ok != tc.ok || ok && topic != tc.topic {
+			t.Errorf("FromAMQP(%q, %q) = %q, %v; want %q, %v", d.Exchange, d.RoutingKey, topic, ok, tc.topic, tc.ok)
+		}
+		if topic, ok = tab.FromSubject(d.Subject, tc.headers); !ok || topic != tc.topic {
+			t.Errorf("FromSubject(%q) = %q, %v; want %q", d.Subject, topic, ok, tc.topic)
+		}
+	}
+	for _, tc := range []struct {
+		exchange, key string
+		headers       map[string]string
+	}{
+		{"Billing.Contracts:InvoiceCreated", "x", nil}, // the route's key is ""
+		{"shipping", "", nil},
+		{"unknown", "orders.created", nil},
+		{"outbox", "shipping.label", nil}, // shipping.> goes to exchange shipping, not the default one
+	} {
+		if topic, ok := tab.FromAMQP(tc.exchange, tc.key, tc.headers); ok {
+			t.Errorf("FromAMQP(%q, %q) = %q: no route sends there", tc.exchange, tc.key, topic)
+		}
+	}
+	for _, subject := range []string{"billing.a.b", "ship", "elsewhere.x", "outbox.shipping.x"} {
+		if topic, ok := tab.FromSubject(subject, nil); ok {
+			t.Errorf("FromSubject(%q) = %q: no route gives it", subject, topic)
+		}
+	}
+	// A queue's name holds none of the topic's wildcard: no answer.
+	jobs, err := Parse([]byte("routes: [{topic: jobs.*, amqp: {exchange: '', routing_key: jobs}}]"), defaults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topic, ok := jobs.FromAMQP("", "jobs", nil); ok {
+		t.Errorf("FromAMQP(\"\", jobs) = %q: the route's key holds none of jobs.*", topic)
+	}
+	if topic, ok := jobs.FromSubject("outbox.jobs.run", nil); !ok || topic != "jobs.run" {
+		t.Errorf("FromSubject(outbox.jobs.run) = %q, %v: the default subject holds the topic", topic, ok)
+	}
+}

@@ -81,6 +81,11 @@ type burnSpec struct {
 	sampledEvery int
 	// env is added to each relayd's environment.
 	env []string
+	// topics > 0 spreads the rows over that many topics (fillTopics).
+	topics int
+	// setup, when set, makes more beside the corner and returns more
+	// environment for each relayd.
+	setup func(context.Context, *corner) ([]string, error)
 }
 
 // burndownRun runs the burn-down s: see burndown.
@@ -93,9 +98,20 @@ func (b *bench) burndownRun(ctx context.Context, s burnSpec) (bd Burndown, note 
 		return bd, "", err
 	}
 	defer cr.close()
-	if s.sampledEvery > 0 {
+	env := append(cr.relaydEnv(targets), s.env...)
+	if s.setup != nil {
+		more, err := s.setup(ctx, cr)
+		if err != nil {
+			return bd, "", err
+		}
+		env = append(env, more...)
+	}
+	switch {
+	case s.topics > 0:
+		err = cr.fillTopics(ctx, n, s.topics)
+	case s.sampledEvery > 0:
 		err = cr.fillTraced(ctx, n, s.sampledEvery)
-	} else {
+	default:
 		err = cr.fill(ctx, n, keys)
 	}
 	if err != nil {
@@ -114,7 +130,6 @@ func (b *bench) burndownRun(ctx context.Context, s burnSpec) (bd Burndown, note 
 	}
 	snap := takeCPUSnap()
 	start := time.Now()
-	env := append(cr.relaydEnv(targets), s.env...)
 	for range instances {
 		p, err := b.start(env, "run")
 		if err != nil {

@@ -26,6 +26,9 @@ type corner struct {
 	prefix   string
 	exchange string // "": none
 	queue    string
+	// What a measurement made beside: more streams (counted with the
+	// corner's) and exchanges, removed by close.
+	extraStreams, extraExchanges []string
 }
 
 type cornerSpec struct{ table, stream, amqp bool }
@@ -81,10 +84,21 @@ func (c *corner) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	b := c.b
-	if c.stream != "" {
-		if err := b.js.DeleteStream(ctx, c.stream); err != nil {
-			b.logf("cleanup: delete stream %s: %v", c.stream, err)
+	for _, s := range append([]string{c.stream}, c.extraStreams...) {
+		if s == "" {
+			continue
 		}
+		if err := b.js.DeleteStream(ctx, s); err != nil {
+			b.logf("cleanup: delete stream %s: %v", s, err)
+		}
+	}
+	if ch, err := b.amqpConn.Channel(); err == nil && len(c.extraExchanges) > 0 {
+		for _, x := range c.extraExchanges {
+			if err := ch.ExchangeDelete(x, false, false); err != nil {
+				b.logf("cleanup: delete exchange %s: %v", x, err)
+			}
+		}
+		ch.Close()
 	}
 	if c.exchange != "" {
 		if ch, err := b.amqpConn.Channel(); err == nil {
@@ -113,6 +127,21 @@ func (c *corner) fill(ctx context.Context, n, keys int) error {
 	if _, err := c.b.pool.Exec(ctx, `INSERT INTO `+tbl+` (topic, key, payload)
 		SELECT $1, CASE WHEN $4::int > 0 THEN 'key-' || (i % $4::int) END, $2::bytea FROM generate_series(1, $3) i`,
 		topic, c.b.payload, n, keys); err != nil {
+		return fmt.Errorf("fill %s: %w", c.table, err)
+	}
+	if _, err := c.b.pool.Exec(ctx, `ANALYZE `+tbl); err != nil {
+		return fmt.Errorf("analyze %s: %w", c.table, err)
+	}
+	c.b.checkpoint(ctx)
+	return nil
+}
+
+// fillTopics inserts n rows of the benchmark payload with null keys, as
+// fill does, row i on routesTopic(i mod topics).
+func (c *corner) fillTopics(ctx context.Context, n, topics int) error {
+	tbl := c.table.Ident()
+	if _, err := c.b.pool.Exec(ctx, `INSERT INTO `+tbl+` (topic, payload)
+		SELECT 'bench.t' || (i % $3::int) || '.msg', $1::bytea FROM generate_series(1, $2) i`, c.b.payload, n, topics); err != nil {
 		return fmt.Errorf("fill %s: %w", c.table, err)
 	}
 	if _, err := c.b.pool.Exec(ctx, `ANALYZE `+tbl); err != nil {
@@ -164,17 +193,21 @@ func (c *corner) queueDepth() (int, error) {
 	return q.Messages, nil
 }
 
-// streamMsgs is the number of messages in the corner's stream.
+// streamMsgs is the number of messages in the corner's streams.
 func (c *corner) streamMsgs(ctx context.Context) (uint64, error) {
-	s, err := c.b.js.Stream(ctx, c.stream)
-	if err != nil {
-		return 0, err
+	var n uint64
+	for _, name := range append([]string{c.stream}, c.extraStreams...) {
+		s, err := c.b.js.Stream(ctx, name)
+		if err != nil {
+			return 0, err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		n += info.State.Msgs
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return info.State.Msgs, nil
+	return n, nil
 }
 
 // relaydEnv is the environment of a relayd process working on c; relayd's

@@ -13,6 +13,8 @@
 //   - tracing: the dual-write burn-down with relayd's tracing off and on
 //     (1 % of the rows with a sampled traceparent, exported to an OTLP/HTTP
 //     receiver in the bench), the runs alternating;
+//   - routes: the dual-write burn-down over ten topics by the default route
+//     and by ten routes to three exchanges and two streams, alternating;
 //   - relay latency, open loop: producers committing on a fixed timetable,
 //     commit → received from both brokers, p50/p90/p99/max;
 //   - backfill: a legacy queue moved into the stream by `relayd backfill`;
@@ -164,7 +166,7 @@ func parseOptions() (o options, out string) {
 	latencyRates := flag.String("latency-rates", "", `rows per second of the latency runs, space-separated (default "1000 5000")`)
 	latencyCommits := flag.Int("latency-commits", 0, "commits per second at most in the latency runs; rows per commit = rate / this (default 200)")
 	replayMsgs := flag.Int("replay-msgs", 0, "messages of the replay section (default 50000; with -smoke 5000)")
-	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,tracing,latency,backfill,replay,producers; horizon (the long-transaction soak) runs only when named here")
+	only := flag.String("only", "", "run only these sections, comma-separated: ceilings,burndown,tracing,routes,latency,backfill,replay,producers; horizon (the long-transaction soak) runs only when named here")
 	horizonHold := flag.Duration("horizon-hold", 0, "how long the horizon section holds each transaction open (default 10m; with -smoke 10s)")
 	horizonRate := flag.Int("horizon-rate", 0, "rows per second the horizon section's producers commit (default 1500; with -smoke 500)")
 	dbURL := flag.String("database-url", "", "Postgres (default: RELAY_TEST_DATABASE_URL or postgres://root@127.0.0.1:5432/test)")
@@ -270,7 +272,7 @@ func onlyFlag(s string) map[string]bool {
 	only := map[string]bool{}
 	for _, p := range strings.Split(s, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "ceilings", "burndown", "tracing", "latency", "backfill", "replay", "producers", "horizon":
+		case "ceilings", "burndown", "tracing", "routes", "latency", "backfill", "replay", "producers", "horizon":
 			only[p] = true
 		default:
 			usageExit("-only: unknown section %q", p)
@@ -320,6 +322,7 @@ func run(ctx context.Context, o options) (*Results, error) {
 		{"ceilings", b.ceilings},
 		{"burndown", b.burndowns},
 		{"tracing", b.tracing},
+		{"routes", b.routesRun},
 		{"latency", b.latencies},
 		{"backfill", b.backfillRun},
 		{"replay", b.replayRun},

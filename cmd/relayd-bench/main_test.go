@@ -99,6 +99,18 @@ func TestSmoke(t *testing.T) {
 	if runs, _ := tr["runs"].([]any); len(runs) != 4 {
 		t.Errorf("tracing: %d runs, want 4 (2 per arm in a smoke run)", len(runs))
 	}
+	rt, _ := doc["routes"].(map[string]any)
+	positive("routes", rt, "rows", "topics", "rounds", "ratio")
+	positive("routes default", rt["default"], "rows_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib")
+	positive("routes routed", rt["routed"], "rows_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib")
+	if runs, _ := rt["runs"].([]any); len(runs) != 2 {
+		t.Errorf("routes: %d runs, want 2 (1 per arm in a smoke run)", len(runs))
+	}
+	for _, n := range res.Notes {
+		if strings.HasPrefix(n, "routes") {
+			t.Errorf("routes: the brokers do not hold what the outbox says: %s", n)
+		}
+	}
 	for _, l := range list("latency", 2) {
 		positive("latency", l, "rate_per_second", "rows_per_commit", "committed", "received",
 			"p50_ms", "p90_ms", "p99_ms", "max_ms", "achieved_rate_per_second", "cpu_seconds_per_10k_rows", "peak_rss_mib")

@@ -15,6 +15,7 @@ type Results struct {
 	Ceilings     []Ceiling  `json:"ceilings"`
 	Burndown     []Burndown `json:"burndown"`
 	Tracing      *Tracing   `json:"tracing,omitempty"`
+	Routes       *Routes    `json:"routes,omitempty"`
 	Latency      []Latency  `json:"latency"`
 	Backfill     *Backfill  `json:"backfill,omitempty"`
 	Replay       *Replay    `json:"replay,omitempty"`

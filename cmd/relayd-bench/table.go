@@ -17,6 +17,9 @@ func writeTable(w io.Writer, r *Results) {
 	if t := r.Tracing; t != nil {
 		writeTracing(w, r, t)
 	}
+	if rt := r.Routes; rt != nil {
+		writeRoutes(w, r, rt)
+	}
 	writeLatencies(w, r)
 	if p := r.Producers; p != nil {
 		writeProducers(w, p)

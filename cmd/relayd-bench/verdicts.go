@@ -134,6 +134,12 @@ func (r *Results) evaluate() {
 			r.verdict(tracingTarget(t), t.Ratio, ">=", 0.95)
 		}
 	}
+	if rt := r.Routes; rt != nil {
+		peak = math.Max(peak, math.Max(rt.Default.PeakRSSMiB, rt.Routed.PeakRSSMiB))
+		if rt.Default.RowsPerSecond > 0 && rt.Routed.RowsPerSecond > 0 {
+			r.verdict(routesTarget(rt), rt.Ratio, ">=", 0.95)
+		}
+	}
 	for _, l := range r.Latency {
 		peak = math.Max(peak, l.PeakRSSMiB)
 		limit := map[int]float64{1000: 25, 5000: 100}[l.Rate]

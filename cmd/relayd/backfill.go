@@ -181,7 +181,7 @@ func runBackfill(ss *session, f backfillFlags, tp trace.TracerProvider, stdout, 
 	}
 	sum, err := backfill.Run(ctx, backfill.Config{
 		AMQPURL: cfg.AMQPURL, TLS: tlsCfg, Queue: f.queue, Prefetch: f.prefetch,
-		NATS: nc, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix, SubjectMap: f.subjectMap,
+		NATS: nc, Stream: cfg.NATSStream, Routes: cfg.routes, SubjectPrefix: cfg.NATSSubjectPrefix, SubjectMap: f.subjectMap,
 		DB: pool, Table: cfg.table, DeadLetterQueue: f.dlq,
 		Follow: f.follow, DryRun: f.dryRun, Limit: f.limit, Rate: f.rate, AllowOtherConsumers: f.allowOthers,
 		PublishTimeout: cfg.PublishTimeout, Logger: log, OnProgress: rep.update, TracerProvider: tp,

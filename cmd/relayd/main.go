@@ -38,6 +38,7 @@ var commands = []struct{ name, what string }{
 	{"outbox parked", "list parked rows"},
 	{"outbox retry", "put parked rows back in line"},
 	{"tail", "print each message reaching the stream and the exchange, until Ctrl-C"},
+	{"routes check", "list the routes (RELAY_ROUTES) and check their exchanges and streams exist"},
 	{"version", "print the version (also --version)"},
 }
 
@@ -90,6 +91,8 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		return cmdOutbox(args[1:], stdout, stderr, env)
 	case "tail":
 		return cmdTail(args[1:], stdout, stderr, env)
+	case "routes":
+		return cmdRoutes(args[1:], stdout, stderr, env)
 	case "version", "-version", "--version":
 		return cmdVersion(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":

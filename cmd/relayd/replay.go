@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,8 +19,10 @@ import (
 const replayHelp = `Usage: relayd replay [--since T | --from-seq N] [--to-seq N] [--rate R] [--restart] [--dry-run] [--json]
 
 Rolls the migration back: publishes to the legacy exchange (RELAY_AMQP_EXCHANGE)
-the messages the stream (RELAY_NATS_STREAM) got while RabbitMQ did not, with
-the relay's message-id, headers and routing key (the subject less
+the messages the stream (RELAY_NATS_STREAM, or --stream) got while RabbitMQ
+did not, with the relay's message-id, headers and properties, to the exchange
+and routing key of the message's route (RELAY_ROUTES: the route that gives its
+subject; by default RELAY_AMQP_EXCHANGE and the subject less
 RELAY_NATS_SUBJECT_PREFIX), confirmed, persistent and mandatory: a message
 RabbitMQ returns unroutable or nacks stops the run (exit 1); one it can never
 take (a routing key over 255 bytes, headers it refuses) is logged, counted as
@@ -40,8 +44,8 @@ refuses to run while it is nats, or while a running relay still runs nats
 (pinned with RELAY_TARGETS=nats).
 
 Uses RELAY_DATABASE_URL, RELAY_OUTBOX_TABLE, RELAY_AMQP_URL,
-RELAY_AMQP_EXCHANGE, RELAY_NATS_URL, RELAY_NATS_STREAM and
-RELAY_NATS_SUBJECT_PREFIX.
+RELAY_AMQP_EXCHANGE, RELAY_NATS_URL, RELAY_NATS_STREAM,
+RELAY_NATS_SUBJECT_PREFIX and RELAY_ROUTES.
 
 Exit status: 0 done (or interrupted: rerun to continue), 1 failed, 2 bad usage.
 
@@ -53,6 +57,7 @@ type replayFlags struct {
 	rate                    float64
 	restart, dryRun, asJSON bool
 	connectTimeout          time.Duration
+	stream                  string // "": RELAY_NATS_STREAM
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
@@ -80,6 +85,7 @@ func parseReplayFlags(args []string, stdout, stderr io.Writer) (f replayFlags, c
 	fs.BoolVar(&f.restart, "restart", false, "abandon an unfinished run, or replay sequences a finished run did")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "count what would be sent and skipped; publish and record nothing")
 	fs.BoolVar(&f.asJSON, "json", false, "print the summary as JSON")
+	fs.StringVar(&f.stream, "stream", "", "replay this stream, one a route names (default RELAY_NATS_STREAM)")
 	connectTimeout := connectTimeoutFlag(fs)
 	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, replayHelp)); done {
 		return f, code, false
@@ -98,6 +104,8 @@ func parseReplayFlags(args []string, stdout, stderr io.Writer) (f replayFlags, c
 		fmt.Fprintln(stderr, "relayd replay: --since and --from-seq exclude each other: give one")
 	case f.req.ToSeq > 0 && f.req.FromSeq > f.req.ToSeq:
 		fmt.Fprintf(stderr, "relayd replay: --from-seq %d is past --to-seq %d\n", f.req.FromSeq, f.req.ToSeq)
+	case strings.ContainsAny(f.stream, " \t.*>"):
+		fmt.Fprintf(stderr, "relayd replay: --stream %q is not a valid stream name\n", f.stream)
 	case !(f.rate > 0):
 		fmt.Fprintf(stderr, "relayd replay: --rate %v is out of range: want more than 0\n", f.rate)
 	case !checkConnectTimeout("replay", f.connectTimeout, stderr):
@@ -114,7 +122,7 @@ func runReplay(ss *session, f replayFlags, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	rc := replay.Config{
-		DB: ss.pool, Table: cfg.table, JS: ss.js, Stream: cfg.NATSStream, SubjectPrefix: cfg.NATSSubjectPrefix,
+		DB: ss.pool, Table: cfg.table, JS: ss.js, Stream: cmp.Or(f.stream, cfg.NATSStream), SubjectPrefix: cfg.NATSSubjectPrefix, Routes: cfg.routes,
 		Exchange: cfg.AMQPExchange, Request: f.req, Restart: f.restart, DryRun: f.dryRun, Rate: f.rate,
 		PublishTimeout: cfg.PublishTimeout, Retention: cfg.Retention, Logger: log,
 	}

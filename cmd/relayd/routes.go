@@ -14,15 +14,22 @@ import (
 	"github.com/relayd/relayd/relay/natssink"
 )
 
-// The start-up checks of RELAY_ROUTES against the brokers. What a route
-// points at that a broker lacks is logged, route by route, and the relay
-// starts anyway: the operator can create it, and meanwhile that route's
+// The checks of RELAY_ROUTES against the brokers, at start and by `relayd
+// routes check`. What a route points at that a broker lacks is the
+// operator's to create: relayd starts anyway, and meanwhile that route's
 // rows wait (a missing exchange or stream) or are retried (a subject no
 // stream captures), named again as they do.
 
-// checkAMQPRoutes logs each route whose exchange RabbitMQ lacks. A
+// routeProblem is one thing a route points at that a broker lacks.
+type routeProblem struct {
+	Route   string `json:"route"`
+	Broker  string `json:"broker"` // "amqp" or "nats"
+	Problem string `json:"problem"`
+}
+
+// amqpRouteProblems are the routes whose exchange RabbitMQ lacks. A
 // templated exchange is checked as its rows go.
-func checkAMQPRoutes(ctx context.Context, cfg *config, tlsCfg *tls.Config, log *slog.Logger) {
+func amqpRouteProblems(ctx context.Context, cfg *config, tlsCfg *tls.Config) ([]routeProblem, error) {
 	var names []string
 	byName := map[string][]string{}
 	for _, r := range cfg.routes.Routes() {
@@ -36,27 +43,27 @@ func checkAMQPRoutes(ctx context.Context, cfg *config, tlsCfg *tls.Config, log *
 		byName[name] = append(byName[name], r.Name)
 	}
 	missing, err := amqpsink.MissingExchanges(ctx, cfg.AMQPURL, tlsCfg, names)
-	if err != nil {
-		log.Warn("amqp: could not check the routes' exchanges; they are checked as rows go", "error", err.Error())
-	}
+	var out []routeProblem
 	for _, name := range missing {
-		log.Warn("amqp: RabbitMQ has no exchange "+name+", which routes name: their rows wait until it exists. Declare it, or fix the routes",
-			"exchange", name, "routes", byName[name])
+		for _, r := range byName[name] {
+			out = append(out, routeProblem{Route: r, Broker: "amqp", Problem: "RabbitMQ has no exchange " + name + ": the route's rows wait until it exists"})
+		}
 	}
+	return out, err
 }
 
-// checkNATSRoutes logs each route whose subjects no stream captures (or not
-// the stream it names), and returns the shortest duplicate window of the
+// natsRouteProblems are the routes whose subjects no stream captures (or
+// not the stream they name), and the shortest duplicate window of the
 // streams the routes use (0: none found), which bounds the retries of a
 // publish whose outcome is unknown.
-func checkNATSRoutes(ctx context.Context, cfg *config, nc *nats.Conn, log *slog.Logger) time.Duration {
+func natsRouteProblems(ctx context.Context, cfg *config, nc *nats.Conn) ([]routeProblem, time.Duration, error) {
 	routes := cfg.routes.Routes()
 	if len(routes) == 0 {
-		return 0
+		return nil, 0, nil
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return 0
+		return nil, 0, err
 	}
 	var streams []*jetstream.StreamConfig
 	list := js.ListStreams(ctx)
@@ -64,8 +71,7 @@ func checkNATSRoutes(ctx context.Context, cfg *config, nc *nats.Conn, log *slog.
 		streams = append(streams, &info.Config)
 	}
 	if err := list.Err(); err != nil {
-		log.Warn("nats: could not list the streams to check the routes; their subjects are checked as rows go", "error", err.Error())
-		return 0
+		return nil, 0, err
 	}
 	var window time.Duration
 	use := func(s *jetstream.StreamConfig) {
@@ -73,32 +79,55 @@ func checkNATSRoutes(ctx context.Context, cfg *config, nc *nats.Conn, log *slog.
 			window = s.Duplicates
 		}
 	}
+	var out []routeProblem
 	for _, r := range routes {
 		filter := r.SubjectFilter()
 		captures := func(s *jetstream.StreamConfig) bool {
 			return slices.ContainsFunc(s.Subjects, func(f string) bool { return natssink.Covers(f, filter) })
 		}
+		problem := ""
 		if name := r.Stream(); name != "" {
-			i := slices.IndexFunc(streams, func(s *jetstream.StreamConfig) bool { return s.Name == name })
-			switch {
+			switch i := slices.IndexFunc(streams, func(s *jetstream.StreamConfig) bool { return s.Name == name }); {
 			case i < 0:
-				log.Warn("nats: route "+r.Name+" names stream "+name+", which does not exist: its rows wait until it does. Create it, or fix the route",
-					"route", r.Name, "stream", name)
+				problem = "JetStream has no stream " + name + ": the route's rows wait until it exists"
 			case !captures(streams[i]):
 				use(streams[i])
-				log.Warn("nats: stream "+name+" does not capture all of route "+r.Name+"'s subjects: a row outside them is retried, and parked when its attempts run out",
-					"route", r.Name, "stream", name, "subjects", filter, "stream_subjects", streams[i].Subjects)
+				problem = "stream " + name + " does not capture all of " + filter + ": a row outside its subjects is retried, and parked when its attempts run out"
 			default:
 				use(streams[i])
 			}
-			continue
-		}
-		if i := slices.IndexFunc(streams, captures); i >= 0 {
+		} else if i := slices.IndexFunc(streams, captures); i >= 0 {
 			use(streams[i])
-			continue
+		} else {
+			problem = "no stream captures all of " + filter + ": a row outside them is retried, and parked when its attempts run out"
 		}
-		log.Warn("nats: no stream captures all of route "+r.Name+"'s subjects: a row outside them is retried, and parked when its attempts run out",
-			"route", r.Name, "subjects", filter)
+		if problem != "" {
+			out = append(out, routeProblem{Route: r.Name, Broker: "nats", Problem: problem})
+		}
+	}
+	return out, window, nil
+}
+
+// checkAMQPRoutes logs, at start, each route whose exchange RabbitMQ lacks.
+func checkAMQPRoutes(ctx context.Context, cfg *config, tlsCfg *tls.Config, log *slog.Logger) {
+	problems, err := amqpRouteProblems(ctx, cfg, tlsCfg)
+	if err != nil {
+		log.Warn("amqp: could not check the routes' exchanges; they are checked as rows go", "error", err.Error())
+	}
+	for _, p := range problems {
+		log.Warn("amqp: route "+p.Route+": "+p.Problem+". Declare it, or fix the route", "route", p.Route)
+	}
+}
+
+// checkNATSRoutes logs, at start, each route whose subjects no stream
+// captures, and returns natsRouteProblems' duplicate window.
+func checkNATSRoutes(ctx context.Context, cfg *config, nc *nats.Conn, log *slog.Logger) time.Duration {
+	problems, window, err := natsRouteProblems(ctx, cfg, nc)
+	if err != nil {
+		log.Warn("nats: could not list the streams to check the routes; their subjects are checked as rows go", "error", err.Error())
+	}
+	for _, p := range problems {
+		log.Warn("nats: route "+p.Route+": "+p.Problem, "route", p.Route)
 	}
 	return window
 }

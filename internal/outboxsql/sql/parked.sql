@@ -11,9 +11,12 @@ ORDER BY id LIMIT $3
 {{end}}
 
 -- RetryParked puts the target's parked rows back in line, the rows with ids
--- $2 or every one when $1; attempts start again from 0.
+-- $2 or every one when $1; attempts start again from 0, and the route is
+-- forgotten: the row goes by its topic and headers as they are now, which
+-- the operator may have fixed.
 {{define "RetryParked"}}
 UPDATE {{.Owed}}
-SET {{.P}}_parked_at = NULL, {{.P}}_attempts = 0, {{.P}}_retry_at = NULL
+SET {{.P}}_parked_at = NULL, {{.P}}_attempts = 0, {{.P}}_retry_at = NULL,
+	({{template "routeColumns"}}) = (NULL, NULL, NULL, NULL)
 WHERE {{.P}}_parked_at IS NOT NULL AND ($1 OR id = ANY($2))
 {{end}}
