@@ -231,6 +231,18 @@ func TestEstateRoutesLookLikeTheLegacyPublisher(t *testing.T) {
 	if strings.Contains(relay.out.String(), "level=WARN") {
 		t.Errorf("relayd warned:\n%s", relay.out.String())
 	}
+	// verify finds each row in the stream its route names.
+	cmd := exec.Command(relaydBin, "verify", "--json")
+	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=", "RELAY_ROUTES="+writeRoutes(t, s.routes()))
+	out, err := cmd.Output()
+	var rep struct {
+		Outbox    struct{ Checked, Missing int64 }
+		MoreScans []struct{ Stream string } `json:"more_scans"`
+	}
+	if jerr := json.Unmarshal(out, &rep); err != nil || jerr != nil || rep.Outbox.Checked != int64(len(msgs)) || rep.Outbox.Missing != 0 ||
+		len(rep.MoreScans) != 1 || rep.MoreScans[0].Stream != s.stream {
+		t.Errorf("relayd verify: %v, %+v; want %d rows checked, none missing, stream %s scanned too\n%s", err, rep, len(msgs), s.stream, out)
+	}
 }
 
 // getOne takes the next message of queue, waiting for it.

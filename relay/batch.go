@@ -63,8 +63,10 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 	res.sweep = fl.fresh.sweep
 	if res.sweep {
 		// It may walk for a while: rows committed meanwhile wake another
-		// worker (a busy one's producers do not notify).
+		// worker (a busy one's producers do not notify), and one wakes now
+		// for those this worker's next claim would have taken.
 		w.set(workerFree)
+		r.wake.signal()
 		r.hooks.onSweeping()
 	} else {
 		r.hooks.onClaiming()

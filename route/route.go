@@ -65,11 +65,10 @@ func (t *Table) Resolve(topic string, headers map[string]string) (Dest, string) 
 		if !ok || !r.headersMatch(headers) {
 			continue
 		}
-		c := captures{topic: topic, caps: caps[:n]}
 		return Dest{
-			Exchange:   r.exchange.render(c),
-			RoutingKey: r.routingKey.render(c),
-			Subject:    r.subject.render(c),
+			Exchange:   r.exchange.render(topic, caps[:n]),
+			RoutingKey: r.routingKey.render(topic, caps[:n]),
+			Subject:    r.subject.render(topic, caps[:n]),
 			Stream:     r.stream,
 		}, r.Name
 	}

@@ -54,32 +54,46 @@ func parseTemplate(s string, captures int) (template, error) {
 	return t, nil
 }
 
-// captures is what a template is rendered from.
+// captures is what a route's destinations gave back (reverse.go).
 type captures struct {
 	topic string
 	caps  []string
 }
 
-func (t template) render(c captures) string {
+// render is the template with topic and caps in place. Resolve's caps stay
+// on its stack: a captures value holding them would move them to the heap.
+func (t template) render(topic string, caps []string) string {
 	if len(t.parts) == 1 { // the common cases, without a copy
 		switch p := t.parts[0]; p.ref {
 		case 0:
 			return p.lit
 		case refTopic:
-			return c.topic
+			return topic
 		default:
-			return c.caps[p.ref-1]
+			return caps[p.ref-1]
+		}
+	}
+	n := 0
+	for _, p := range t.parts {
+		switch p.ref {
+		case 0:
+			n += len(p.lit)
+		case refTopic:
+			n += len(topic)
+		default:
+			n += len(caps[p.ref-1])
 		}
 	}
 	var b strings.Builder
+	b.Grow(n)
 	for _, p := range t.parts {
 		switch p.ref {
 		case 0:
 			b.WriteString(p.lit)
 		case refTopic:
-			b.WriteString(c.topic)
+			b.WriteString(topic)
 		default:
-			b.WriteString(c.caps[p.ref-1])
+			b.WriteString(caps[p.ref-1])
 		}
 	}
 	return b.String()

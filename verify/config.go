@@ -43,6 +43,10 @@ type Config struct {
 	JS jetstream.JetStream
 	// Stream is the JetStream stream the outbox publishes to. Required.
 	Stream string
+	// MoreStreams are the other streams it publishes to (those its routes
+	// name): the ids are looked for in all of them, and an id in two of
+	// them is duplicated.
+	MoreStreams []string
 	// Since and Until bound the window: rows whose nats_delivered_at (and
 	// backfilled ids whose moved_at) is in [Since, Until] are checked.
 	// Default Until: now; default Since: Until - 24h.

@@ -14,6 +14,8 @@ type Report struct {
 	// SlackSeconds is Config.Slack.
 	SlackSeconds float64 `json:"slack_seconds"`
 	Scan         Scan    `json:"scan"`
+	// MoreScans are Config.MoreStreams', in order.
+	MoreScans []StreamScan `json:"more_scans,omitempty"`
 	// Outbox checks rows the relay recorded delivered to JetStream
 	// (nats_delivered_at in the window).
 	Outbox Check `json:"outbox"`
@@ -43,6 +45,12 @@ type Scan struct {
 	// them had no Nats-Msg-Id (counted, not an error, not checked).
 	Messages     int64 `json:"messages"`
 	WithoutMsgID int64 `json:"without_msg_id"`
+}
+
+// StreamScan is the scan of one of Config.MoreStreams.
+type StreamScan struct {
+	Stream string `json:"stream"`
+	Scan   Scan   `json:"scan"`
 }
 
 // Check is the outcome for one ledger (the outbox or the backfill record).

@@ -12,23 +12,27 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// scan reads the stream from Since-Slack-Duplicates until a message stored after
-// Until+Slack, the last sequence at the start of the scan, or the end of the
-// stream, and copies every (Nats-Msg-Id, sequence) pair to Postgres.
-func (r *run) scan(ctx context.Context, stream jetstream.Stream) error {
-	sc := &r.rep.Scan
+// scan reads stream name from Since-Slack-Duplicates until a message stored
+// after Until+Slack, the last sequence at the start of the scan, or the end
+// of the stream, copies every (Nats-Msg-Id, sequence) pair to Postgres, and
+// says what it read in sc.
+func (r *run) scan(ctx context.Context, name string, sc *Scan) error {
+	stream, err := r.cfg.JS.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", name, err)
+	}
 	info, err := stream.Info(ctx) // fresh: CachedInfo is as old as the handle
 	if err != nil {
-		return fmt.Errorf("stream %s info: %w", r.cfg.Stream, err)
+		return fmt.Errorf("stream %s info: %w", name, err)
 	}
 	sc.LastSeqAtStart = info.State.LastSeq
 	sc.From = r.cfg.Since.Add(-r.cfg.Slack - info.Config.Duplicates)
-	log := r.cfg.Logger.With("stream", r.cfg.Stream)
+	log := r.cfg.Logger.With("stream", name)
 	if info.State.Msgs == 0 || info.State.LastTime.Before(sc.From) {
 		log.Info("verify: nothing to scan", "stream_messages", info.State.Msgs, "last_time", info.State.LastTime)
 		return nil
 	}
-	s, err := r.openScanner(ctx, stream, log)
+	s, err := r.openScanner(ctx, stream, name, sc, log)
 	if err != nil {
 		return err
 	}
@@ -41,6 +45,7 @@ func (r *run) scan(ctx context.Context, stream jetstream.Stream) error {
 // reads to Postgres a batch at a time.
 type scanner struct {
 	r            *run
+	name         string // the stream's
 	sc           *Scan
 	log          *slog.Logger
 	cons         jetstream.Consumer
@@ -50,8 +55,8 @@ type scanner struct {
 }
 
 // openScanner creates an ordered, headers-only consumer from Scan.From.
-func (r *run) openScanner(ctx context.Context, stream jetstream.Stream, log *slog.Logger) (*scanner, error) {
-	from := r.rep.Scan.From
+func (r *run) openScanner(ctx context.Context, stream jetstream.Stream, name string, sc *Scan, log *slog.Logger) (*scanner, error) {
+	from := sc.From
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy,
 		OptStartTime:  &from,
@@ -60,14 +65,14 @@ func (r *run) openScanner(ctx context.Context, stream jetstream.Stream, log *slo
 		InactiveThreshold: time.Minute,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("stream %s: create ordered consumer: %w", r.cfg.Stream, err)
+		return nil, fmt.Errorf("stream %s: create ordered consumer: %w", name, err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(min(r.cfg.BatchSize, 2000)))
 	if err != nil {
-		return nil, fmt.Errorf("stream %s: consume: %w", r.cfg.Stream, err)
+		return nil, fmt.Errorf("stream %s: consume: %w", name, err)
 	}
 	return &scanner{
-		r: r, sc: &r.rep.Scan, log: log, cons: cons, it: it,
+		r: r, name: name, sc: sc, log: log, cons: cons, it: it,
 		stopOnCancel: context.AfterFunc(ctx, it.Stop),
 		batch:        newPairs(r.cfg.BatchSize),
 	}, nil
@@ -79,7 +84,7 @@ func (s *scanner) close() {
 	s.it.Stop()
 	if ci := s.cons.CachedInfo(); ci != nil {
 		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		s.r.cfg.JS.DeleteConsumer(dctx, s.r.cfg.Stream, ci.Name) //nolint:errcheck // it expires by itself
+		s.r.cfg.JS.DeleteConsumer(dctx, s.name, ci.Name) //nolint:errcheck // it expires by itself
 		cancel()
 	}
 }
@@ -99,7 +104,7 @@ func (s *scanner) read(ctx context.Context) error {
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return fmt.Errorf("stream %s: message metadata: %w", s.r.cfg.Stream, err)
+			return fmt.Errorf("stream %s: message metadata: %w", s.name, err)
 		}
 		seq := meta.Sequence.Stream
 		if meta.Timestamp.After(sc.To) || seq > sc.LastSeqAtStart {
@@ -131,14 +136,14 @@ func (s *scanner) next(ctx context.Context) (jetstream.Msg, error) {
 			return nil, ctx.Err()
 		}
 		if !errors.Is(err, nats.ErrTimeout) {
-			return nil, fmt.Errorf("stream %s: read: %w", s.r.cfg.Stream, err)
+			return nil, fmt.Errorf("stream %s: read: %w", s.name, err)
 		}
 		// Nothing for a while: done if the consumer has nothing left (the
 		// messages up to the last sequence were deleted meanwhile), else
 		// keep waiting.
 		ci, err := s.cons.Info(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("stream %s: consumer info: %w", s.r.cfg.Stream, err)
+			return nil, fmt.Errorf("stream %s: consumer info: %w", s.name, err)
 		}
 		if ci.NumPending == 0 {
 			return nil, nil

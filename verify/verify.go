@@ -47,11 +47,9 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		Backfill:         Check{MissingExamples: []Missing{}, DuplicatedExamples: []Duplicate{}},
 		StreamDuplicates: Duplicates{Examples: []Duplicate{}},
 	}
-	stream, err := cfg.JS.Stream(ctx, cfg.Stream)
-	if err != nil {
-		return rep, fmt.Errorf("stream %s: %w", cfg.Stream, err)
+	for _, name := range cfg.MoreStreams {
+		rep.MoreScans = append(rep.MoreScans, StreamScan{Stream: name, Scan: Scan{To: rep.Scan.To}})
 	}
-
 	conn, err := cfg.DB.Acquire(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("acquire connection: %w", err)
@@ -65,8 +63,13 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err := r.snapshotLedgers(ctx); err != nil {
 		return rep, err
 	}
-	if err := r.scan(ctx, stream); err != nil {
+	if err := r.scan(ctx, cfg.Stream, &rep.Scan); err != nil {
 		return rep, err
+	}
+	for i := range rep.MoreScans {
+		if err := r.scan(ctx, rep.MoreScans[i].Stream, &rep.MoreScans[i].Scan); err != nil {
+			return rep, err
+		}
 	}
 	if err := r.compare(ctx); err != nil {
 		return rep, err

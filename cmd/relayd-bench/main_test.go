@@ -132,9 +132,9 @@ func TestSmoke(t *testing.T) {
 	positive("producers, bare latency", pd["bare_commit_latency"], "commits_per_second", "p50_ms", "p99_ms")
 	positive("producers, outbox latency", pd["outbox_commit_latency"], "commits_per_second", "p50_ms", "p99_ms")
 	positive("producers, idle relay", pd["idle_relay_latency"], "rows", "p50_ms", "max_ms")
-	// dual ×2, nats ×2, keyed dual ×1, tracing, latency ×2, backfill, RSS;
-	// producers ×2 per connection count, idle latency.
-	for _, v := range list("targets", 10+2*len(producerClients)+1) {
+	// dual ×2, nats ×2, keyed dual ×1, tracing, routes, latency ×2,
+	// backfill, RSS; producers ×2 per connection count, idle latency.
+	for _, v := range list("targets", 11+2*len(producerClients)+1) {
 		positive("target "+v.(map[string]any)["target"].(string), v, "value", "limit")
 	}
 

@@ -18,12 +18,10 @@ import (
 // by routesTopics routes to three exchanges and two streams, the runs
 // alternating.
 type Routes struct {
-	Targets string `json:"targets"`
-	Rows    int    `json:"rows"`
-	Topics  int    `json:"topics"`
-	Rounds  int    `json:"rounds"` // runs per arm
-	// Routes is the routes file of the routed arm.
-	Routes  string     `json:"routes_file"`
+	Targets string     `json:"targets"`
+	Rows    int        `json:"rows"`
+	Topics  int        `json:"topics"`
+	Rounds  int        `json:"rounds"` // runs per arm
 	Default RoutesArm  `json:"default"`
 	Routed  RoutesArm  `json:"routed"`
 	Ratio   float64    `json:"ratio"` // Routed.RowsPerSecond / Default.RowsPerSecond

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,6 +37,7 @@ condition with its numbers and PASS or FAIL:
 Exit status: 0 all pass, 1 any fails (or a service could not be reached
 within --connect-timeout), 2 usage. Uses RELAY_DATABASE_URL,
 RELAY_OUTBOX_TABLE, RELAY_NATS_URL, RELAY_NATS_STREAM and RELAY_AMQP_URL.
+With routes to several streams, check each stream's consumer: --stream.
 
 Flags:
 `
@@ -43,6 +45,7 @@ Flags:
 // cutoverArgs are cutover check's flags.
 type cutoverArgs struct {
 	consumer, queue, instances string
+	stream                     string // "": RELAY_NATS_STREAM
 	quiet, timeout, connect    time.Duration
 	conservative, wait, asJSON bool
 }
@@ -96,6 +99,7 @@ func parseCutoverArgs(args []string, stdout, stderr io.Writer, env envconfig.Loo
 func addCutoverFlags(fs *flag.FlagSet, a *cutoverArgs) *time.Duration {
 	fs.StringVar(&a.consumer, "consumer", "", "the JetStream durable consumer that takes over (required)")
 	fs.StringVar(&a.queue, "queue", "", "the legacy RabbitMQ queue it replaces")
+	fs.StringVar(&a.stream, "stream", "", "the stream of the consumer, one a route names (default RELAY_NATS_STREAM)")
 	fs.DurationVar(&a.quiet, "quiet-period", 0, "quiet interval (default: the consumer's AckWait or last BackOff step)")
 	fs.BoolVar(&a.conservative, "conservative", false, "quiet interval AckWait x (MaxAckPending + 1)")
 	fs.StringVar(&a.instances, "instances", "", "relayd metrics addresses host:port,... that must report one version")
@@ -107,6 +111,10 @@ func addCutoverFlags(fs *flag.FlagSet, a *cutoverArgs) *time.Duration {
 // validCutoverArgs checks the flags addCutoverFlags read, but --consumer;
 // false: it has printed why (exit 2).
 func validCutoverArgs(name string, a cutoverArgs, env envconfig.Lookuper, stderr io.Writer) bool {
+	if strings.ContainsAny(a.stream, " \t.*>") {
+		fmt.Fprintf(stderr, "relayd %s: --stream %q is not a valid stream name\n", name, a.stream)
+		return false
+	}
 	if a.quiet < 0 || a.timeout <= 0 {
 		fmt.Fprintf(stderr, "relayd %s: --quiet-period and --timeout must be positive\n", name)
 		return false
@@ -129,7 +137,7 @@ func cutoverConfig(ss *session, a cutoverArgs, stderr io.Writer) (ccfg cutover.C
 		addrs = strings.Split(a.instances, ",")
 	}
 	ccfg = cutover.Config{
-		DB: ss.pool, Table: ss.cfg.table, JS: ss.js, Stream: ss.cfg.NATSStream, Consumer: a.consumer,
+		DB: ss.pool, Table: ss.cfg.table, JS: ss.js, Stream: cmp.Or(a.stream, ss.cfg.NATSStream), Consumer: a.consumer,
 		AMQPURL: ss.cfg.AMQPURL, AMQPTLS: tlsCfg, Queue: a.queue, QuietPeriod: a.quiet, Conservative: a.conservative, Instances: addrs,
 	}
 	if f, ok := stderr.(*os.File); ok {

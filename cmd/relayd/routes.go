@@ -131,3 +131,15 @@ func checkNATSRoutes(ctx context.Context, cfg *config, nc *nats.Conn, log *slog.
 	}
 	return window
 }
+
+// routeStreams are the streams the routes name beside RELAY_NATS_STREAM,
+// each once, in the routes' order.
+func routeStreams(cfg *config) []string {
+	var out []string
+	for _, r := range cfg.routes.Routes() {
+		if s := r.Stream(); s != "" && s != cfg.NATSStream && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}

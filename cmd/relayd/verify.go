@@ -104,12 +104,12 @@ func cmdVerify(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		n = -1 // verify.Config: negative means none
 	}
 	rep, err := verify.Run(ctx, verify.Config{
-		DB: pool, Table: cfg.table, JS: js, Stream: cfg.NATSStream,
+		DB: pool, Table: cfg.table, JS: js, Stream: cfg.NATSStream, MoreStreams: routeStreams(cfg),
 		Since: since, Until: until, Slack: *slack, Examples: n, Logger: log,
 	})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			err = fmt.Errorf("stream %s not found (RELAY_NATS_STREAM)", cfg.NATSStream)
+			err = fmt.Errorf("%w (RELAY_NATS_STREAM, or a stream a route names)", err)
 		}
 		log.Error("verify failed", "error", err.Error())
 		return exitFailure
@@ -146,11 +146,20 @@ func printVerify(w io.Writer, r verify.Report) {
 	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 	fmt.Fprintf(w, "verify outbox %s against stream %s\n", r.Table, r.Stream)
 	fmt.Fprintf(w, "window   %s .. %s (stream read from %s to %s at most)\n", ts(r.Since), ts(r.Until), ts(r.Scan.From), ts(r.Scan.To))
-	s := r.Scan
-	if s.Messages == 0 {
-		fmt.Fprintf(w, "stream   no messages in range (last sequence %d)\n", s.LastSeqAtStart)
+	scanned := func(name string, s verify.Scan) {
+		if s.Messages == 0 {
+			fmt.Fprintf(w, "stream   %sno messages in range (last sequence %d)\n", name, s.LastSeqAtStart)
+		} else {
+			fmt.Fprintf(w, "stream   %s%d messages read (seq %d..%d), %d without Nats-Msg-Id\n", name, s.Messages, s.FirstSeq, s.LastSeq, s.WithoutMsgID)
+		}
+	}
+	if len(r.MoreScans) == 0 {
+		scanned("", r.Scan)
 	} else {
-		fmt.Fprintf(w, "stream   %d messages read (seq %d..%d), %d without Nats-Msg-Id\n", s.Messages, s.FirstSeq, s.LastSeq, s.WithoutMsgID)
+		scanned(r.Stream+": ", r.Scan)
+		for _, m := range r.MoreScans {
+			scanned(m.Stream+": ", m.Scan)
+		}
 	}
 	check := func(name, what, verb string, c verify.Check) {
 		if c.Skipped != "" {
