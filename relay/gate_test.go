@@ -19,6 +19,15 @@ func TestTargetsProgressIndependently(t *testing.T) {
 	f.start(Config{Sinks: []Sink{a, n}, BatchSize: 50})
 	ids := f.insert(500, "orders.created")
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.total() == len(ids) }, "amqp did not get every row while nats was down")
+	// The fake counts a publish before its batch records it.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		for _, id := range ids[:10] {
+			if !f.state(id).amqpDelivered {
+				return false
+			}
+		}
+		return true
+	}, "the rows' batches not recorded")
 	for _, id := range ids[:10] {
 		if s := f.state(id); !s.amqpDelivered || s.natsDelivered || s.done {
 			t.Fatalf("row %s: %+v, want amqp delivered only", id, s)

@@ -18,6 +18,9 @@ import (
 // says what it read in sc.
 func (r *run) scan(ctx context.Context, name string, sc *Scan) error {
 	stream, err := r.cfg.JS.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("stream %s not found: %w", name, jetstream.ErrStreamNotFound)
+	}
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", name, err)
 	}

@@ -92,7 +92,7 @@ func natsRouteProblems(ctx context.Context, cfg *config, nc *nats.Conn) ([]route
 				problem = "JetStream has no stream " + name + ": the route's rows wait until it exists"
 			case !captures(streams[i]):
 				use(streams[i])
-				problem = "stream " + name + " does not capture all of " + filter + ": a row outside its subjects is retried, and parked when its attempts run out"
+				problem = "stream " + name + " does not capture all of " + filter + ": the route's rows outside its subjects wait until it does"
 			default:
 				use(streams[i])
 			}

@@ -219,7 +219,15 @@ func (s *Sink) route(ctx context.Context, m *relay.Message, err error, lookup js
 	default:
 		what, fix = "stream "+stream+" does not capture a row's subject", "add the subject to stream "+stream+"'s subjects, or check the row's topic and route"
 	}
+	err = fmt.Errorf("nats: %w: stream %q, subject %q: %s", ErrNotCaptured, stream, subject, fix)
+	if routed {
+		// The route names both the stream and the subject: the operator's
+		// to fix, not the row's. Its rows wait.
+		s.warn.Warn("subject "+subject, what+": "+fix+"; until then that route's rows wait",
+			"stream", stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted(), "message_id", m.MessageID)
+		return relay.NoDestination(err)
+	}
 	s.warn.Warn("subject "+subject, what+": "+fix+"; until then the row is retried, and parked when its attempts run out",
 		"stream", stream, "subject", subject, "server", s.cfg.Conn.ConnectedUrlRedacted(), "message_id", m.MessageID)
-	return fmt.Errorf("nats: %w: stream %q, subject %q: %s", ErrNotCaptured, stream, subject, fix)
+	return err
 }
