@@ -182,7 +182,9 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 // route settles the refusals that say where a subject goes (jspub.WhereTo):
 // the configured stream missing pauses the target (ErrNoStream); existing
 // without the subject, the row is retried and counts an attempt
-// (ErrNotCaptured). Both are said at once, then every errlog.Every.
+// (ErrNotCaptured). A route's own stream missing, or without its subject,
+// holds that route's rows (relay.ErrNoDestination). Each is said at once,
+// then every errlog.Every.
 func (s *Sink) route(ctx context.Context, m *relay.Message, err error, lookup jspub.StreamLookup) error {
 	subject, stream := s.subject(m), s.stream(m)
 	where := jspub.WhereTo(ctx, lookup, err, subject, stream)
