@@ -54,7 +54,8 @@ type Config struct {
 	Prefetch int
 	// NATS is the connection to JetStream; the caller owns it. Required.
 	NATS *nats.Conn
-	// Stream must receive every message. Required.
+	// Stream must receive every message no route of Routes sends to
+	// another. Required.
 	Stream string
 	// Routes, when set, send a message as the relay sends the row its
 	// exchange and routing key come from (route.Table.FromAMQP): the route's

@@ -174,7 +174,10 @@ func (b *runner) permanent(ctx context.Context, it *item, err error, lookup *jsp
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10054:
 		return "message exceeds the stream's maximum message size"
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10077:
-		stream := cmp.Or(it.stream, lookup.StreamOf(ctx, it.subject))
+		stream := it.stream
+		if stream == "" {
+			stream = lookup.StreamOf(ctx, it.subject)
+		}
 		if maxBytes, tooLarge := lookup.TooLarge(ctx, stream, it.msg, err); tooLarge {
 			return fmt.Sprintf("message of about %d bytes is larger than stream %q's MaxBytes %d", jspub.StoredSize(it.msg), stream, maxBytes)
 		}

@@ -90,6 +90,9 @@ func natsRouteProblems(ctx context.Context, cfg *config, nc *nats.Conn) ([]route
 			switch i := slices.IndexFunc(streams, func(s *jetstream.StreamConfig) bool { return s.Name == name }); {
 			case i < 0:
 				problem = "JetStream has no stream " + name + ": the route's rows wait until it exists"
+			case !captures(streams[i]) && name == cfg.NATSStream:
+				use(streams[i])
+				problem = "stream " + name + " (RELAY_NATS_STREAM) does not capture all of " + filter + ": a row outside its subjects is retried, and parked when its attempts run out"
 			case !captures(streams[i]):
 				use(streams[i])
 				problem = "stream " + name + " does not capture all of " + filter + ": the route's rows outside its subjects wait until it does"

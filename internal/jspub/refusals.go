@@ -121,8 +121,7 @@ func OutOfRoom(e *jetstream.APIError) bool {
 // first such refusal; when that fails, TooLarge says false (publish again
 // later).
 func (l *Lookup) TooLarge(ctx context.Context, stream string, m *nats.Msg, err error) (maxBytes int64, tooLarge bool) {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed || apiErr.Description != descMaxBytes {
+	if !MaxBytesRefused(err) {
 		return 0, false
 	}
 	most, asked := l.maxBytes[stream]
@@ -135,6 +134,13 @@ func (l *Lookup) TooLarge(ctx context.Context, stream string, m *nats.Msg, err e
 		l.maxBytes[stream] = most
 	}
 	return most, most > 0 && StoredSize(m) > most
+}
+
+// MaxBytesRefused reports whether err is a stream's "maximum bytes
+// exceeded": TooLarge's question.
+func MaxBytesRefused(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStoreFailed && apiErr.Description == descMaxBytes
 }
 
 // StoredSize is about what a stream's store counts for m: its subject,

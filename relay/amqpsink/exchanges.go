@@ -16,46 +16,50 @@ import (
 // publish in flight on it; so an exchange is checked first, on a channel of
 // its own, and a route's missing exchange holds only that route's rows.
 type exchangeSet struct {
-	mu      sync.Mutex
-	found   map[string]bool      // exists, for the link's life (a deletion closes the channel: a new link)
+	mu      sync.Mutex           // never held across I/O: workers ask missing while corked
+	found   map[string]bool      // exists; a publish after its deletion closes the channel: a new link checks again
 	missing map[string]time.Time // said missing then; asked again after exchangeRecheck
 }
 
 // exchangeRecheck is how long a missing exchange's answer stands.
 const exchangeRecheck = time.Second
 
-// check asks RabbitMQ about each exchange of names it has no answer for,
-// before the batch's publishes go (not while corked: the answer would wait
-// behind them).
+// checkExchanges asks RabbitMQ about each exchange of names it has no
+// answer for, before the batch's publishes go: not while corked, where its
+// own frames would wait behind the cork.
 func (l *link) checkExchanges(names map[string]struct{}) {
 	if len(names) == 0 {
 		return
 	}
 	e := &l.exchanges
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	now := time.Now()
+	var ask []string
+	e.mu.Lock()
 	for name := range names {
-		if e.found[name] {
-			continue
+		if at, ok := e.missing[name]; !e.found[name] && (!ok || now.Sub(at) >= exchangeRecheck) {
+			ask = append(ask, name)
 		}
-		if at, ok := e.missing[name]; ok && now.Sub(at) < exchangeRecheck {
-			continue
+	}
+	e.mu.Unlock()
+	for _, name := range ask {
+		exists, err := l.exchangeExists(name)
+		if err != nil {
+			continue // the connection: the publish finds out
 		}
-		switch exists, err := l.exchangeExists(name); {
-		case err != nil: // the connection: the publish finds out
-		case exists:
+		e.mu.Lock()
+		if exists {
 			if e.found == nil {
 				e.found = map[string]bool{}
 			}
 			e.found[name] = true
 			delete(e.missing, name)
-		default:
+		} else {
 			if e.missing == nil {
 				e.missing = map[string]time.Time{}
 			}
 			e.missing[name] = now
 		}
+		e.mu.Unlock()
 	}
 }
 

@@ -10,7 +10,6 @@
 package natssink
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -171,7 +170,10 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 			}
 		default:
 			results[i] = s.route(ctx, msgs[i], classify(results[i]), lookup)
-			stream := cmp.Or(s.stream(msgs[i]), lookup.StreamOf(ctx, m.Subject))
+			stream := s.stream(msgs[i])
+			if stream == "" && jspub.MaxBytesRefused(results[i]) { // asked only for this refusal
+				stream = lookup.StreamOf(ctx, m.Subject)
+			}
 			if maxBytes, tooLarge := lookup.TooLarge(ctx, stream, m, results[i]); tooLarge {
 				results[i] = relay.Permanent("nats: message of about %d bytes is larger than stream %s's MaxBytes %d", jspub.StoredSize(m), stream, maxBytes)
 			}

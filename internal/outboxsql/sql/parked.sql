@@ -11,12 +11,14 @@ ORDER BY id LIMIT $3
 {{end}}
 
 -- RetryParked puts the target's parked rows back in line, the rows with ids
--- $2 or every one when $1; attempts start again from 0, and the route is
--- forgotten: the row goes by its topic and headers as they are now, which
--- the operator may have fixed.
+-- $2 or every one when $1; attempts start again from 0. A row no target
+-- has a publish outstanding for (each has it, or is parked) forgets its
+-- route: it goes by its topic and headers as they are now, which the
+-- operator may have fixed.
 {{define "RetryParked"}}
 UPDATE {{.Owed}}
 SET {{.P}}_parked_at = NULL, {{.P}}_attempts = 0, {{.P}}_retry_at = NULL,
-	({{template "routeColumns"}}) = (NULL, NULL, NULL, NULL)
+	({{template "routeColumns"}}) = (SELECT {{template "routeColumns"}} WHERE NOT (
+		(amqp_delivered_at IS NOT NULL OR amqp_parked_at IS NOT NULL) AND (nats_delivered_at IS NOT NULL OR nats_parked_at IS NOT NULL)))
 WHERE {{.P}}_parked_at IS NOT NULL AND ($1 OR id = ANY($2))
 {{end}}
