@@ -62,7 +62,9 @@ func ListParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targe
 }
 
 // RetryParked puts parked rows back in line for the given targets: the
-// rows with ids, or every parked row when all. Attempts start again from 0.
+// rows with ids, or every parked row when all. Attempts start again from 0,
+// and a row no broker owes a publish of forgets its route (docs/routes.md,
+// "Changing routes").
 // Safe while relays run (a relay holding one of the rows makes the update
 // wait for its batch); it wakes idle relays. It returns how many (row,
 // target) pairs were put back.
