@@ -243,19 +243,24 @@ func (b *batchRecord) add(c *claimed, outcome perTarget[int16], errText perTarge
 		return
 	}
 	b.ids = append(b.ids, c.msg.ID)
-	if d := c.msg.Route; d != nil {
-		for i, v := range []*string{&d.Exchange, &d.RoutingKey, &d.Subject, &d.Stream} {
-			b.route[i] = append(b.route[i], v)
-		}
-	} else {
-		for i := range b.route {
-			b.route[i] = append(b.route[i], nil)
-		}
-	}
+	b.addRoute(c.msg.Route)
 	for _, t := range Targets {
 		appendTo(&b.outcome, t, outcome.Get(t))
 		appendTo(&b.errText, t, errText.Get(t))
 		appendTo(&b.backoff, t, backoff.Get(t).Milliseconds())
+	}
+}
+
+// addRoute appends the route of the row last added to ids (nil: NULLs).
+func (b *batchRecord) addRoute(d *route.Dest) {
+	if d == nil {
+		for i := range b.route {
+			b.route[i] = append(b.route[i], nil)
+		}
+		return
+	}
+	for i, v := range []*string{&d.Exchange, &d.RoutingKey, &d.Subject, &d.Stream} {
+		b.route[i] = append(b.route[i], v)
 	}
 }
 
@@ -313,9 +318,7 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, ms
 			}
 			d, _ := routes.Resolve(*topic, h)
 			routed.ids = append(routed.ids, id)
-			for i, v := range []string{d.Exchange, d.RoutingKey, d.Subject, d.Stream} {
-				routed.route[i] = append(routed.route[i], &v)
-			}
+			routed.addRoute(&d)
 		}
 		if (has.AMQP || !enabled.AMQP) && (has.NATS || !enabled.NATS) {
 			done.doneIDs = append(done.doneIDs, id)

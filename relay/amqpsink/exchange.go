@@ -58,20 +58,29 @@ func MissingExchanges(ctx context.Context, url string, tlsCfg *tls.Config, names
 		if err := ctx.Err(); err != nil {
 			return missing, err
 		}
-		ch, err := conn.Channel()
+		exists, err := exchangeExists(conn, name)
 		if err != nil {
-			return missing, fmt.Errorf("amqp: channel: %w", err)
-		}
-		err = ch.ExchangeDeclarePassive(name, amqp.ExchangeDirect, true, false, false, false, nil)
-		var ae *amqp.Error
-		switch {
-		case errors.As(err, &ae) && ae.Code == amqp.NotFound:
-			missing = append(missing, name)
-		case err != nil:
 			return missing, fmt.Errorf("amqp: check exchange %q: %w", name, err)
-		default:
-			ch.Close() //nolint:errcheck // answered
+		}
+		if !exists {
+			missing = append(missing, name)
 		}
 	}
 	return missing, nil
+}
+
+// exchangeExists declares name passively on a channel of its own, which a
+// missing exchange closes.
+func exchangeExists(conn *amqp.Connection, name string) (bool, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, err
+	}
+	err = ch.ExchangeDeclarePassive(name, amqp.ExchangeDirect, true, false, false, false, nil)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		return false, nil
+	}
+	ch.Close() //nolint:errcheck // the check is answered
+	return err == nil, err
 }

@@ -1,12 +1,9 @@
 package amqpsink
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/relay"
 )
@@ -42,7 +39,7 @@ func (l *link) checkExchanges(names map[string]struct{}) {
 	}
 	e.mu.Unlock()
 	for _, name := range ask {
-		exists, err := l.exchangeExists(name)
+		exists, err := exchangeExists(l.conn, name)
 		if err != nil {
 			continue // the connection: the publish finds out
 		}
@@ -73,20 +70,4 @@ func (l *link) exchangeMissing(name string) error {
 		return nil
 	}
 	return relay.NoDestination(fmt.Errorf("amqp: exchange %q does not exist", name))
-}
-
-// exchangeExists declares name passively on a channel of its own, which a
-// missing exchange closes.
-func (l *link) exchangeExists(name string) (bool, error) {
-	ch, err := l.conn.Channel()
-	if err != nil {
-		return false, err
-	}
-	err = ch.ExchangeDeclarePassive(name, amqp.ExchangeDirect, true, false, false, false, nil)
-	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-		return false, nil
-	}
-	ch.Close() //nolint:errcheck // the check is answered
-	return err == nil, err
 }
