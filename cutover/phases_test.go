@@ -25,7 +25,8 @@ func TestCheckRelaydPhases(t *testing.T) {
 	if _, err := ns.Stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "new-side", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := cutover.Config{DB: pool, Table: table, JS: ns.JS, Stream: ns.Name, Consumer: "new-side", QuietPeriod: 100 * time.Millisecond, Poll: 50 * time.Millisecond}
+	cfg := cutover.Config{DB: pool, Table: table, JS: ns.JS, QuietPeriod: 100 * time.Millisecond, Poll: 50 * time.Millisecond,
+		Groups: []cutover.Group{{Stream: ns.Name, Consumer: "new-side", Path: cutover.RollingUpgrade}}}
 
 	type relay struct {
 		name   string

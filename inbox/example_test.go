@@ -101,8 +101,10 @@ func Example_dualRead() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
-		Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "orders.>",
+	// relayd's defaults: the stream OUTBOX (RELAY_NATS_STREAM), each subject
+	// "outbox." (RELAY_NATS_SUBJECT_PREFIX) + topic; here the topics orders.*.
+	cons, err := js.CreateOrUpdateConsumer(ctx, "OUTBOX", jetstream.ConsumerConfig{
+		Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "outbox.orders.>",
 	})
 	if err != nil {
 		log.Fatal(err)

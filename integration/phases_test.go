@@ -31,6 +31,11 @@ type loadGen struct {
 }
 
 func (e *env) startLoad(perTick int, tick time.Duration) *loadGen {
+	return e.startTopicLoad("orders.placed", perTick, tick)
+}
+
+// startTopicLoad is startLoad writing rows of topic.
+func (e *env) startTopicLoad(topic string, perTick int, tick time.Duration) *loadGen {
 	g := &loadGen{e: e, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(g.done)
@@ -49,7 +54,7 @@ func (e *env) startLoad(perTick int, tick time.Duration) *loadGen {
 			msgs := make([]outbox.Message, perTick)
 			for i := range msgs {
 				n++
-				msgs[i] = outbox.Message{Topic: "orders.placed", Payload: []byte(fmt.Sprintf(`{"n":%d}`, n))}
+				msgs[i] = outbox.Message{Topic: topic, Payload: []byte(fmt.Sprintf(`{"n":%d}`, n))}
 			}
 			ids, err := e.writer.Write(context.Background(), e.pool, msgs...)
 			if err != nil {

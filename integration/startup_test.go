@@ -102,8 +102,8 @@ func TestStartupNamesTheServiceItWaitsFor(t *testing.T) {
 
 // An on-call engineer's `relayd status` against a Postgres that is down
 // (nothing listening) or that does not answer (accepts, says nothing)
-// fails within seconds, exit 1, with the reason — not after
-// RELAY_STARTUP_TIMEOUT.
+// fails within seconds, exit 1, with the reason on one plain line — not
+// after RELAY_STARTUP_TIMEOUT.
 func TestStatusFailsFastWithoutPostgres(t *testing.T) {
 	t.Parallel()
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
@@ -114,8 +114,8 @@ func TestStatusFailsFastWithoutPostgres(t *testing.T) {
 	for _, tc := range []struct {
 		name, addr, reason string
 	}{
-		{"down", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "connection refused"},
-		{"silent", silent.Addr().String(), "no answer within"},
+		{"down", fmt.Sprintf("127.0.0.1:%d", freePort(t)), ": dial tcp "},
+		{"silent", silent.Addr().String(), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -128,8 +128,9 @@ func TestStatusFailsFastWithoutPostgres(t *testing.T) {
 			if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 1 || took > 10*time.Second {
 				t.Fatalf("relayd status: %v after %v, want exit 1 within 10 s:\n%s", err, took, out)
 			}
-			if !strings.Contains(string(out), "postgres") || !strings.Contains(string(out), tc.reason) || strings.Contains(string(out), "s3cret") {
-				t.Errorf("relayd status: output lacks postgres and %q (or has the password):\n%s", tc.reason, out)
+			want := "relayd status: Postgres at " + tc.addr + " did not answer within 5s" + tc.reason
+			if !strings.HasPrefix(string(out), want) || strings.Count(string(out), "\n") != 1 || strings.Contains(string(out), "s3cret") {
+				t.Errorf("relayd status: output is not one line starting %q (or has the password):\n%s", want, out)
 			}
 		})
 	}

@@ -72,7 +72,7 @@ func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 	if !amqpURLOK(env, stderr) {
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 4, true, 0)
+	ss, code := connectSession("backfill", stderr, env, 4, true, 0)
 	if ss == nil {
 		return code
 	}
@@ -95,7 +95,7 @@ func parseBackfillFlags(args []string, stdout, stderr io.Writer, env envconfig.L
 		return f, exitUsage, false
 	}
 	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &be, Lookuper: env}); err != nil {
-		fmt.Fprintf(stderr, "relayd: config: %v\n", envError[backfillEnv](err))
+		fmt.Fprintf(stderr, "relayd: config: %v\n", envError[backfillEnv](err, env))
 		return f, exitUsage, false
 	}
 	if be.Prefetch == 0 {

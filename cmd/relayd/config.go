@@ -85,7 +85,7 @@ func loadConfig(ctx context.Context, l envconfig.Lookuper) (*config, error) {
 		return nil, err
 	}
 	if err := envconfig.ProcessWith(ctx, &envconfig.Config{Target: &c, Lookuper: l}); err != nil {
-		return nil, envError[config](err)
+		return nil, envError[config](err, l)
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -118,8 +118,10 @@ func noEmpty[T any](l envconfig.Lookuper) error {
 }
 
 // envError rewrites go-envconfig's errors into one line that starts with the
-// variable's name.
-func envError[T any](err error) error {
+// variable's name: for a value it cannot parse, the value and what the
+// variable accepts (RELAY_PPROF="yes": want true or false), whatever the
+// variable, by its field's type.
+func envError[T any](err error, l envconfig.Lookuper) error {
 	msg := err.Error()
 	if errors.Is(err, envconfig.ErrMissingRequired) {
 		if i := strings.LastIndex(msg, ": "); i >= 0 {
@@ -131,10 +133,33 @@ func envError[T any](err error) error {
 	if field, rest, ok := strings.Cut(msg, ": "); ok {
 		if f, ok := reflect.TypeFor[T]().FieldByName(field); ok {
 			name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
-			return badVar(name, "invalid value: %s", rest)
+			v, _ := l.Lookup(name)
+			if want := accepts(f.Type); want != "" {
+				return &configError{msg: fmt.Sprintf("%s=%q: want %s", name, v, want)}
+			}
+			return badVar(name, "invalid value %q: %s", v, rest)
 		}
 	}
 	return &configError{msg: msg}
+}
+
+// accepts says what a variable of type t accepts, for envError; "" for a
+// type whose parse error says it better.
+func accepts(t reflect.Type) string {
+	if t == reflect.TypeFor[time.Duration]() {
+		return "a duration such as 500ms, 5s, 2m or 1h30m"
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "a whole number"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number, 0 or more"
+	case reflect.Float32, reflect.Float64:
+		return "a number, like 2.5"
+	}
+	return ""
 }
 
 // validateRun checks what only `relayd run` uses. A batch in flight at

@@ -201,7 +201,7 @@ func TestRunExitCodes(t *testing.T) {
 		// before any connection is tried.
 		{[]string{"backfill", "--queue", "q", "--prefetch", "70000"}, base(), exitUsage, "--prefetch (or RELAY_BACKFILL_PREFETCH): 70000 is out of range"},
 		{[]string{"backfill", "--queue", "q"}, with(base(), "RELAY_BACKFILL_PREFETCH", "-1"), exitUsage, "--prefetch (or RELAY_BACKFILL_PREFETCH): -1 is out of range"},
-		{[]string{"backfill", "--queue", "q"}, with(base(), "RELAY_BACKFILL_PREFETCH", "abc"), exitUsage, "RELAY_BACKFILL_PREFETCH: invalid value"},
+		{[]string{"backfill", "--queue", "q"}, with(base(), "RELAY_BACKFILL_PREFETCH", "abc"), exitUsage, `RELAY_BACKFILL_PREFETCH="abc": want a whole number`},
 		{[]string{"backfill", "--queue", "q", "--limit", "-1"}, base(), exitUsage, "--limit (or RELAY_BACKFILL_LIMIT): -1 is out of range"},
 		{[]string{"backfill", "--queue", "q", "--rate", "-1"}, base(), exitUsage, "--rate (or RELAY_BACKFILL_RATE): -1 is out of range"},
 		// A bad AMQP URL, checked even with the amqp target off, and not

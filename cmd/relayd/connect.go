@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/relay/natssink"
 )
@@ -121,7 +125,14 @@ func startingUp(e *pgconn.PgError) bool {
 	return strings.HasPrefix(e.Code, "57P")
 }
 
+// connectNATS connects to NATS, waiting for it up to cfg.StartupTimeout and
+// logging the wait, then the connection's disconnects and reconnects.
 func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn, error) {
+	return dialNATS(ctx, cfg, log, log)
+}
+
+// dialNATS is connectNATS logging the wait to waitLog.
+func dialNATS(ctx context.Context, cfg *config, log, waitLog *slog.Logger) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name("relayd"),
 		nats.MaxReconnects(-1),
@@ -162,7 +173,7 @@ func connectNATS(ctx context.Context, cfg *config, log *slog.Logger) (*nats.Conn
 		opts = append(opts, nats.ClientCert(cfg.NATSCert, cfg.NATSKey))
 	}
 	deadline := time.Now().Add(cfg.StartupTimeout)
-	wait := newWaitLog(log, "nats", redact(cfg.NATSURL), cfg.StartupTimeout)
+	wait := newWaitLog(waitLog, "nats", redact(cfg.NATSURL), cfg.StartupTimeout)
 	for {
 		nc, err := nats.Connect(cfg.NATSURL, opts...)
 		if err == nil {
@@ -188,4 +199,112 @@ func refusedForGood(err error) bool {
 	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
 		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired) ||
 		errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid)
+}
+
+// A one-shot command (status, migrate, tail...) that cannot connect prints
+// one plain line, for the engineer who ran it; relayd run logs the error
+// instead, for whatever collects its logs.
+
+// postgresFailure is connectFailure for Postgres, which relayd retried for
+// cfg.StartupTimeout unless Postgres answered.
+func postgresFailure(cfg *config, err error) string {
+	addr := "RELAY_DATABASE_URL"
+	if pc, perr := pgxpool.ParseConfig(cfg.DatabaseURL); perr == nil {
+		addr = strings.Join(postgresHosts(pc), ",")
+	}
+	return connectFailure("Postgres", addr, cfg.StartupTimeout, err)
+}
+
+// natsFailure is connectFailure for NATS, which connectNATS retried for
+// cfg.StartupTimeout unless the server refused relayd.
+func natsFailure(cfg *config, err error) string {
+	return connectFailure("NATS", urlHosts(natsURLs(cfg.NATSURL)), cfg.StartupTimeout, err)
+}
+
+// amqpFailure is connectFailure for RabbitMQ; waited is how long relayd
+// retried (0: one attempt).
+func amqpFailure(cfg *config, waited time.Duration, err error) string {
+	return connectFailure("RabbitMQ", urlHosts(amqpio.SplitURLs(cfg.AMQPURL)), waited, err)
+}
+
+// connectFailure says, on one line, which service at which address (never
+// a password) could not be connected to, and why: "Postgres at
+// 127.0.0.1:5432 did not answer within 5s: dial tcp …: connection refused".
+func connectFailure(service, addr string, waited time.Duration, err error) string {
+	var what string
+	switch {
+	case refusedUs(err):
+		what = fmt.Sprintf("%s at %s refused the connection", service, addr)
+	case !silent(err):
+		what = fmt.Sprintf("could not connect to %s at %s", service, addr)
+	case waited > 0:
+		what = fmt.Sprintf("%s at %s did not answer within %s", service, addr, waited)
+	default:
+		what = fmt.Sprintf("%s at %s did not answer", service, addr)
+	}
+	if reason := connectReason(err); reason != "" {
+		return what + ": " + reason
+	}
+	return what
+}
+
+// refusedUs says whether the server answered, and refused relayd's
+// connection: its credentials, its database, its session settings.
+func refusedUs(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) || refusedForGood(err) ||
+		errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost) || errors.Is(err, amqp.ErrSASL)
+}
+
+// unreachableErr says whether err is a connection failure connectFailure
+// describes: a server that did not answer or refused the connection.
+func unreachableErr(err error) bool {
+	return refusedUs(err) || silent(err)
+}
+
+// silent says whether err is a server that did not answer: nothing
+// listening, no route, or no answer in time.
+func silent(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout)
+}
+
+// connectReason is the cause of a connection error, without the prefixes
+// of its wrappers (pgconn's "failed to connect to `user=… database=…`:"),
+// on one line; "" when it is only a deadline, which connectFailure says.
+func connectReason(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		if poolerRefused(pgErr) {
+			return pgErr.Error() + ": " + errPooler.Error()
+		}
+		return pgErr.Error()
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return opErr.Error()
+	}
+	if errors.Is(err, nats.ErrNoServers) {
+		// nats.go says so when every server refused the connection.
+		return "connection refused (" + nats.ErrNoServers.Error() + ")"
+	}
+	for {
+		var next error
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			next = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			if es := u.Unwrap(); len(es) > 0 {
+				next = es[0]
+			}
+		}
+		if next == nil && errors.Is(err, context.DeadlineExceeded) {
+			return ""
+		}
+		if next == nil {
+			return strings.ReplaceAll(err.Error(), "\n", " ")
+		}
+		err = next
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -25,21 +26,26 @@ const (
 	exitUsage   = 2
 )
 
-// commands lists the top-level commands for the usage, which aligns them.
+// commands lists the top-level usage, one line per command or action (the
+// usage aligns them). TestUsageListsEveryCommand holds it to dispatch and
+// actions.
 var commands = []struct{ name, what string }{
 	{"run", "relay until SIGINT/SIGTERM (a second signal exits at once)"},
-	{"migrate [up|status]", "create or upgrade the outbox table (or list its migrations)"},
-	{"status", "how far behind each target is, the phase and the running relays"},
-	{"phase [show|set]", "the migration phase the relays share: show it, or set it (amqp, dual, nats)"},
+	{"migrate [up|status] [--inbox TABLE]", "create or upgrade the outbox table, or with --inbox a consumer's inbox table (status: list its migrations)"},
+	{"migrate down-to N", "undo the outbox's migrations after N, for a relayd of an earlier release"},
+	{"status [--check]", "how far behind each target is, the phase and the running relays (--check: exit 1 past --max-lag or --max-parked)"},
+	{"phase [show]", "the migration phase the relays share, and the phase each running relay runs"},
+	{"phase set amqp|dual|nats", "set the phase (into nats only once the cutover check holds)"},
 	{"backfill", "move a legacy RabbitMQ queue into the JetStream stream, exactly once"},
 	{"replay", "roll back: publish to the legacy exchange what the stream got while RabbitMQ did not"},
-	{"cutover check", "may consumers switch to JetStream exclusively?"},
+	{"cutover check", "may these consumer groups read JetStream only? (--dual-read, --rolling-upgrade)"},
 	{"verify", "check the stream against the outbox's record (exit 1 if anything is missing or duplicated)"},
 	{"outbox parked", "list parked rows"},
 	{"outbox retry", "put parked rows back in line"},
 	{"tail", "print each message reaching the stream and the exchange, until Ctrl-C"},
 	{"routes check", "list the routes (RELAY_ROUTES) and check their exchanges and streams exist"},
 	{"version", "print the version (also --version)"},
+	{"help", "print this list (also --help)"},
 }
 
 // usage is the top-level help, its columns aligned by tabwriter.
@@ -52,12 +58,53 @@ var usage = func() string {
 	}
 	tw.Flush()
 	b.WriteString(`
-Each command takes --help; every flag is written --flag. Commands that
-report take --json. Configuration comes from RELAY_* environment variables;
-see docs/configuration.md for the full table.
+Each command takes --help; every flag is written --flag, before or after
+the action. Commands that report take --json. Configuration comes from
+RELAY_* environment variables; see docs/configuration.md for the full table.
 `)
 	return b.String()
 }()
+
+// cmdFunc runs a command with the arguments after its name.
+type cmdFunc func(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int
+
+// dispatch is every command relayd accepts, by name; aliases maps the
+// other spellings of some.
+var dispatch = map[string]cmdFunc{
+	"run":      cmdRun,
+	"migrate":  cmdMigrate,
+	"status":   cmdStatus,
+	"phase":    cmdPhase,
+	"backfill": cmdBackfill,
+	"replay":   cmdReplay,
+	"cutover":  cmdCutover,
+	"verify":   cmdVerify,
+	"outbox":   cmdOutbox,
+	"tail":     cmdTail,
+	"routes":   cmdRoutes,
+	"version": func(args []string, stdout, stderr io.Writer, _ envconfig.Lookuper) int {
+		return cmdVersion(args, stdout, stderr)
+	},
+	"help": cmdHelp,
+}
+
+// aliases are the flag-like spellings of version and help.
+var aliases = map[string]string{"-version": "version", "--version": "version", "-h": "help", "-help": "help", "--help": "help"}
+
+// actions are the actions of the commands that take one, the default (when
+// none is given) first; each command accepts these and no others.
+var actions = map[string][]string{
+	"migrate": {"up", "status", "down-to"},
+	"phase":   {"show", "set"},
+	"outbox":  {"parked", "retry"},
+	"routes":  {"check"},
+	"cutover": {"check"},
+}
+
+// isAction says whether a is one of cmd's actions.
+func isAction(cmd, a string) bool {
+	return slices.Contains(actions[cmd], a)
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, envconfig.OsLookuper()))
@@ -70,46 +117,31 @@ func run(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	}
-	switch args[0] {
-	case "run":
-		return cmdRun(args[1:], stdout, stderr, env)
-	case "migrate":
-		return cmdMigrate(args[1:], stdout, stderr, env)
-	case "status":
-		return cmdStatus(args[1:], stdout, stderr, env)
-	case "phase":
-		return cmdPhase(args[1:], stdout, stderr, env)
-	case "backfill":
-		return cmdBackfill(args[1:], stdout, stderr, env)
-	case "replay":
-		return cmdReplay(args[1:], stdout, stderr, env)
-	case "cutover":
-		return cmdCutover(args[1:], stdout, stderr, env)
-	case "verify":
-		return cmdVerify(args[1:], stdout, stderr, env)
-	case "outbox":
-		return cmdOutbox(args[1:], stdout, stderr, env)
-	case "tail":
-		return cmdTail(args[1:], stdout, stderr, env)
-	case "routes":
-		return cmdRoutes(args[1:], stdout, stderr, env)
-	case "version", "-version", "--version":
-		return cmdVersion(args[1:], stdout, stderr)
-	case "-h", "-help", "--help", "help":
-		if len(args) > 1 {
-			fmt.Fprintf(stderr, "relayd: unexpected argument %q: for a command's help, relayd COMMAND --help\n", args[1])
-			return exitUsage
-		}
-		fmt.Fprint(stdout, usage)
-		return exitOK
-	default:
-		if strings.HasPrefix(args[0], "-") {
-			fmt.Fprintf(stderr, "relayd: unknown flag %s (see relayd --help)\n", args[0])
-			return exitUsage
-		}
-		fmt.Fprintf(stderr, "relayd: unknown command %q\n\n%s", args[0], usage)
+	name := args[0]
+	if a, ok := aliases[name]; ok {
+		name = a
+	}
+	if cmd, ok := dispatch[name]; ok {
+		return cmd(args[1:], stdout, stderr, env)
+	}
+	if strings.HasPrefix(name, "-") {
+		fmt.Fprintf(stderr, "relayd: unknown flag %s (see relayd --help)\n", name)
 		return exitUsage
 	}
+	fmt.Fprintf(stderr, "relayd: unknown command %q\n\n%s", name, usage)
+	return exitUsage
+}
+
+func cmdHelp(args []string, stdout, stderr io.Writer, _ envconfig.Lookuper) int {
+	if len(args) == 1 && aliases[args[0]] == "help" {
+		args = nil // relayd help --help
+	}
+	if len(args) > 0 {
+		fmt.Fprintf(stderr, "relayd: unexpected argument %q: for a command's help, relayd COMMAND --help\n", args[0])
+		return exitUsage
+	}
+	fmt.Fprint(stdout, usage)
+	return exitOK
 }
 
 // configOrExit loads the configuration, printing one line on failure. It

@@ -19,7 +19,7 @@ import (
 	"github.com/relayd/relayd/schema"
 )
 
-const migrateHelp = `Usage: relayd migrate [--inbox TABLE] [--json] [up|status|down-to VERSION]
+const migrateHelp = `Usage: relayd migrate [up|status|down-to VERSION] [--inbox TABLE] [--json]
 
 Creates or upgrades the outbox table named by RELAY_OUTBOX_TABLE (default
 "outbox") in RELAY_DATABASE_URL — or, with --inbox, a consumer's inbox table
@@ -31,27 +31,33 @@ advisory lock serialises them (one waits up to an hour for another).
   down-to VERSION
            undo the outbox's migrations after VERSION (12 at the earliest),
            for a relayd of an earlier release; stop the relays first
-  --inbox TABLE   migrate the inbox table TABLE (name or schema.name) instead
-  --json          print what was applied, or the status, as JSON
 
 Waits up to RELAY_STARTUP_TIMEOUT for Postgres (a deploy step may start
 with it).
+
+Flags:
 `
 
 func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	inboxTable := fs.String("inbox", "", "migrate this inbox table instead of the outbox")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if code, done := parseFlagsArgs(fs, args, stdout, stderr, migrateHelp); done {
+	inboxTable := fs.String("inbox", "", "migrate this inbox table (name or schema.name) instead of the outbox")
+	asJSON := fs.Bool("json", false, "print what was applied, or the status, as JSON")
+	if code, done := parseFlagsArgs(fs, args, stdout, stderr, withFlagDefaults(fs, migrateHelp)); done {
 		return code
 	}
-	action := "up"
+	action := actions["migrate"][0]
 	if fs.NArg() > 0 {
 		action = fs.Arg(0)
 	}
 	var downTo int64
 	switch {
-	case action == "down-to" && *inboxTable == "":
+	case !isAction("migrate", action):
+		fmt.Fprintf(stderr, "relayd migrate: unknown action %q: want up, status or (outbox only) down-to (see relayd migrate --help)\n", action)
+		return exitUsage
+	case action == "down-to" && *inboxTable != "":
+		fmt.Fprintln(stderr, "relayd migrate: down-to is for the outbox only, not --inbox (see relayd migrate --help)")
+		return exitUsage
+	case action == "down-to":
 		v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
 		if fs.NArg() != 2 || err != nil || v < schema.RollBackFloor {
 			fmt.Fprintf(stderr, "relayd migrate: down-to wants one version, %d or later: earlier downs drop the delivered record\n", schema.RollBackFloor)
@@ -60,9 +66,6 @@ func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 		downTo = v
 	case fs.NArg() > 1:
 		fmt.Fprintf(stderr, "relayd migrate: unexpected argument %q: one action at most (see relayd migrate --help)\n", fs.Arg(1))
-		return exitUsage
-	case action != "up" && action != "status":
-		fmt.Fprintf(stderr, "relayd migrate: unknown action %q: want up, status or (outbox only) down-to\n", action)
 		return exitUsage
 	}
 	if *inboxTable != "" {
@@ -78,9 +81,9 @@ func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 	log := newLogger(cfg, stderr)
 	ctx, stop := signalContext(log)
 	defer stop()
-	db, closeDB, err := openDB(ctx, cfg, log)
+	db, closeDB, err := openDB(ctx, cfg)
 	if err != nil {
-		log.Error("connect to postgres", "error", err.Error())
+		fmt.Fprintln(stderr, commandPrefix("migrate")+postgresFailure(cfg, err))
 		return exitFailure
 	}
 	defer closeDB()
@@ -188,9 +191,11 @@ func migrateInbox(ctx context.Context, db *sql.DB, table, action string, asJSON 
 	return exitOK
 }
 
-// openDB opens database/sql over a small pgx pool, for goose.
-func openDB(ctx context.Context, cfg *config, log *slog.Logger) (*sql.DB, func(), error) {
-	pool, err := connectPostgres(ctx, cfg, 2, log)
+// openDB opens database/sql over a small pgx pool, for goose. It does not
+// log the wait: migrate prints the outcome only, on one line, as the other
+// one-shot commands do.
+func openDB(ctx context.Context, cfg *config) (*sql.DB, func(), error) {
+	pool, err := newPool(ctx, cfg, 2)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -23,8 +23,10 @@ parked lists rows that will not be retried without an operator, with the
 reason per target. retry puts them back in line (attempts start again from 0)
 once the cause is fixed. Both are safe while relays run. Without --target,
 every target (the shell's RELAY_TARGETS is not read). Needs
-RELAY_DATABASE_URL and RELAY_OUTBOX_TABLE. relayd outbox parked --help and
-relayd outbox retry --help list each one's flags.
+RELAY_DATABASE_URL and RELAY_OUTBOX_TABLE.
+
+Flags: each action has its own; relayd outbox parked --help and relayd
+outbox retry --help list them.
 `
 
 const outboxParkedHelp = `Usage: relayd outbox parked [--target amqp|nats] [--limit N] [--json] [--connect-timeout D]
@@ -32,34 +34,66 @@ const outboxParkedHelp = `Usage: relayd outbox parked [--target amqp|nats] [--li
 Lists rows that will not be retried without an operator, with the reason per
 target, oldest first. Safe while relays run.
 
-  --target T            amqp or nats (default: every target)
-  --limit N             list at most N rows (default 1000)
-  --json                print JSON
-` + connectTimeoutHelp
+Flags:
+`
 
 const outboxRetryHelp = `Usage: relayd outbox retry (--id N[,N...] | --all) [--target amqp|nats] [--json] [--connect-timeout D]
 
 Puts parked rows back in line, their attempts started again from 0, once the
 cause is fixed. Safe while relays run.
 
-  --id N[,N...]         the rows to retry, by id
-  --all                 every parked row
-  --target T            amqp or nats (default: every target)
-  --json                print {"retried": N}
-` + connectTimeoutHelp
+Flags:
+`
 
 func cmdOutbox(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	switch {
-	case len(args) > 0 && args[0] == "parked":
-		return cmdOutboxParked(args[1:], stdout, stderr, env)
-	case len(args) > 0 && args[0] == "retry":
-		return cmdOutboxRetry(args[1:], stdout, stderr, env)
-	case len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help"):
-		fmt.Fprint(stdout, outboxHelp)
-		return exitOK
+	parked, parkedArgs := outboxParkedFlags()
+	retry, retryArgs := outboxRetryFlags()
+	action, args := takeAction(args, parked, retry)
+	switch action {
+	case "parked":
+		return cmdOutboxParked(parked, parkedArgs, args, stdout, stderr, env)
+	case "retry":
+		return cmdOutboxRetry(retry, retryArgs, args, stdout, stderr, env)
+	case "":
+		if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+			fmt.Fprint(stdout, outboxHelp)
+			return exitOK
+		}
+		fmt.Fprint(stderr, outboxHelp)
+	default:
+		fmt.Fprintf(stderr, "relayd outbox: unknown action %q: want parked or retry (see relayd outbox --help)\n", action)
 	}
-	fmt.Fprint(stderr, outboxHelp)
 	return exitUsage
+}
+
+// outboxFlags are the flags outbox parked and outbox retry share, and
+// their own.
+type outboxFlags struct {
+	target, idList string
+	limit          int
+	all, asJSON    bool
+	connectTimeout time.Duration
+}
+
+func outboxParkedFlags() (*flag.FlagSet, *outboxFlags) {
+	var f outboxFlags
+	fs := flag.NewFlagSet("outbox parked", flag.ContinueOnError)
+	fs.StringVar(&f.target, "target", "", "amqp or nats (default: every target)")
+	fs.IntVar(&f.limit, "limit", 1000, "list at most N rows")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+	fs.DurationVar(&f.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
+	return fs, &f
+}
+
+func outboxRetryFlags() (*flag.FlagSet, *outboxFlags) {
+	var f outboxFlags
+	fs := flag.NewFlagSet("outbox retry", flag.ContinueOnError)
+	fs.StringVar(&f.idList, "id", "", "the rows to retry, by id: N[,N...]")
+	fs.BoolVar(&f.all, "all", false, "retry every parked row")
+	fs.StringVar(&f.target, "target", "", "amqp or nats (default: every target)")
+	fs.BoolVar(&f.asJSON, "json", false, `print {"retried": N}`)
+	fs.DurationVar(&f.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
+	return fs, &f
 }
 
 // parseTarget reads --target: one target, or every one when not given.
@@ -75,34 +109,29 @@ func parseTarget(name, s string, stderr io.Writer) ([]relay.Target, bool) {
 	return t, true
 }
 
-func cmdOutboxParked(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	fs := flag.NewFlagSet("outbox parked", flag.ContinueOnError)
-	target := fs.String("target", "", "amqp or nats (default: every target)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	limit := fs.Int("limit", 1000, "list at most N rows")
-	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, outboxParkedHelp); done {
+func cmdOutboxParked(fs *flag.FlagSet, f *outboxFlags, args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, outboxParkedHelp)); done {
 		return code
 	}
-	if *limit < 1 {
+	if f.limit < 1 {
 		fmt.Fprintln(stderr, "relayd outbox parked: --limit must be positive")
 		return exitUsage
 	}
-	targets, ok := parseTarget(fs.Name(), *target, stderr)
-	if !ok || !checkConnectTimeout(fs.Name(), *connectTimeout, stderr) {
+	targets, ok := parseTarget(fs.Name(), f.target, stderr)
+	if !ok || !checkConnectTimeout(fs.Name(), f.connectTimeout, stderr) {
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 2, false, *connectTimeout)
+	ss, code := connectSession(fs.Name(), stderr, env, 2, false, f.connectTimeout)
 	if ss == nil {
 		return code
 	}
 	defer ss.close()
-	rows, err := relay.ListParked(ss.ctx, ss.pool, ss.cfg.table, targets, *limit)
+	rows, err := relay.ListParked(ss.ctx, ss.pool, ss.cfg.table, targets, f.limit)
 	if err != nil {
 		ss.log.Error("outbox parked", "error", err.Error())
 		return exitFailure
 	}
-	if *asJSON {
+	if f.asJSON {
 		if rows == nil {
 			rows = []relay.ParkedRow{}
 		}
@@ -116,25 +145,19 @@ func cmdOutboxParked(args []string, stdout, stderr io.Writer, env envconfig.Look
 		}
 	}
 	tw.Flush()
-	if len(rows) == *limit {
-		fmt.Fprintf(stdout, "(first %d rows; --limit for more)\n", *limit)
+	if len(rows) == f.limit {
+		fmt.Fprintf(stdout, "(first %d rows; --limit for more)\n", f.limit)
 	}
 	return exitOK
 }
 
-func cmdOutboxRetry(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	fs := flag.NewFlagSet("outbox retry", flag.ContinueOnError)
-	target := fs.String("target", "", "amqp or nats (default: every target)")
-	idList := fs.String("id", "", "row ids to retry, comma-separated")
-	all := fs.Bool("all", false, "retry every parked row")
-	asJSON := fs.Bool("json", false, "print JSON")
-	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, outboxRetryHelp); done {
+func cmdOutboxRetry(fs *flag.FlagSet, f *outboxFlags, args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, outboxRetryHelp)); done {
 		return code
 	}
 	var ids []int64
-	if *idList != "" {
-		for _, s := range strings.Split(*idList, ",") {
+	if f.idList != "" {
+		for _, s := range strings.Split(f.idList, ",") {
 			id, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 			if err != nil {
 				fmt.Fprintf(stderr, "relayd outbox retry: --id: %q is not a row id\n", s)
@@ -143,25 +166,25 @@ func cmdOutboxRetry(args []string, stdout, stderr io.Writer, env envconfig.Looku
 			ids = append(ids, id)
 		}
 	}
-	if (len(ids) == 0) == !*all {
+	if (len(ids) == 0) == !f.all {
 		fmt.Fprintln(stderr, "relayd outbox retry: give --id N[,N...] or --all (one of them)")
 		return exitUsage
 	}
-	targets, ok := parseTarget(fs.Name(), *target, stderr)
-	if !ok || !checkConnectTimeout(fs.Name(), *connectTimeout, stderr) {
+	targets, ok := parseTarget(fs.Name(), f.target, stderr)
+	if !ok || !checkConnectTimeout(fs.Name(), f.connectTimeout, stderr) {
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 2, false, *connectTimeout)
+	ss, code := connectSession(fs.Name(), stderr, env, 2, false, f.connectTimeout)
 	if ss == nil {
 		return code
 	}
 	defer ss.close()
-	n, err := relay.RetryParked(ss.ctx, ss.pool, ss.cfg.table, targets, ids, *all)
+	n, err := relay.RetryParked(ss.ctx, ss.pool, ss.cfg.table, targets, ids, f.all)
 	if err != nil {
 		ss.log.Error("outbox retry", "error", err.Error())
 		return exitFailure
 	}
-	if *asJSON {
+	if f.asJSON {
 		return printJSON(stdout, map[string]int64{"retried": n})
 	}
 	fmt.Fprintf(stdout, "%d parked delivery(ies) put back in line\n", n)

@@ -29,9 +29,21 @@ follow the table) and when it last reported, flagging those whose phase is
 not the table's. Needs only RELAY_DATABASE_URL (and RELAY_OUTBOX_TABLE).
 Exit status 0 when it was read, 1 when Postgres could not be read.
 
-  --history             list every change of the phase, oldest first
-  --json                one JSON document, for scripts
-` + connectTimeoutHelp
+Flags:
+`
+
+// newPhaseSetFlags is phase set's flag set, into a; it returns
+// --connect-timeout. phase reads it to tell the flags that take a value, to
+// find its action among them; TestPhaseSetFlagsMatch holds it to phase
+// set's own.
+func newPhaseSetFlags(a *phaseSetArgs) (*flag.FlagSet, *time.Duration) {
+	fs := flag.NewFlagSet("phase set", flag.ContinueOnError)
+	fs.StringVar(&a.reason, "reason", "", "why: kept in the history")
+	fs.StringVar(&a.by, "by", "", "who, for the history (default user@host)")
+	fs.BoolVar(&a.force, "force", false, "move to nats without the cutover check (recorded as forced)")
+	connect := addCutoverFlags(fs, &a.cutoverArgs)
+	return fs, connect
+}
 
 // stepNames are the runbook's names of the phases (docs/migration.md).
 var stepNames = map[phase.Name]string{phase.AMQP: "legacy only", phase.Dual: "dual write", phase.NATS: "new only"}
@@ -99,26 +111,26 @@ func notMigrated(err error) bool {
 }
 
 func cmdPhase(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	if len(args) > 0 && args[0] == "set" {
-		return cmdPhaseSet(args[1:], stdout, stderr, env)
-	}
-	if len(args) > 0 && args[0] == "show" {
-		args = args[1:]
-	} else if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		fmt.Fprintf(stderr, "relayd phase: unknown subcommand %q: want show or set (see relayd phase --help)\n", args[0])
+	fs := flag.NewFlagSet("phase", flag.ContinueOnError)
+	history := fs.Bool("history", false, "list every change of the phase, oldest first")
+	asJSON := fs.Bool("json", false, "one JSON document, for scripts")
+	connectTimeout := connectTimeoutFlag(fs)
+	set, _ := newPhaseSetFlags(&phaseSetArgs{})
+	action, args := takeAction(args, fs, set)
+	switch {
+	case action == "set":
+		return cmdPhaseSet(args, stdout, stderr, env)
+	case action != "" && !isAction("phase", action):
+		fmt.Fprintf(stderr, "relayd phase: unknown action %q: want show or set (see relayd phase --help)\n", action)
 		return exitUsage
 	}
-	fs := flag.NewFlagSet("phase", flag.ContinueOnError)
-	history := fs.Bool("history", false, "list every change")
-	asJSON := fs.Bool("json", false, "print JSON")
-	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, phaseHelp); done {
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, phaseHelp)); done {
 		return code
 	}
 	if !checkConnectTimeout("phase", *connectTimeout, stderr) {
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 2, false, *connectTimeout)
+	ss, code := connectSession("phase", stderr, env, 2, false, *connectTimeout)
 	if ss == nil {
 		return code
 	}

@@ -189,7 +189,7 @@ func TestPhaseSetConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	var errBuf, outBuf strings.Builder
-	ss, code := openSession(&errBuf, envconfig.MapLookuper(env), 2, false, 0)
+	ss, code := connectSession("phase", &errBuf, envconfig.MapLookuper(env), 2, false, 0)
 	if ss == nil {
 		t.Fatalf("session: exit %d: %s", code, errBuf.String())
 	}
@@ -252,13 +252,13 @@ func TestPhaseUsage(t *testing.T) {
 		{[]string{"phase", "set", "bogus"}, `argument "bogus": want amqp, dual or nats`},
 		{[]string{"phase", "set"}, "want the phase: amqp, dual or nats"},
 		{[]string{"phase", "set", "--reason", "x"}, "want the phase"},
-		{[]string{"phase", "frobnicate"}, `unknown subcommand "frobnicate"`},
+		{[]string{"phase", "frobnicate"}, `unknown action "frobnicate"`},
 		{[]string{"phase", "show", "extra"}, `unexpected argument "extra"`},
 		{[]string{"phase", "set", "dual", "extra"}, `unexpected argument "extra"`},
 		{[]string{"phase", "set", "dual", "--reason", "x", "extra"}, `unexpected argument "extra"`},
 		{[]string{"phase", "--bogus"}, "not defined: --bogus"},
 		{[]string{"phase", "set", "dual", "--bogus"}, "not defined: --bogus"},
-		{[]string{"phase", "set", "nats"}, "--consumer is required"},
+		{[]string{"phase", "set", "nats"}, "name the consumer groups"},
 		{[]string{"phase", "set", "dual", "--consumer", "c"}, "--consumer is for the cutover check"},
 		{[]string{"phase", "set", "nats", "--force", "--queue", "q"}, "--queue is for the cutover check"},
 		{[]string{"phase", "set", "nats", "--consumer", "c", "--quiet-period", "-1s"}, "--quiet-period and --timeout must be positive"},

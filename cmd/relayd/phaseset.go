@@ -22,10 +22,11 @@ Records the phase every relay of this outbox that RELAY_TARGETS does not
 pin switches to within seconds: amqp (runbook step 0), dual (step 1) or
 nats (step 4). It is recorded in the phase's history with who and why.
 
-Moving to nats first runs the cutover check with the flags below (as
-relayd cutover check does: --consumer is required) and refuses, exit 1,
-unless every condition holds; --force skips the check and records the
-change as forced. Moving back from nats prints what the rollback needs:
+Moving to nats first runs the cutover check for the consumer groups the
+flags below name (as relayd cutover check does: --dual-read,
+--rolling-upgrade or --consumer; name every group of the outbox) and
+refuses, exit 1, unless every condition of every group holds; --force skips
+the check and records the change as forced. Moving back from nats prints what the rollback needs:
 the rows written meanwhile went to JetStream only (relayd replay).
 
 The change is made only if the phase is still the one read before the
@@ -50,7 +51,7 @@ func cmdPhaseSet(args []string, stdout, stderr io.Writer, env envconfig.Lookuper
 		return code
 	}
 	check := a.to == phase.NATS && !a.force
-	ss, code := openSession(stderr, env, 2, check, a.connect)
+	ss, code := connectSession("phase set", stderr, env, 2, check, a.connect)
 	if ss == nil {
 		return code
 	}
@@ -137,23 +138,15 @@ func cutoverHolds(ss *session, a cutoverArgs, stdout, stderr io.Writer) bool {
 }
 
 // parsePhaseSetArgs reads the phase and the flags; done says to exit with
-// code. The phase may come before the flags or after them.
+// code. The phase may come before the flags, among them or after them.
 func parsePhaseSetArgs(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) (a phaseSetArgs, code int, done bool) {
-	fs := flag.NewFlagSet("phase set", flag.ContinueOnError)
-	fs.StringVar(&a.reason, "reason", "", "why: kept in the history")
-	fs.StringVar(&a.by, "by", "", "who, for the history (default user@host)")
-	fs.BoolVar(&a.force, "force", false, "move to nats without the cutover check (recorded as forced)")
-	connect := addCutoverFlags(fs, &a.cutoverArgs)
-	fs.Lookup("consumer").Usage = "the JetStream durable consumer that takes over (required into nats, unless --force)"
-	var arg string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		arg, args = args[0], args[1:]
-	}
+	fs, connect := newPhaseSetFlags(&a)
 	if code, done := parseFlagsArgs(fs, args, stdout, stderr, withFlagDefaults(fs, phaseSetHelp)); done {
 		return a, code, true
 	}
+	var arg string
 	rest := fs.Args()
-	if arg == "" && len(rest) > 0 {
+	if len(rest) > 0 {
 		arg, rest = rest[0], rest[1:]
 	}
 	if len(rest) > 0 {
@@ -185,10 +178,10 @@ func parsePhaseSetArgs(args []string, stdout, stderr io.Writer, env envconfig.Lo
 	case stray != "":
 		fmt.Fprintf(stderr, "relayd phase set: --%s is for the cutover check, which only phase set nats without --force runs (see relayd phase set --help)\n", stray)
 		return a, exitUsage, true
-	case to == phase.NATS && !a.force && a.consumer == "":
-		fmt.Fprintln(stderr, "relayd phase set: --consumer is required: moving to nats runs the cutover check against it (or --force skips the check; see relayd phase set --help)")
+	case !validCutoverArgs(fs, &a.cutoverArgs, env, stderr):
 		return a, exitUsage, true
-	case !validCutoverArgs(fs.Name(), a.cutoverArgs, env, stderr):
+	case to == phase.NATS && !a.force && len(a.groups) == 0:
+		fmt.Fprintln(stderr, "relayd phase set: name the consumer groups (--dual-read, --rolling-upgrade or --consumer): moving to nats runs the cutover check for each (or --force skips the check; see relayd phase set --help)")
 		return a, exitUsage, true
 	}
 	if a.by == "" {
@@ -213,17 +206,19 @@ func whoami() string {
 // refusal is the paragraph saying why phase set nats did not move.
 func refusal(res cutover.Result) string {
 	var failed []string
-	for _, c := range res.Conditions {
-		if !c.OK && !strings.HasPrefix(c.Detail, "not watched") {
-			failed = append(failed, fmt.Sprintf("%q (%s)", c.Name, c.Detail))
+	for _, c := range res.Failed() {
+		what := fmt.Sprintf("condition %q", c.Name)
+		if c.Group != "" {
+			what += " of group " + c.Group
 		}
+		failed = append(failed, fmt.Sprintf("%s (%s)", what, c.Detail))
 	}
-	what := "condition " + failed[0] + " does not hold"
+	what := failed[0] + " does not hold"
 	if len(failed) > 1 {
-		what = "conditions " + strings.Join(failed, " and ") + " do not hold"
+		what = strings.Join(failed, " and ") + " do not hold"
 	}
 	return "relayd phase set nats: refused, nothing recorded: the cutover check's " + what + ". " +
-		"Phase nats sends new rows to JetStream only, and the check says when nothing would be left behind on the legacy side. " +
+		"Phase nats sends new rows to JetStream only, and the check says when no consumer group would be left behind on the legacy side. " +
 		"Wait until it holds (add --wait, or run relayd cutover check), or move anyway with --force (the history records the change as forced)."
 }
 

@@ -59,17 +59,57 @@ func redactURL(s string) string {
 			rest = "xxxxx" + rest[at:]
 		}
 	}
-	hostport := rest[strings.LastIndexByte(rest, '@')+1:]
+	if _, ok := hostsOf(rest); !ok {
+		return "(unparseable URL)"
+	}
+	return scheme + "://" + rest
+}
+
+// hostsOf returns the host:port part of a URL's rest past "://": what
+// follows the user part, up to the path. ok is false when a port is not a
+// number. A Postgres URL may name several hosts: h1:5432,h2:5432.
+func hostsOf(rest string) (hostport string, ok bool) {
+	hostport = rest[strings.LastIndexByte(rest, '@')+1:]
 	if i := strings.IndexAny(hostport, "/?#"); i >= 0 {
 		hostport = hostport[:i]
 	}
-	// A Postgres URL may name several hosts: h1:5432,h2:5432.
 	for hp := range strings.SplitSeq(hostport, ",") {
 		if _, port, err := net.SplitHostPort(hp); err == nil {
 			if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-				return "(unparseable URL)"
+				return "", false
 			}
 		}
 	}
-	return scheme + "://" + rest
+	return hostport, true
+}
+
+// urlHosts returns the servers of a list of URLs as host:port, joined by
+// commas, for a one-line message: no scheme, no user part, so no password.
+func urlHosts(urls []string) string {
+	out := make([]string, 0, len(urls))
+	for _, u := range urls {
+		_, rest, _ := strings.Cut(u, "://")
+		if h, ok := hostsOf(rest); ok && h != "" {
+			out = append(out, h)
+		} else {
+			out = append(out, "(unparseable URL)")
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// natsURLs splits a NATS server list as redact does, nats:// taken for a
+// server without a scheme.
+func natsURLs(s string) []string {
+	var out []string
+	for p := range strings.SplitSeq(s, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if !strings.Contains(p, "://") {
+			p = "nats://" + p
+		}
+		out = append(out, p)
+	}
+	return out
 }

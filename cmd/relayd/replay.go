@@ -68,7 +68,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 	if !amqpURLOK(env, stderr) {
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 4, true, f.connectTimeout)
+	ss, code := connectSession("replay", stderr, env, 4, true, f.connectTimeout)
 	if ss == nil {
 		return code
 	}
@@ -129,7 +129,11 @@ func runReplay(ss *session, f replayFlags, stdout, stderr io.Writer) int {
 	if !f.dryRun {
 		sink, closeSink, err := openAMQPSink(ctx, cfg, log)
 		if err != nil {
-			log.Error("replay: connect to rabbitmq", "error", err.Error())
+			if unreachableErr(err) {
+				fmt.Fprintln(stderr, commandPrefix("replay")+amqpFailure(cfg, cfg.StartupTimeout, err))
+			} else {
+				log.Error("replay: connect to rabbitmq", "error", err.Error())
+			}
 			return exitFailure
 		}
 		defer closeSink()

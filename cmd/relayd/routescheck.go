@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/sethvargo/go-envconfig"
 
+	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
 	"github.com/relayd/relayd/relay/natssink"
@@ -29,8 +32,8 @@ Uses RELAY_ROUTES and the broker settings (RELAY_AMQP_*, RELAY_NATS_*); not
 the database. Exit status: 0 everything the routes point at exists, 1
 something is missing or a broker did not answer, 2 bad usage or a bad file.
 
-  --json                one JSON document, for scripts
-` + connectTimeoutHelp
+Flags:
+`
 
 // routesReport is what routes check prints.
 type routesReport struct {
@@ -39,18 +42,22 @@ type routesReport struct {
 }
 
 func cmdRoutes(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	if len(args) == 0 || args[0] != "check" {
-		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h" || args[0] == "-help") {
-			fmt.Fprint(stdout, routesHelp)
-			return exitOK
+	fs := flag.NewFlagSet("routes check", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "one JSON document, for scripts")
+	connectTimeout := connectTimeoutFlag(fs)
+	help := withFlagDefaults(fs, routesHelp)
+	action, args := takeAction(args, fs)
+	if action != "check" {
+		if action == "" {
+			// The help, or a usage error for a flag.
+			if code, done := parseFlags(fs, args, stdout, stderr, help); done {
+				return code
+			}
 		}
 		fmt.Fprintf(stderr, "relayd routes: want check (see relayd routes --help)\n")
 		return exitUsage
 	}
-	fs := flag.NewFlagSet("routes check", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print JSON")
-	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args[1:], stdout, stderr, routesHelp); done {
+	if code, done := parseFlags(fs, args, stdout, stderr, help); done {
 		return code
 	}
 	if !checkConnectTimeout("routes check", *connectTimeout, stderr) {
@@ -74,7 +81,9 @@ func cmdRoutes(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 	failed := false
 	if cfg.wants(relay.TargetAMQP) {
 		tlsCfg, err := cfg.amqpTLS()
-		if err == nil {
+		if err == nil && !amqpAnswers(cfg, tlsCfg, *connectTimeout, stderr) {
+			failed = true
+		} else if err == nil {
 			var problems []routeProblem
 			problems, err = amqpRouteProblems(ctx, cfg, tlsCfg)
 			report.Problems = append(report.Problems, problems...)
@@ -93,8 +102,11 @@ func cmdRoutes(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		}
 	}
 	if cfg.wants(relay.TargetNATS) {
-		nc, err := connectNATS(ctx, cfg, log)
-		if err == nil {
+		nc, err := dialNATS(ctx, cfg, log, slog.New(slog.DiscardHandler))
+		if err != nil {
+			fmt.Fprintln(stderr, commandPrefix("routes check")+natsFailure(cfg, err))
+			failed, err = true, nil
+		} else {
 			var problems []routeProblem
 			problems, _, err = natsRouteProblems(ctx, cfg, nc)
 			report.Problems = append(report.Problems, problems...)
@@ -120,7 +132,7 @@ func cmdRoutes(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 	if *asJSON {
 		printJSON(stdout, report)
 	} else {
-		printRoutes(stdout, report)
+		printRoutes(stdout, report, failed)
 	}
 	if failed || len(report.Problems) > 0 {
 		return exitFailure
@@ -128,7 +140,21 @@ func cmdRoutes(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 	return exitOK
 }
 
-func printRoutes(w io.Writer, r routesReport) {
+// amqpAnswers says whether RabbitMQ takes a connection, within timeout;
+// when not, it has printed the one line that says so.
+func amqpAnswers(cfg *config, tlsCfg *tls.Config, timeout time.Duration, stderr io.Writer) bool {
+	conn, err := amqpio.DialURL(cfg.AMQPURL, amqpio.DialOptions{TLS: tlsCfg, Name: "relayd routes check", Timeout: timeout})
+	if err != nil {
+		fmt.Fprintln(stderr, commandPrefix("routes check")+amqpFailure(cfg, 0, err))
+		return false
+	}
+	conn.Close()
+	return true
+}
+
+// printRoutes writes the routes and their problems; failed: a broker could
+// not be checked (said on stderr).
+func printRoutes(w io.Writer, r routesReport, failed bool) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ROUTE\tTOPIC\tHEADERS\tEXCHANGE\tROUTING KEY\tSUBJECT\tSTREAM")
 	for _, s := range r.Routes {
@@ -139,7 +165,11 @@ func printRoutes(w io.Writer, r routesReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%q\t%q\t%s\t%s\n", s.Name, s.Topic, strings.Join(h, ","), s.Exchange, s.RoutingKey, s.Subject, orAny(s.Stream))
 	}
 	tw.Flush()
-	if len(r.Problems) == 0 {
+	switch {
+	case len(r.Problems) == 0 && failed:
+		fmt.Fprintln(w, "\nnot checked against every broker: one did not answer")
+		return
+	case len(r.Problems) == 0:
 		fmt.Fprintln(w, "\nevery exchange and stream the routes name exists, and streams capture their subjects")
 		return
 	}

@@ -36,11 +36,13 @@ missing instead. Serves /metrics, /healthz, /readyz and /version on
 RELAY_METRICS_ADDR. While Postgres, RabbitMQ or NATS does not answer, it
 logs which, where and why every few seconds, for up to
 RELAY_STARTUP_TIMEOUT.
+
+Flags: none; relayd run reads the RELAY_* variables (docs/configuration.md).
 `
 
 func cmdRun(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	if code, done := parseFlags(fs, args, stdout, stderr, runHelp); done {
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, runHelp)); done {
 		return code
 	}
 	cfg, code := configOrExit(stderr, env)

@@ -13,9 +13,10 @@ import (
 	"github.com/sethvargo/go-envconfig"
 )
 
-// session is what the one-shot commands (status, outbox, backfill, cutover,
-// verify) share: the configuration, a logger, a context cancelled by the
-// first signal, a small Postgres pool and, when asked for, NATS.
+// session is what the one-shot commands (status, phase, outbox, backfill,
+// replay, cutover, verify) share: the configuration, a logger, a context
+// cancelled by the first signal, a small Postgres pool and, when asked for,
+// NATS.
 type session struct {
 	cfg    *config
 	log    *slog.Logger
@@ -26,10 +27,12 @@ type session struct {
 	cancel context.CancelFunc
 }
 
-// openSession loads the configuration and connects, waiting connectTimeout
-// for each service (0: RELAY_STARTUP_TIMEOUT). On failure it has printed
-// why and returns the exit code; the caller returns it.
-func openSession(stderr io.Writer, env envconfig.Lookuper, poolSize int32, withNATS bool, connectTimeout time.Duration) (*session, int) {
+// connectSession loads the configuration and connects, waiting
+// connectTimeout for each service (0: RELAY_STARTUP_TIMEOUT). On failure
+// it has printed why — a service it could not reach as one line naming the
+// command (name, e.g. "outbox parked"), the service and its address — and
+// returns the exit code; the caller returns it.
+func connectSession(name string, stderr io.Writer, env envconfig.Lookuper, poolSize int32, withNATS bool, connectTimeout time.Duration) (*session, int) {
 	cfg, code := configOrExit(stderr, env)
 	if cfg == nil {
 		return nil, code
@@ -50,23 +53,39 @@ func openSession(stderr io.Writer, env envconfig.Lookuper, poolSize int32, withN
 	}
 	s := &session{cfg: cfg, log: newLogger(cfg, stderr)}
 	s.ctx, s.cancel = signalContext(s.log)
+	// A command given --connect-timeout prints the outcome only: the engineer
+	// chose the wait. One without (backfill) logs it, as relayd run does.
+	waitLog := s.log
+	if connectTimeout > 0 {
+		waitLog = slog.New(slog.DiscardHandler)
+	}
 	var err error
-	if s.pool, err = connectPostgres(s.ctx, cfg, poolSize, s.log); err != nil {
-		s.log.Error("connect to postgres", "error", err.Error())
+	if s.pool, err = connectPostgres(s.ctx, cfg, poolSize, waitLog); err != nil {
+		fmt.Fprintln(stderr, commandPrefix(name)+postgresFailure(cfg, err))
 		s.close()
 		return nil, exitFailure
 	}
 	if withNATS {
-		if s.nc, err = connectNATS(s.ctx, cfg, s.log); err == nil {
-			s.js, err = jetstream.New(s.nc)
+		if s.nc, err = dialNATS(s.ctx, cfg, s.log, waitLog); err != nil {
+			fmt.Fprintln(stderr, commandPrefix(name)+natsFailure(cfg, err))
+			s.close()
+			return nil, exitFailure
 		}
-		if err != nil {
-			s.log.Error("connect to nats", "error", err.Error())
+		if s.js, err = jetstream.New(s.nc); err != nil {
+			s.log.Error("nats: jetstream", "error", err.Error())
 			s.close()
 			return nil, exitFailure
 		}
 	}
 	return s, exitOK
+}
+
+// commandPrefix starts a command's one-line message: "relayd status: ".
+func commandPrefix(name string) string {
+	if name == "" {
+		return "relayd: "
+	}
+	return "relayd " + name + ": "
 }
 
 func (s *session) close() {

@@ -13,7 +13,7 @@ import (
 	"github.com/relayd/relayd/relay"
 )
 
-const statusHelp = `Usage: relayd status [--targets amqp,nats] [--json] [--connect-timeout D]
+const statusHelp = `Usage: relayd status [--targets amqp,nats] [--check [--max-lag D] [--max-parked N]] [--json] [--connect-timeout D]
 
 Prints, for each target the outbox has rows for (delivered, tried or parked
 for it; every target when nothing has been relayed yet), how far the relay
@@ -26,19 +26,46 @@ and size.
 Then the migration phase the relays share (relayd phase) and the running
 relays, each with the phase it runs and whether RELAY_TARGETS pins it.
 The shell's RELAY_TARGETS is not read: it need not be the relays'.
-Needs only RELAY_DATABASE_URL (and RELAY_OUTBOX_TABLE). Exit status 0 when
-the figures were read, whatever they say; 1 when Postgres could not be read.
+Needs only RELAY_DATABASE_URL (and RELAY_OUTBOX_TABLE).
 
-  --targets T           report these targets (amqp, nats or amqp,nats)
-  --json                one JSON document, for scripts
-` + connectTimeoutHelp
+Exit status: 0 when the figures were read, whatever they say; with --check,
+1 when a target's lag exceeds --max-lag or its parked rows --max-parked
+(each named on stderr), for a cron job or a probe. 1 when Postgres could not
+be read, 2 bad usage.
+
+Flags:
+`
+
+// statusCheck is --check's thresholds.
+type statusCheck struct {
+	maxLag    time.Duration
+	maxParked int64
+}
+
+// breaches are the targets' figures past the thresholds, one line each.
+func (c statusCheck) breaches(stats []relay.TargetStats) []string {
+	var out []string
+	for _, s := range stats {
+		if s.Lag > c.maxLag {
+			out = append(out, fmt.Sprintf("%s: lag %s, over --max-lag %s", s.Target, s.Lag.Round(time.Millisecond), c.maxLag))
+		}
+		if s.Parked > c.maxParked {
+			out = append(out, fmt.Sprintf("%s: %d parked, over --max-parked %d", s.Target, s.Parked, c.maxParked))
+		}
+	}
+	return out
+}
 
 func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print JSON")
 	targetList := fs.String("targets", "", "amqp, nats or amqp,nats (default: those the outbox has rows for)")
+	check := fs.Bool("check", false, "exit 1 when a target's lag or parked rows exceed --max-lag or --max-parked")
+	var th statusCheck
+	fs.DurationVar(&th.maxLag, "max-lag", time.Minute, "with --check, the most lag a target may have")
+	fs.Int64Var(&th.maxParked, "max-parked", 0, "with --check, the most parked rows a target may have")
+	asJSON := fs.Bool("json", false, "one JSON document, for scripts")
 	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, statusHelp); done {
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, statusHelp)); done {
 		return code
 	}
 	var targets []relay.Target
@@ -50,10 +77,23 @@ func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		}
 		targets = t
 	}
-	if !checkConnectTimeout("status", *connectTimeout, stderr) {
+	var stray string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "max-lag" || f.Name == "max-parked" {
+			stray = f.Name
+		}
+	})
+	switch {
+	case stray != "" && !*check:
+		fmt.Fprintf(stderr, "relayd status: --%s is a threshold of --check: give --check too (see relayd status --help)\n", stray)
+		return exitUsage
+	case th.maxLag < 0 || th.maxParked < 0:
+		fmt.Fprintln(stderr, "relayd status: --max-lag and --max-parked must be 0 or more")
+		return exitUsage
+	case !checkConnectTimeout("status", *connectTimeout, stderr):
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 2, false, *connectTimeout)
+	ss, code := connectSession("status", stderr, env, 2, false, *connectTimeout)
 	if ss == nil {
 		return code
 	}
@@ -83,12 +123,42 @@ func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		log.Error("read status", "error", err.Error())
 		return exitFailure
 	}
-	if *asJSON {
-		return printJSON(stdout, map[string]any{"table": cfg.table.String(), "targets": stats, "phase": ps.Phase, "relays": ps.Relays,
-			"postgres": health})
+	var breaches []string
+	if *check {
+		breaches = th.breaches(stats)
 	}
-	fmt.Fprintf(stdout, "outbox %s\n\n", cfg.table)
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	if *asJSON {
+		doc := map[string]any{"table": cfg.table.String(), "targets": stats, "phase": ps.Phase, "relays": ps.Relays, "postgres": health}
+		if *check {
+			doc["check"] = checkJSON{OK: len(breaches) == 0, MaxLagSeconds: th.maxLag.Seconds(), MaxParked: th.maxParked, Breaches: append([]string{}, breaches...)}
+		}
+		if code := printJSON(stdout, doc); code != exitOK {
+			return code
+		}
+	} else {
+		printStatus(stdout, cfg, stats, health, ps, phaseMissing)
+	}
+	for _, b := range breaches {
+		fmt.Fprintf(stderr, "relayd status: %s\n", b)
+	}
+	if len(breaches) > 0 {
+		return exitFailure
+	}
+	return exitOK
+}
+
+// checkJSON is --check's verdict in --json.
+type checkJSON struct {
+	OK            bool     `json:"ok"`
+	MaxLagSeconds float64  `json:"max_lag_seconds"`
+	MaxParked     int64    `json:"max_parked"`
+	Breaches      []string `json:"breaches"`
+}
+
+// printStatus writes status's report as text.
+func printStatus(w io.Writer, cfg *config, stats []relay.TargetStats, health relay.PostgresHealth, ps phaseState, phaseMissing bool) {
+	fmt.Fprintf(w, "outbox %s\n\n", cfg.table)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TARGET\tPENDING\tLAG\tOLDEST PENDING (ID, TOPIC, AGE)\tRETRYING\tPARKED\tHELD KEYS\tLAST ERROR")
 	for _, s := range stats {
 		pending := fmt.Sprint(s.Pending)
@@ -106,15 +176,14 @@ func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", s.Target, pending, s.Lag.Round(time.Millisecond), oldest, s.Retrying, s.Parked, s.HeldKeys, lastErr)
 	}
 	tw.Flush()
-	fmt.Fprintln(stdout)
-	printPostgres(stdout, health)
-	fmt.Fprintln(stdout)
+	fmt.Fprintln(w)
+	printPostgres(w, health)
+	fmt.Fprintln(w)
 	if phaseMissing {
-		fmt.Fprintln(stdout, "phase  unknown: the outbox has no phase tables yet (relayd migrate adds them)")
-		return exitOK
+		fmt.Fprintln(w, "phase  unknown: the outbox has no phase tables yet (relayd migrate adds them)")
+		return
 	}
-	printPhase(stdout, ps)
-	return exitOK
+	printPhase(w, ps)
 }
 
 // printPostgres says who holds back VACUUM's horizon the longest, and what

@@ -183,3 +183,107 @@ func TestStatusNamesWhatHoldsTheHorizon(t *testing.T) {
 		t.Errorf("status does not give the tables' figures:\n%s", out)
 	}
 }
+
+// status --check fails on a target past either threshold, naming it.
+func TestStatusCheckBreaches(t *testing.T) {
+	th := statusCheck{maxLag: time.Minute, maxParked: 0}
+	for _, tc := range []struct {
+		stats []relay.TargetStats
+		want  []string
+	}{
+		{nil, nil},
+		{[]relay.TargetStats{{Target: relay.TargetAMQP, Lag: time.Minute}}, nil}, // at the threshold: fine
+		{[]relay.TargetStats{{Target: relay.TargetNATS, Lag: 90 * time.Second}}, []string{"nats: lag 1m30s, over --max-lag 1m0s"}},
+		{[]relay.TargetStats{{Target: relay.TargetAMQP, Parked: 2}, {Target: relay.TargetNATS, Lag: 2 * time.Minute, Parked: 1}},
+			[]string{"amqp: 2 parked, over --max-parked 0", "nats: lag 2m0s, over --max-lag 1m0s", "nats: 1 parked, over --max-parked 0"}},
+	} {
+		if got := th.breaches(tc.stats); !slices.Equal(got, tc.want) {
+			t.Errorf("breaches(%+v) = %q, want %q", tc.stats, got, tc.want)
+		}
+	}
+}
+
+// status --check exits 1 while a target lags or has parked rows past the
+// thresholds, naming each on stderr (and in --json's check); 0 within them.
+// Without --check, status exits 0 whatever it reads.
+func TestStatusCheck(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	env := map[string]string{"RELAY_DATABASE_URL": testenv.DatabaseURL(t), "RELAY_OUTBOX_TABLE": table.String()}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (topic, payload, created_at) VALUES ('t.old', 'a', now() - interval '2 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	type step struct {
+		args   []string
+		code   int
+		stderr []string // each in a line of its own
+	}
+	lagging := []step{
+		{[]string{"status"}, exitOK, nil},
+		{[]string{"status", "--check"}, exitFailure, []string{"relayd status: amqp: lag 2h", "relayd status: nats: lag 2h"}},
+		{[]string{"status", "--check", "--max-lag", "3h"}, exitOK, nil},
+		{[]string{"status", "--targets", "nats", "--check"}, exitFailure, []string{"relayd status: nats: lag 2h"}},
+	}
+	parked := []step{
+		{[]string{"status", "--check", "--max-lag", "3h"}, exitFailure, []string{"relayd status: amqp: 1 parked, over --max-parked 0"}},
+		{[]string{"status", "--check", "--max-parked", "1"}, exitOK, nil},
+	}
+	run := func(steps []step) {
+		t.Helper()
+		for _, s := range steps {
+			code, out, errOut := runCLI(t, env, s.args...)
+			lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+			if errOut == "" {
+				lines = nil
+			}
+			ok := code == s.code && len(lines) == len(s.stderr) && strings.HasPrefix(out, "outbox ")
+			for i := range min(len(lines), len(s.stderr)) {
+				ok = ok && strings.HasPrefix(lines[i], s.stderr[i])
+			}
+			if !ok {
+				t.Errorf("relayd %v: exit %d, stderr %q; want %d and %q\n%s", s.args, code, errOut, s.code, s.stderr, out)
+			}
+		}
+	}
+	run(lagging)
+	testenv.SetState(t, pool, table, "amqp_parked_at = now(), amqp_last_error = 'refused', nats_delivered_at = now()", "topic = 't.old'")
+	run(parked)
+
+	code, out, _ := runCLI(t, env, "status", "--check", "--json", "--max-lag", "3h")
+	var doc struct {
+		Check struct {
+			OK            bool     `json:"ok"`
+			MaxLagSeconds float64  `json:"max_lag_seconds"`
+			MaxParked     int64    `json:"max_parked"`
+			Breaches      []string `json:"breaches"`
+		} `json:"check"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || code != exitFailure || doc.Check.OK || doc.Check.MaxLagSeconds != 3*3600 ||
+		!slices.Equal(doc.Check.Breaches, []string{"amqp: 1 parked, over --max-parked 0"}) {
+		t.Errorf("status --check --json: exit %d, %+v (%v)\n%s", code, doc.Check, err, out)
+	}
+}
+
+// --check's thresholds are refused without it, and below 0.
+func TestStatusCheckUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--max-lag", "5m"}, "--max-lag is a threshold of --check"},
+		{[]string{"status", "--max-parked", "3"}, "--max-parked is a threshold of --check"},
+		{[]string{"status", "--check", "--max-lag", "-1s"}, "must be 0 or more"},
+		{[]string{"status", "--check", "--max-parked", "-1"}, "must be 0 or more"},
+		{[]string{"status", "--check", "--max-parked", "many"}, `invalid value "many" for flag --max-parked`},
+	} {
+		code, out, errOut := runCLI(t, base(), tc.args...)
+		if code != exitUsage || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("relayd %v: exit %d, stderr %q; want 2 and one line with %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}

@@ -29,7 +29,7 @@ import (
 	"github.com/relayd/relayd/relay"
 )
 
-const tailHelp = `Usage: relayd tail [--json]
+const tailHelp = `Usage: relayd tail [--json] [--connect-timeout D]
 
 Prints each message that reaches the JetStream stream (RELAY_NATS_STREAM)
 and the RabbitMQ exchange (RELAY_AMQP_EXCHANGE) from now on, one line each,
@@ -46,7 +46,7 @@ Reads the brokers' RELAY_* variables as relayd run does (URLs, credentials,
 TLS, stream, subject prefix, exchange) and RELAY_TARGETS for which brokers
 to watch. It does not connect to Postgres.
 
-  --json   one JSON object per line, for scripts
+Flags:
 `
 
 // tailPreviewBytes bounds the payload shown for each message.
@@ -69,14 +69,19 @@ type arrival struct {
 
 func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "one JSON object per line")
-	if code, done := parseFlags(fs, args, stdout, stderr, tailHelp); done {
+	asJSON := fs.Bool("json", false, "one JSON object per line, for scripts")
+	connectTimeout := connectTimeoutFlag(fs)
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, tailHelp)); done {
 		return code
+	}
+	if !checkConnectTimeout("tail", *connectTimeout, stderr) {
+		return exitUsage
 	}
 	cfg, code := configOrExit(stderr, noDatabase{env})
 	if cfg == nil {
 		return code
 	}
+	cfg.StartupTimeout = *connectTimeout
 	log := newLogger(cfg, stderr)
 	// Ctrl-C is how tail ends: exit 0, nothing in flight to finish.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -92,7 +97,11 @@ func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) in
 		}
 		closeNATS, err := tailNATS(ctx, cfg, log, arrivals)
 		if err != nil {
-			log.Error("tail", "error", err.Error())
+			if u, ok := errors.AsType[unreachable](err); ok {
+				fmt.Fprintln(stderr, "relayd tail: "+natsFailure(cfg, u.err))
+			} else {
+				log.Error("tail", "error", err.Error())
+			}
 			return exitFailure
 		}
 		defer closeNATS()
@@ -101,7 +110,11 @@ func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) in
 	if cfg.wants(relay.TargetAMQP) {
 		queue, closeAMQP, err := tailAMQP(ctx, cfg, arrivals, failed)
 		if err != nil {
-			log.Error("tail", "error", err.Error())
+			if u, ok := errors.AsType[unreachable](err); ok {
+				fmt.Fprintln(stderr, "relayd tail: "+amqpFailure(cfg, 0, u.err))
+			} else {
+				log.Error("tail", "error", err.Error())
+			}
 			return exitFailure
 		}
 		defer closeAMQP()
@@ -123,6 +136,13 @@ func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) in
 	}
 }
 
+// unreachable is a broker tail could not connect to, which it prints as
+// one line.
+type unreachable struct{ err error }
+
+func (u unreachable) Error() string { return u.err.Error() }
+func (u unreachable) Unwrap() error { return u.err }
+
 // noDatabase answers RELAY_DATABASE_URL with a placeholder: the config
 // requires it, and tail never connects to Postgres.
 type noDatabase struct{ envconfig.Lookuper }
@@ -137,9 +157,9 @@ func (n noDatabase) Lookup(key string) (string, bool) {
 // tailNATS reads the stream's new messages with an ordered consumer:
 // ephemeral, and recreated by nats.go where it left off after a reconnect.
 func tailNATS(ctx context.Context, cfg *config, log *slog.Logger, out chan<- arrival) (func(), error) {
-	nc, err := connectNATS(ctx, cfg, log)
+	nc, err := dialNATS(ctx, cfg, log, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return nil, err
+		return nil, unreachable{err}
 	}
 	cc, err := consumeNew(ctx, nc, cfg.NATSStream, func(m jetstream.Msg) { send(ctx, out, natsArrival(m, cfg.NATSSubjectPrefix)) }, log)
 	if err != nil {
@@ -176,9 +196,9 @@ func tailAMQP(ctx context.Context, cfg *config, out chan<- arrival, failed chan<
 	if err != nil {
 		return "", nil, err
 	}
-	conn, err := amqpio.DialURL(cfg.AMQPURL, amqpio.DialOptions{TLS: tlsCfg, Name: "relayd tail", Timeout: 10 * time.Second})
+	conn, err := amqpio.DialURL(cfg.AMQPURL, amqpio.DialOptions{TLS: tlsCfg, Name: "relayd tail", Timeout: cfg.StartupTimeout})
 	if err != nil {
-		return "", nil, fmt.Errorf("amqp: connect to %s: %w", redactAMQP(cfg.AMQPURL), err)
+		return "", nil, unreachable{err}
 	}
 	q, closed, deliveries, err := tailQueue(conn, cfg.AMQPExchange)
 	if err != nil {

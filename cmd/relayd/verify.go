@@ -40,27 +40,17 @@ failed, or Postgres or NATS did not answer within --connect-timeout), 2 bad
 usage.
 
 Flags:
-  --since T      start of the window: RFC 3339 (2024-05-01T00:00:00Z) or a
-                 duration meaning "that long ago" (24h, 90m) (default 24h)
-  --until T      end of the window, same forms (default: now)
-  --examples N   ids listed per finding; 0: counts only (default 10)
-  --slack D      how much wider than the window the stream is read, for
-                 clock differences between Postgres and NATS (default 1m)
-  --json         print the report as JSON
-  --connect-timeout D
-                 give up on Postgres or NATS if it does not answer within D
-                 (default 5s); 2m, say, waits for a restart
 `
 
 func cmdVerify(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
-	sinceFlag := fs.String("since", "24h", "")
-	untilFlag := fs.String("until", "", "")
-	examples := fs.Int("examples", verify.DefaultExamples, "")
-	slack := fs.Duration("slack", verify.DefaultSlack, "")
-	asJSON := fs.Bool("json", false, "")
+	sinceFlag := fs.String("since", "24h", "start of the window: RFC 3339 (2024-05-01T00:00:00Z) or a duration meaning that long ago (24h, 90m)")
+	untilFlag := fs.String("until", "", "end of the window, same forms (default: now)")
+	examples := fs.Int("examples", verify.DefaultExamples, "ids listed per finding; 0: counts only")
+	slack := fs.Duration("slack", verify.DefaultSlack, "how much wider than the window the stream is read, for clock differences between Postgres and NATS")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
 	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, verifyHelp); done {
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, verifyHelp)); done {
 		return code
 	}
 	now := time.Now()
@@ -93,7 +83,7 @@ func cmdVerify(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 	if !checkConnectTimeout("verify", *connectTimeout, stderr) {
 		return exitUsage
 	}
-	ss, code := openSession(stderr, env, 2, true, *connectTimeout)
+	ss, code := connectSession("verify", stderr, env, 2, true, *connectTimeout)
 	if ss == nil {
 		return code
 	}

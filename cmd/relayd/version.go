@@ -15,13 +15,13 @@ const versionHelp = `Usage: relayd version [--json]
 Prints relayd's version and the Go release it was built with (relayd
 --version prints the same).
 
-  --json   {"version": ..., "go_version": ...}
+Flags:
 `
 
 func cmdVersion(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print JSON")
-	if code, done := parseFlags(fs, args, stdout, stderr, versionHelp); done {
+	asJSON := fs.Bool("json", false, `print {"version": ..., "go_version": ...}`)
+	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, versionHelp)); done {
 		return code
 	}
 	if *asJSON {
