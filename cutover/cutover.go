@@ -8,7 +8,6 @@ package cutover
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"time"
 
@@ -41,6 +40,9 @@ type Group struct {
 	// moved: its consumer is then checked as a dual-read one, caught up.
 	Queue string `json:"queue,omitempty"`
 	Path  Path   `json:"path"`
+	// Label names the group in the verdict; default its consumer. Two
+	// groups with one consumer name, on two streams, need one.
+	Label string `json:"label,omitempty"`
 }
 
 // switching says whether the group has a switch from its queue ahead, on
@@ -48,8 +50,13 @@ type Group struct {
 // without a queue has moved; what is left to check is that it keeps up.
 func (g Group) switching() bool { return g.Path == RollingUpgrade && g.Queue != "" }
 
-// Name is how the verdict names the group: its consumer.
-func (g Group) Name() string { return g.Consumer }
+// Name is how the verdict names the group: its label, or its consumer.
+func (g Group) Name() string {
+	if g.Label != "" {
+		return g.Label
+	}
+	return g.Consumer
+}
 
 // Config says what to check.
 type Config struct {
@@ -68,6 +75,10 @@ type Config struct {
 	// with Conservative, AckWait × (MaxAckPending + 1).
 	QuietPeriod  time.Duration
 	Conservative bool
+	// AllConsumers requires every durable consumer of the groups' streams to
+	// be a group, or in Exclude: phase 4 checks them all.
+	AllConsumers bool
+	Exclude      []string
 	// Instances are relayd metrics addresses (host:port) that must all
 	// report the same version on /version. Optional.
 	Instances []string
@@ -84,6 +95,8 @@ type Condition struct {
 	Name   string `json:"name"`
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
+	// skipped: not evaluated, because another condition failed first.
+	skipped bool
 }
 
 // Result is the verdict: OK only when every condition holds.
@@ -103,14 +116,12 @@ type Result struct {
 func (r Result) Failed() []Condition {
 	var out []Condition
 	for _, c := range r.Conditions {
-		if !c.OK && !c.notWatched() {
+		if !c.OK && !c.skipped {
 			out = append(out, c)
 		}
 	}
 	return out
 }
-
-func (c Condition) notWatched() bool { return len(c.Detail) >= 11 && c.Detail[:11] == "not watched" }
 
 // The conditions, by name.
 const (
@@ -121,6 +132,16 @@ const (
 	CondConsumer  = "jetstream consumer"
 	CondQuiet     = "quiescence"
 )
+
+// ConfigError is a check that cannot be made as configured: asking again
+// will not help. Other errors (Postgres did not answer) may pass.
+type ConfigError struct{ msg string }
+
+func (e *ConfigError) Error() string { return e.msg }
+
+func configError(format string, args ...any) error {
+	return &ConfigError{fmt.Sprintf(format, args...)}
+}
 
 // LagLimit bounds the outbox lag for JetStream: beyond it the relays are
 // not keeping up, and a group's "caught up" means little.
@@ -143,37 +164,45 @@ func Check(ctx context.Context, cfg Config) (Result, error) {
 	if err := w.begin(ctx); err != nil {
 		return Result{}, err
 	}
-	vers := versions(ctx, cfg.Instances)
-	if !allOK(vers) {
-		w.stopAll("not watched: " + CondInstances + " fails")
+	// Checked once, and no reason to stop watching the groups: the verdict
+	// names every group's state at once.
+	once := versions(ctx, cfg.Instances)
+	if cfg.AllConsumers {
+		once = append(once, namedCondition(ctx, cfg))
+	}
+	if err := ctx.Err(); err != nil { // its failures above are the cancel's
+		return Result{}, err
 	}
 	if !w.settled() {
 		if err := w.run(ctx); err != nil {
-			return w.result(vers), err
+			return w.result(once), err
 		}
 	}
-	res := w.result(vers)
+	res := w.result(once)
 	res.OK = len(res.Failed()) == 0
 	return res, nil
 }
 
 func (cfg Config) valid() error {
 	if cfg.DB == nil || cfg.JS == nil || len(cfg.Groups) == 0 {
-		return errors.New("cutover: DB, JS and a group are required")
+		return configError("cutover: DB, JS and a group are required")
 	}
-	seen := map[[2]string]bool{}
+	seen, names := map[[2]string]bool{}, map[string]bool{}
 	for _, g := range cfg.Groups {
 		if g.Stream == "" || g.Consumer == "" {
-			return fmt.Errorf("cutover: group %q: a stream and a consumer are required", g.Consumer)
+			return configError("cutover: group %q: a stream and a consumer are required", g.Consumer)
 		}
 		if g.Path != DualRead && g.Path != RollingUpgrade {
-			return fmt.Errorf("cutover: group %s: path %q: want %q or %q", g.Consumer, g.Path, DualRead, RollingUpgrade)
+			return configError("cutover: group %s: path %q: want %q or %q", g.Consumer, g.Path, DualRead, RollingUpgrade)
 		}
 		k := [2]string{g.Stream, g.Consumer}
 		if seen[k] {
-			return fmt.Errorf("cutover: consumer %s of stream %s is named twice", g.Consumer, g.Stream)
+			return configError("cutover: consumer %s of stream %s is named twice", g.Consumer, g.Stream)
 		}
-		seen[k] = true
+		if names[g.Name()] {
+			return configError("cutover: two groups are named %s: label them (STREAM/DURABLE)", g.Name())
+		}
+		seen[k], names[g.Name()] = true, true
 	}
 	return nil
 }

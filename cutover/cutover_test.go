@@ -3,6 +3,7 @@ package cutover_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,6 +103,15 @@ func TestCheckNamesEachFailingCondition(t *testing.T) {
 	check(false, cutover.CondOutbox, "the relays are 30s or more behind")
 	testenv.SetState(t, pool, table, `nats_delivered_at = now(), done_at = now()`, `true`)
 
+	// 1a. Owed to RabbitMQ only, since before the quiet interval: it would
+	// reach the queue after the old consumers stopped.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (topic, payload) VALUES ('orders.y', '\x00')`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.SetState(t, pool, table, `nats_delivered_at = now()`, `true`)
+	check(false, cutover.CondQuiet, "rows owed to RabbitMQ since before the quiet interval")
+	testenv.SetState(t, pool, table, `amqp_delivered_at = now(), done_at = now()`, `true`)
+
 	// 1b. Rows finished without JetStream lately: from before dual write
 	// (before the first row JetStream got), fine; after it (an instance
 	// running RELAY_TARGETS=amqp), never pending for nats, and caught here.
@@ -181,11 +191,12 @@ func TestCheckNamesEachFailingCondition(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Stop()
-	go func() {
-		time.Sleep(time.Second) // inside the 3 s quiet interval
-		js.Publish(context.Background(), subject, []byte("2"))
-	}()
+	var once sync.Once
+	cfg.OnSample = func(time.Duration, time.Duration) {
+		once.Do(func() { js.Publish(context.Background(), subject, []byte("2")) }) //nolint:errcheck // the check sees it
+	}
 	check(false, cutover.CondQuiet, "its subjects are not quiet")
+	cfg.OnSample = nil
 	testenv.Eventually(t, 5*time.Second, func() bool {
 		ci, err := cons.Info(ctx)
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0

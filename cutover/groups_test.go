@@ -27,18 +27,20 @@ func TestGroupsUnderLiveTraffic(t *testing.T) {
 	ns := testenv.NewStream(t, "cg")
 	p := ns.Prefix
 
-	consumer := func(name, filter string) jetstream.Consumer {
+	consumer := func(name, filter string, ackWait time.Duration) jetstream.Consumer {
 		t.Helper()
 		c, err := ns.Stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: name, FilterSubject: filter,
-			AckPolicy: jetstream.AckExplicitPolicy, AckWait: 2 * time.Second})
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return c
 	}
-	keeps := consumer("keeps-up", p+"live.>")
-	consumer("behind", p+"live.>")
-	ledger := consumer("ledger", p+"ledger.>")
+	// keeps-up settles once caught up: a long AckWait only bounds it on a
+	// loaded machine. behind is given its whole AckWait to catch up.
+	keeps := consumer("keeps-up", p+"live.>", 30*time.Second)
+	consumer("behind", p+"live.>", 2*time.Second)
+	ledger := consumer("ledger", p+"ledger.>", 2*time.Second)
 	cc, err := keeps.Consume(func(m jetstream.Msg) { m.Ack() })
 	if err != nil {
 		t.Fatal(err)
@@ -79,13 +81,20 @@ func TestGroupsUnderLiveTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	var onSample func() // called at the first sample of the watch
 	check := func(groups ...cutover.Group) map[string]cutover.Condition {
 		t.Helper()
 		for i := range groups {
 			groups[i].Stream = ns.Name
 		}
+		var once sync.Once
 		res, err := cutover.Check(ctx, cutover.Config{DB: pool, Table: table, JS: ns.JS, AMQPURL: amqpURL,
-			Poll: 100 * time.Millisecond, QuietPeriod: 2 * time.Second, Groups: groups})
+			Poll: 100 * time.Millisecond, QuietPeriod: 2 * time.Second, Groups: groups,
+			OnSample: func(time.Duration, time.Duration) {
+				if onSample != nil {
+					once.Do(onSample)
+				}
+			}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,13 +133,31 @@ func TestGroupsUnderLiveTraffic(t *testing.T) {
 	want(got, "gone/jetstream consumer", false, "consumer gone does not exist")
 	want(got, "ledger-typo/legacy queue", false, "does not exist")
 
-	// The rolling-upgrade group's own subjects move: not quiet.
-	go func() {
-		time.Sleep(500 * time.Millisecond)
-		ns.JS.Publish(context.Background(), p+"ledger.entry", []byte("1")) //nolint:errcheck // checked below
-	}()
+	// A dual-read group's queue with a backlog that does not drain: its
+	// legacy side is behind, and what waits there may predate dual write.
+	backlog := testQueue(t, strings.TrimSuffix(p, ".")+"_backlog")
+	for range 3 {
+		if err := ch.PublishWithContext(ctx, "", backlog, false, false, amqp.Publishing{Body: []byte("old")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		q, err := ch.QueueDeclarePassive(backlog, true, false, false, false, nil)
+		return err == nil && q.Messages == 3
+	}, "the backlog did not reach its queue")
+	got = check(cutover.Group{Consumer: "behind", Queue: backlog, Path: cutover.DualRead})
+	want(got, "behind/legacy queue", false, "never empty in 2s")
+
+	// The rolling-upgrade group's own subjects move during its quiet
+	// interval: not quiet.
+	onSample = func() {
+		if _, err := ns.JS.Publish(ctx, p+"ledger.entry", []byte("1")); err != nil {
+			t.Error(err)
+		}
+	}
 	got = check(cutover.Group{Consumer: "ledger", Queue: ledgerQueue, Path: cutover.RollingUpgrade})
 	want(got, "ledger/quiescence", false, "its subjects are not quiet")
+	onSample = nil
 	// Without its queue the group has moved: no quiet needed, only that its
 	// consumer keeps up.
 	got = check(cutover.Group{Consumer: "ledger", Path: cutover.RollingUpgrade})
@@ -165,4 +192,48 @@ func testQueue(t *testing.T, name string) string {
 		}
 	})
 	return name
+}
+
+// With AllConsumers, a durable consumer of a group's stream that no group
+// names fails the check, naming it, until it is a group or excluded;
+// ephemeral consumers (relayd tail's, verify's) do not count.
+func TestAllConsumersMustBeNamed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	ns := testenv.NewStream(t, "cn")
+	for _, cc := range []jetstream.ConsumerConfig{
+		{Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy},
+		{Durable: "audit", AckPolicy: jetstream.AckExplicitPolicy},
+		{Name: "tail", AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: time.Minute},
+	} {
+		if _, err := ns.Stream.CreateOrUpdateConsumer(ctx, cc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	named := func(exclude ...string) cutover.Condition {
+		t.Helper()
+		res, err := cutover.Check(ctx, cutover.Config{DB: pool, Table: table, JS: ns.JS, Poll: 50 * time.Millisecond,
+			AllConsumers: true, Exclude: exclude, Groups: []cutover.Group{{Stream: ns.Name, Consumer: "billing", Path: cutover.DualRead}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range res.Conditions {
+			if c.Name == cutover.CondNamed {
+				if res.OK != c.OK {
+					t.Fatalf("verdict %v with %s %v: %+v", res.OK, c.Name, c.OK, res.Conditions)
+				}
+				return c
+			}
+		}
+		t.Fatalf("no %s condition: %+v", cutover.CondNamed, res.Conditions)
+		return cutover.Condition{}
+	}
+	if c := named(); c.OK || !strings.Contains(c.Detail, ns.Name+"/audit") || strings.Contains(c.Detail, "tail") {
+		t.Errorf("audit unnamed: %+v; want a failure naming %s/audit only", c, ns.Name)
+	}
+	if c := named("audit"); !c.OK || !strings.Contains(c.Detail, "excluded: audit") {
+		t.Errorf("audit excluded: %+v; want it to hold", c)
+	}
 }

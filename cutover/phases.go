@@ -12,21 +12,23 @@ import (
 // the table's phase is set, runs it: a relay in amqp finishes rows JetStream
 // never gets, and one pinned apart from the table will not follow the move.
 // Relays too old to report are left to the outbox condition's look-back.
-func relaydPhases(ctx context.Context, cfg Config) (Condition, error) {
+// tableNATS says the table's phase is nats.
+func relaydPhases(ctx context.Context, cfg Config) (c Condition, tableNATS bool, err error) {
 	running, err := phase.Running(ctx, cfg.DB, cfg.Table)
 	if err != nil {
-		return Condition{}, err
+		return Condition{}, false, err
 	}
 	table, set, err := phase.Read(ctx, cfg.DB, cfg.Table)
 	if err != nil {
-		return Condition{}, err
+		return Condition{}, false, err
 	}
+	tableNATS = set && table.Phase == phase.NATS
 	tableSays := "the table's phase is not set"
 	if set {
 		tableSays = "the table's phase is " + string(table.Phase)
 	}
 	if len(running) == 0 {
-		return Condition{Name: CondPhases, OK: true, Detail: "no relay reports its phase (relays before the phase table do not; the outbox condition covers them); " + tableSays}, nil
+		return Condition{Name: CondPhases, OK: true, Detail: "no relay reports its phase (relays before the phase table do not; the outbox condition covers them); " + tableSays}, tableNATS, nil
 	}
 	var bad []string
 	counts := map[phase.Name]int{}
@@ -44,7 +46,7 @@ func relaydPhases(ctx context.Context, cfg Config) (Condition, error) {
 		}
 	}
 	if len(bad) > 0 {
-		return Condition{Name: CondPhases, Detail: strings.Join(bad, "; ")}, nil
+		return Condition{Name: CondPhases, Detail: strings.Join(bad, "; ")}, tableNATS, nil
 	}
 	var parts []string
 	for _, n := range phase.Names {
@@ -56,5 +58,5 @@ func relaydPhases(ctx context.Context, cfg Config) (Condition, error) {
 	if len(running) == 1 {
 		report = "1 relay reports"
 	}
-	return Condition{Name: CondPhases, OK: true, Detail: fmt.Sprintf("%s: %s; %s", report, strings.Join(parts, ", "), tableSays)}, nil
+	return Condition{Name: CondPhases, OK: true, Detail: fmt.Sprintf("%s: %s; %s", report, strings.Join(parts, ", "), tableSays)}, tableNATS, nil
 }

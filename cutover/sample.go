@@ -14,11 +14,12 @@ import (
 // sampleTable reads the outbox's conditions, fresh: its backlog for
 // JetStream, the rows that left it without JetStream, the relays' phases.
 func (w *watch) sampleTable(ctx context.Context) error {
-	stats, err := relay.ReadStats(ctx, w.cfg.DB, w.cfg.Table, []relay.Target{relay.TargetNATS})
+	stats, err := relay.ReadStats(ctx, w.cfg.DB, w.cfg.Table, []relay.Target{relay.TargetNATS, relay.TargetAMQP})
 	if err != nil {
 		return fmt.Errorf("cutover: outbox: %w", err)
 	}
-	n := stats[0]
+	n, a := stats[0], stats[1]
+	w.amqpLag, w.amqpParked = a.Lag, a.Parked
 	// Rows that left the outbox without JetStream lately: once consumers
 	// read only JetStream, such an instance's rows reach nobody.
 	amqpOnly, _, _, err := relay.FinishedWithoutNATS(ctx, w.cfg.DB, w.cfg.Table, relay.DualWriteLookback, time.Time{})
@@ -37,10 +38,11 @@ func (w *watch) sampleTable(ctx context.Context) error {
 		c.Detail += fmt.Sprintf("; %d rows finished in the last %s without JetStream: an instance runs without nats in RELAY_TARGETS", amqpOnly, relay.DualWriteLookback)
 	}
 	w.lag = n.Lag
-	cp, err := relaydPhases(ctx, w.cfg)
+	cp, tableNATS, err := relaydPhases(ctx, w.cfg)
 	if err != nil {
 		return fmt.Errorf("cutover: %w", err)
 	}
+	w.amqpOff = tableNATS
 	// Keep the first failure seen: the watch reports what stopped it.
 	if len(w.table) == 0 || allOK(w.table) {
 		w.table = []Condition{c, cp}
@@ -58,8 +60,9 @@ func allOK(cs []Condition) bool {
 }
 
 // sampleQueue reads a group's legacy queue. A rolling-upgrade group's must
-// be empty and unconsumed; a dual-read group's consumers read JetStream too,
-// and may stay, but nothing may wait in it.
+// be empty and unconsumed. A dual-read group's consumers read JetStream too,
+// and may stay; its queue must be seen empty once, so that nothing waits
+// there long, such as a message from before dual write.
 func (w *watch) sampleQueue(ctx context.Context, gw *groupWatch) error {
 	g := gw.g
 	if g.Queue == "" {
@@ -67,6 +70,7 @@ func (w *watch) sampleQueue(ctx context.Context, gw *groupWatch) error {
 	}
 	c := Condition{Group: g.Name(), Name: CondQueue}
 	st, err := w.q.state(ctx, g.Queue)
+	gw.queueRead = err == nil && st.exists
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
@@ -77,11 +81,18 @@ func (w *watch) sampleQueue(ctx context.Context, gw *groupWatch) error {
 	case g.switching():
 		c.OK = st.messages == 0 && st.consumers == 0
 		c.Detail = fmt.Sprintf("queue %s: %d ready, %d consumers", g.Queue, st.messages, st.consumers)
-	default:
-		c.OK = st.messages == 0
-		c.Detail = fmt.Sprintf("queue %s: %d ready, %d consumers (dual read: they read JetStream too)", g.Queue, st.messages, st.consumers)
 		if st.messages > 0 && st.consumers == 0 {
-			c.Detail += "; with its legacy side stopped, delete the queue (dual write fills it with copies) and name the group without it"
+			c.Detail += "; if the group has switched, name it without its queue (dual write fills it with copies)"
+		}
+	default:
+		gw.emptySeen = gw.emptySeen || st.messages == 0
+		c.OK = gw.emptySeen
+		c.Detail = fmt.Sprintf("queue %s: %d ready, %d consumers (dual read: they read JetStream too)", g.Queue, st.messages, st.consumers)
+		if st.messages > 0 && gw.emptySeen {
+			c.Detail += "; seen empty during the check"
+		}
+		if st.messages > 0 && st.consumers == 0 {
+			c.Detail += "; with its legacy side stopped, name the group without its queue (dual write fills it with copies)"
 		}
 	}
 	gw.queue = c

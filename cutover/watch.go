@@ -11,11 +11,16 @@ import (
 // watch is one check: the outbox's conditions and each group's, sampled
 // until every group is settled or a condition stops holding.
 type watch struct {
-	cfg    Config
-	q      *queues
-	table  []Condition // outbox, relayd phases: the latest sample, or the first failing one
-	lag    time.Duration
-	groups []*groupWatch
+	cfg   Config
+	q     *queues
+	table []Condition // outbox, relayd phases: the latest sample, or the first failing one
+	lag   time.Duration
+	// What RabbitMQ is owed, unless the table is in phase nats (where rows
+	// are owed to it no more): the oldest row's age, and the parked rows.
+	amqpLag    time.Duration
+	amqpParked int64
+	amqpOff    bool
+	groups     []*groupWatch
 }
 
 // groupWatch is one group's state through the watch.
@@ -33,8 +38,11 @@ type groupWatch struct {
 	period    time.Duration // quiet interval, or how long to wait for the catch-up
 	// kindOK: the consumer could be read, is durable and acks. A dual-read
 	// consumer's catch-up is watched only then.
-	kindOK  bool
-	settled bool
+	kindOK bool
+	// queueRead: the queue exists and answered. A dual-read group's queue is
+	// watched until seen empty (emptySeen): under load it rarely is at once.
+	queueRead, emptySeen bool
+	settled              bool
 }
 
 // begin takes the first sample and sets each group's period.
@@ -62,27 +70,27 @@ func (w *watch) begin(ctx context.Context) error {
 			}
 			gw.period, gw.delivered = p, ci.Delivered.Consumer
 		} else {
-			gw.startSeq, gw.period = si.State.LastSeq, max(ci.Config.AckWait, time.Second)
-			gw.settled = !gw.kindOK || caughtUp(ci, gw.startSeq)
+			gw.startSeq, gw.period = si.State.LastSeq, max(ackWait(ci.Config), time.Second)
+			gw.settled = !gw.kindOK || (caughtUp(ci, gw.startSeq) && gw.queueDone())
 			gw.consumer = dualReadVerdict(gw, ci, 0)
 		}
 	}
 	if c := w.tableFailed(); c != nil {
-		w.stopAll(fmt.Sprintf("not watched: %s fails", c.Name))
+		w.stopAll(fmt.Sprintf("not watched: %s fails", c.Name), true)
 	}
 	for _, gw := range w.groups {
 		if c := gw.failed(); c != nil && !gw.settled {
-			gw.stop(fmt.Sprintf("not watched: %s fails", c.Name))
+			gw.stop(fmt.Sprintf("not watched: %s fails", c.Name), true)
 		}
 	}
 	return nil
 }
 
 // stopAll settles every group still watched.
-func (w *watch) stopAll(why string) {
+func (w *watch) stopAll(why string, skipped bool) {
 	for _, gw := range w.groups {
 		if !gw.settled {
-			gw.stop(why)
+			gw.stop(why, skipped)
 		}
 	}
 }
@@ -110,7 +118,7 @@ func (w *watch) run(ctx context.Context) error {
 			return err
 		}
 		if c := w.tableFailed(); c != nil {
-			w.stopAll(fmt.Sprintf("%s stopped holding after %s: %s", c.Name, elapsed.Round(time.Millisecond), c.Detail))
+			w.stopAll(fmt.Sprintf("%s stopped holding after %s: %s", c.Name, elapsed.Round(time.Millisecond), c.Detail), false)
 			return nil
 		}
 		for _, gw := range w.groups {
@@ -137,27 +145,35 @@ func (w *watch) step(ctx context.Context, gw *groupWatch, elapsed time.Duration)
 		return ctx.Err()
 	}
 	if c := gw.failed(); c != nil {
-		gw.stop(fmt.Sprintf("%s stopped holding after %s: %s", c.Name, elapsed.Round(time.Millisecond), c.Detail))
+		gw.stop(fmt.Sprintf("%s stopped holding after %s: %s", c.Name, elapsed.Round(time.Millisecond), c.Detail), false)
 		return nil
 	}
 	if ci == nil {
 		return nil // stopped above: its condition failed
 	}
 	if !gw.g.switching() {
-		gw.settled = caughtUp(ci, gw.startSeq) || elapsed >= gw.period
+		gw.settled = (caughtUp(ci, gw.startSeq) && gw.queueDone()) || elapsed >= gw.period
 		gw.consumer = dualReadVerdict(gw, ci, elapsed)
+		if gw.settled && !gw.queueDone() {
+			gw.queue.Detail += fmt.Sprintf("; never empty in %s (the consumer's AckWait): the legacy side is behind", gw.period)
+		}
 		return nil
 	}
 	switch {
 	case ci.Delivered.Consumer != gw.delivered:
 		gw.stop(fmt.Sprintf("consumer %s got %d messages after %s: its subjects are not quiet (pause the group's publishers)",
-			gw.g.Consumer, ci.Delivered.Consumer-gw.delivered, elapsed.Round(time.Millisecond)))
+			gw.g.Consumer, ci.Delivered.Consumer-gw.delivered, elapsed.Round(time.Millisecond)), false)
 	case elapsed < gw.period:
 	case w.lag >= elapsed:
 		// Rows the group's paused publishers wrote before the quiet
 		// interval would reach its consumer after the switch.
 		gw.stop(fmt.Sprintf("a row owed to JetStream since before the quiet interval (outbox lag %s): it may be this group's, and would reach the new consumer after the old ones had it",
-			w.lag.Round(time.Millisecond)))
+			w.lag.Round(time.Millisecond)), false)
+	case !w.amqpOff && (w.amqpParked > 0 || w.amqpLag >= elapsed):
+		// One owed to RabbitMQ would reach the queue after the old
+		// consumers stopped; the new consumer started past it.
+		gw.stop(fmt.Sprintf("rows owed to RabbitMQ since before the quiet interval (amqp lag %s, parked %d): one may be this group's, and would reach its queue after the old consumers stopped, and never the new consumer",
+			w.amqpLag.Round(time.Millisecond), w.amqpParked), false)
 	default:
 		gw.settled = true
 		gw.quiet = Condition{Group: gw.g.Name(), Name: CondQuiet, OK: true,
@@ -166,13 +182,19 @@ func (w *watch) step(ctx context.Context, gw *groupWatch, elapsed time.Duration)
 	return nil
 }
 
-// stop settles a group whose watch ended without the verdict it waited for.
-func (gw *groupWatch) stop(why string) {
+// stop settles a group whose watch ended without the verdict it waited
+// for; skipped: it was not watched at all.
+func (gw *groupWatch) stop(why string, skipped bool) {
 	gw.settled = true
 	if gw.g.switching() {
-		gw.quiet = Condition{Group: gw.g.Name(), Name: CondQuiet, Detail: why}
-	} else if gw.kindOK && !gw.consumer.OK { // its catch-up was being watched
+		gw.quiet = Condition{Group: gw.g.Name(), Name: CondQuiet, Detail: why, skipped: skipped}
+		return
+	}
+	if gw.kindOK && !gw.consumer.OK { // its catch-up was being watched
 		gw.consumer.Detail = "not caught up: " + why
+	}
+	if gw.queueRead && !gw.queue.OK {
+		gw.queue.Detail += "; not seen empty: " + why
 	}
 }
 
@@ -222,10 +244,14 @@ func (w *watch) tableFailed() *Condition {
 	return nil
 }
 
+// queueDone: a dual-read group's queue has been seen empty, or it has none.
+func (gw *groupWatch) queueDone() bool { return gw.queue.Name == "" || gw.queue.OK }
+
 // failed is the group's first point-in-time condition that does not hold:
-// its queue, a rolling-upgrade consumer, or a dual-read consumer's kind.
+// its queue (a dual-read one only if it cannot be read), a rolling-upgrade
+// consumer, or a dual-read consumer's kind.
 func (gw *groupWatch) failed() *Condition {
-	if gw.queue.Name != "" && !gw.queue.OK {
+	if gw.queue.Name != "" && !gw.queue.OK && (gw.g.switching() || !gw.queueRead) {
 		return &gw.queue
 	}
 	if !gw.consumer.OK && (gw.g.switching() || !gw.kindOK) {
@@ -234,10 +260,10 @@ func (gw *groupWatch) failed() *Condition {
 	return nil
 }
 
-// result is the verdict so far: the outbox's conditions and the relays'
-// versions, then each group's.
-func (w *watch) result(vers []Condition) Result {
-	res := Result{Groups: w.cfg.Groups, Conditions: append(append([]Condition(nil), w.table...), vers...)}
+// result is the verdict so far: the outbox's conditions and those checked
+// once (versions, consumers named), then each group's.
+func (w *watch) result(outbox []Condition) Result {
+	res := Result{Groups: w.cfg.Groups, Conditions: append(append([]Condition(nil), w.table...), outbox...)}
 	for _, gw := range w.groups {
 		if gw.queue.Name != "" {
 			res.Conditions = append(res.Conditions, gw.queue)
@@ -246,7 +272,7 @@ func (w *watch) result(vers []Condition) Result {
 		if gw.g.switching() {
 			q := gw.quiet
 			if q.Name == "" {
-				q = Condition{Group: gw.g.Name(), Name: CondQuiet, Detail: "not watched: the check was interrupted"}
+				q = Condition{Group: gw.g.Name(), Name: CondQuiet, Detail: "not watched: the check was interrupted", skipped: true}
 			}
 			res.Conditions = append(res.Conditions, q)
 			res.QuietPeriod = max(res.QuietPeriod, gw.period)
@@ -264,13 +290,19 @@ func quietPeriod(cfg Config, g Group, cc jetstream.ConsumerConfig) (time.Duratio
 	if cfg.Conservative {
 		if cc.MaxAckPending < 1 {
 			// Unlimited (-1): the bound would be 0, no quiet at all.
-			return 0, fmt.Errorf("cutover: the conservative quiet interval is AckWait × (MaxAckPending + 1), and consumer %q has no MaxAckPending limit (%d): give the quiet interval", g.Consumer, cc.MaxAckPending)
+			return 0, configError("cutover: the conservative quiet interval is AckWait × (MaxAckPending + 1), and consumer %q has no MaxAckPending limit (%d): give the quiet interval", g.Consumer, cc.MaxAckPending)
 		}
 		return cc.AckWait * time.Duration(cc.MaxAckPending+1), nil
 	}
+	return ackWait(cc), nil
+}
+
+// ackWait is how long the consumer waits before it redelivers, at most:
+// its AckWait, or its last BackOff step if longer.
+func ackWait(cc jetstream.ConsumerConfig) time.Duration {
 	p := cc.AckWait
 	if n := len(cc.BackOff); n > 0 && cc.BackOff[n-1] > p {
 		p = cc.BackOff[n-1]
 	}
-	return p, nil
+	return p
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -85,7 +86,10 @@ func (e *env) streamCount() uint64 {
 
 // backfillCmd is `relayd backfill` for this test's queue and stream.
 func (e *env) backfillCmd(args ...string) *exec.Cmd {
-	cmd := exec.Command(relaydBin, append([]string{"backfill", "--queue", e.queue, "--json"}, args...)...)
+	if !slices.Contains(args, "--queue") { // the test's own queue, else e.queue
+		args = append([]string{"--queue", e.queue}, args...)
+	}
+	cmd := exec.Command(relaydBin, append([]string{"backfill", "--json"}, args...)...)
 	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=")
 	dieWithTest(cmd)
 	return cmd

@@ -23,6 +23,7 @@ import (
 type loadGen struct {
 	e      *env
 	paused atomic.Bool
+	write  sync.Mutex // held through each write: pause waits for the one in flight
 	stop   chan struct{}
 	done   chan struct{}
 	mu     sync.Mutex
@@ -48,7 +49,9 @@ func (e *env) startTopicLoad(topic string, perTick int, tick time.Duration) *loa
 				return
 			case <-t.C:
 			}
+			g.write.Lock()
 			if g.paused.Load() {
+				g.write.Unlock()
 				continue
 			}
 			msgs := make([]outbox.Message, perTick)
@@ -57,6 +60,7 @@ func (e *env) startTopicLoad(topic string, perTick int, tick time.Duration) *loa
 				msgs[i] = outbox.Message{Topic: topic, Payload: []byte(fmt.Sprintf(`{"n":%d}`, n))}
 			}
 			ids, err := e.writer.Write(context.Background(), e.pool, msgs...)
+			g.write.Unlock()
 			if err != nil {
 				g.mu.Lock()
 				g.err = err
@@ -69,6 +73,14 @@ func (e *env) startTopicLoad(topic string, perTick int, tick time.Duration) *loa
 		}
 	}()
 	return g
+}
+
+// pause stops the writes, and returns once the one in flight, if any, has
+// committed: after it, no row of this load is still to come.
+func (g *loadGen) pause() {
+	g.paused.Store(true)
+	g.write.Lock()
+	defer g.write.Unlock()
 }
 
 func (g *loadGen) halt() []string {

@@ -60,7 +60,7 @@ func TestRabbitMQClusterNodeLoss(t *testing.T) {
 		t.Fatalf("relayd did not connect to the first node (%s):\n%s", victimAt, out)
 	}
 	load := startFaultLoad(e, 2, 0, 10, 10*time.Millisecond, faultSeed(t))
-	bf, bfOut, bfDone := e.startBackfill(t, "", "--queue", legacyQ, "--rate", "500") // slow, so the kill comes mid-run; the last --queue counts
+	bf, bfOut, bfDone := e.startBackfill(t, "", "--queue", legacyQ, "--rate", "500") // slow, so the kill comes mid-run
 	testenv.Eventually(t, 30*time.Second, func() bool { _, a, n := e.counts(); return a > 300 && n > 300 }, "no progress before the kill")
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.subjectCount(e.prefix+"legacy.old") >= 300 },
 		"the backfill moved nothing before the kill:\n%v", lazyString(bfOut.String))

@@ -20,19 +20,20 @@ import (
 	"github.com/relayd/relayd/internal/backoff"
 )
 
-const cutoverHelp = `Usage: relayd cutover check GROUP... [flags]
+const cutoverHelp = `Usage: relayd cutover check --dual-read|--rolling-upgrade GROUP ... [flags]
 
 Says whether consumer groups may read JetStream only. A group is a durable
 JetStream consumer and the legacy queue it replaces, given as
 [STREAM/]DURABLE[:QUEUE] with the path it moves on:
 
   --dual-read GROUP        reads both brokers through an inbox: checked under
-                           live traffic, its queue may keep its consumers
+                           live traffic; its queue may keep its consumers
   --rolling-upgrade GROUP  one side at a time: its queue empty and unconsumed,
                            its subjects quiet for the quiet interval
   --consumer DURABLE [--queue Q]  one rolling-upgrade group
 
-Each flag repeats, one group each. Check one group before it drops its
+--dual-read and --rolling-upgrade repeat, one group each; a group that
+has moved is named without its queue. Check one group before it drops its
 legacy side; check them all before relayd phase set nats, which runs the
 same check. Prints PASS or FAIL per condition, for the outbox and per group:
 
@@ -42,8 +43,11 @@ same check. Prints PASS or FAIL per condition, for the outbox and per group:
                      table's phase once one is set (relayd phase)
   relayd versions    with --instances: every relayd answers the same
                      /version
-  legacy queue       dual read: 0 ready; rolling upgrade: 0 ready and 0
-                     consumers
+  consumers named    with --all-consumers (phase set nats: always): every
+                     durable consumer of the groups' streams is a group,
+                     or --exclude'd
+  legacy queue       dual read: seen with 0 ready within its consumer's
+                     AckWait; rolling upgrade: 0 ready and 0 consumers
   jetstream consumer durable and acking; dual read: acks, within its
                      AckWait, all the stream held when the check began;
                      rolling upgrade: 0 pending and 0 ack pending
@@ -63,6 +67,8 @@ Flags:
 // cutoverArgs are cutover check's flags.
 type cutoverArgs struct {
 	groups                     groupsFlag
+	exclude                    namesFlag
+	allConsumers               bool // phase set nats: always
 	consumer, queue, instances string
 	stream                     string // "": RELAY_NATS_STREAM
 	quiet, timeout, connect    time.Duration
@@ -92,6 +98,7 @@ func parseCutoverArgs(args []string, stdout, stderr io.Writer, env envconfig.Loo
 	fs := flag.NewFlagSet("cutover check", flag.ContinueOnError)
 	connect := addCutoverFlags(fs, &a)
 	fs.BoolVar(&a.asJSON, "json", false, "print the verdict as JSON")
+	fs.BoolVar(&a.allConsumers, "all-consumers", false, "every durable consumer of the groups' streams must be a group or --exclude'd (as phase set nats requires)")
 	help := withFlagDefaults(fs, cutoverHelp)
 	action, args := takeAction(args, fs)
 	if action != "check" {
@@ -111,6 +118,10 @@ func parseCutoverArgs(args []string, stdout, stderr io.Writer, env envconfig.Loo
 	if !validCutoverArgs(fs, &a, env, stderr) {
 		return a, exitUsage, true
 	}
+	if len(a.exclude) > 0 && !a.allConsumers {
+		fmt.Fprintln(stderr, "relayd cutover check: --exclude goes with --all-consumers (see relayd cutover check --help)")
+		return a, exitUsage, true
+	}
 	if len(a.groups) == 0 {
 		fmt.Fprintln(stderr, "relayd cutover check: name a group: --dual-read, --rolling-upgrade or --consumer (see relayd cutover check --help)")
 		return a, exitUsage, true
@@ -125,6 +136,7 @@ func addCutoverFlags(fs *flag.FlagSet, a *cutoverArgs) *time.Duration {
 	fs.Var(groupPath{&a.groups, cutover.RollingUpgrade}, "rolling-upgrade", "a group that moves one side at a time: [STREAM/]DURABLE[:QUEUE] (repeats)")
 	fs.StringVar(&a.consumer, "consumer", "", "one rolling-upgrade group's durable consumer (as --rolling-upgrade DURABLE)")
 	fs.StringVar(&a.queue, "queue", "", "with --consumer, the legacy queue it replaces")
+	fs.Var(&a.exclude, "exclude", "with every consumer required, a durable consumer that is no group's (repeats)")
 	fs.StringVar(&a.stream, "stream", "", "the stream of the groups that name none (default RELAY_NATS_STREAM)")
 	fs.DurationVar(&a.quiet, "quiet-period", 0, "a rolling-upgrade group's quiet interval (default: its consumer's AckWait or last BackOff step)")
 	fs.BoolVar(&a.conservative, "conservative", false, "quiet interval AckWait x (MaxAckPending + 1)")
@@ -188,6 +200,7 @@ func cutoverConfig(ss *session, a cutoverArgs, stderr io.Writer) (ccfg cutover.C
 	ccfg = cutover.Config{
 		DB: ss.pool, Table: ss.cfg.table, JS: ss.js, Groups: groups,
 		AMQPURL: ss.cfg.AMQPURL, AMQPTLS: tlsCfg, QuietPeriod: a.quiet, Conservative: a.conservative, Instances: addrs,
+		AllConsumers: a.allConsumers, Exclude: a.exclude,
 	}
 	if f, ok := stderr.(*os.File); ok {
 		tty = term.IsTerminal(int(f.Fd()))
@@ -223,16 +236,19 @@ func awaitCutover(ss *session, ccfg cutover.Config, a cutoverArgs, tty bool, std
 		if tty && ccfg.OnSample != nil {
 			fmt.Fprint(stderr, "\r\033[K")
 		}
-		if err != nil {
-			if !errors.Is(err, context.Canceled) {
-				ss.log.Error("cutover check", "error", err.Error())
-			}
+		var cfgErr *cutover.ConfigError
+		switch {
+		case errors.Is(err, context.Canceled):
 			return res, false
-		}
-		if res.OK || !a.wait || time.Now().After(deadline) {
+		case err != nil && (!a.wait || errors.As(err, &cfgErr) || time.Now().After(deadline)):
+			ss.log.Error("cutover check", "error", err.Error())
+			return res, false
+		case err != nil:
+			// Postgres or a broker did not answer (a failover): --wait rides it out.
+			ss.log.Warn("cutover check could not be made; trying again", "attempt", attempt, "error", err.Error())
+		case res.OK || !a.wait || time.Now().After(deadline):
 			return res, true
-		}
-		if tty {
+		case tty:
 			printWaitingOn(stderr, attempt, res)
 		}
 		if !backoff.Sleep(ss.ctx, 2*time.Second) {

@@ -41,7 +41,7 @@ func (f groupPath) Set(spec string) error {
 		if !validNATSName(stream) {
 			return fmt.Errorf("%q: %q is not a valid stream name", spec, stream)
 		}
-		g.Stream, name = stream, durable
+		g.Stream, g.Label, name = stream, name, durable
 	}
 	if !validNATSName(name) {
 		return fmt.Errorf("%q: want [STREAM/]DURABLE[:QUEUE], and %q is not a valid consumer name", spec, name)
@@ -97,4 +97,20 @@ func (gs groupsFlag) resolve(stream string) ([]cutover.Group, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// namesFlag is a repeatable flag of consumer names (--exclude).
+type namesFlag []string
+
+func (f *namesFlag) String() string { return strings.Join(*f, ",") }
+
+// IsList marks a flag meant to repeat.
+func (f *namesFlag) IsList() bool { return true }
+
+func (f *namesFlag) Set(name string) error {
+	if !validNATSName(name) {
+		return fmt.Errorf("%q is not a valid consumer name", name)
+	}
+	*f = append(*f, name)
+	return nil
 }

@@ -18,7 +18,7 @@ func TestGroupSpec(t *testing.T) {
 	}{
 		{"billing", cutover.Group{Consumer: "billing"}, ""},
 		{"billing:billing.invoices", cutover.Group{Consumer: "billing", Queue: "billing.invoices"}, ""},
-		{"BILLING/billing:q", cutover.Group{Stream: "BILLING", Consumer: "billing", Queue: "q"}, ""},
+		{"BILLING/billing:q", cutover.Group{Stream: "BILLING", Consumer: "billing", Queue: "q", Label: "BILLING/billing"}, ""},
 		{"billing:Billing.Contracts:InvoiceCreated/q", cutover.Group{Consumer: "billing", Queue: "Billing.Contracts:InvoiceCreated/q"}, ""},
 		{"billing:", cutover.Group{}, "the queue after ':' is empty"},
 		{"", cutover.Group{}, "not a valid consumer name"},

@@ -24,9 +24,10 @@ nats (step 4). It is recorded in the phase's history with who and why.
 
 Moving to nats first runs the cutover check for the consumer groups the
 flags below name (as relayd cutover check does: --dual-read,
---rolling-upgrade or --consumer; name every group of the outbox) and
-refuses, exit 1, unless every condition of every group holds; --force skips
-the check and records the change as forced. Moving back from nats prints what the rollback needs:
+--rolling-upgrade or --consumer) and refuses, exit 1, unless every
+condition of every group holds and every durable consumer of their streams
+is a group or --exclude'd; --force skips the check and records the change
+as forced. Moving back from nats prints what the rollback needs:
 the rows written meanwhile went to JetStream only (relayd replay).
 
 The change is made only if the phase is still the one read before the
@@ -187,6 +188,7 @@ func parsePhaseSetArgs(args []string, stdout, stderr io.Writer, env envconfig.Lo
 	if a.by == "" {
 		a.by = whoami()
 	}
+	a.allConsumers = true // phase 4 leaves no group unchecked
 	return a, exitOK, false
 }
 
