@@ -41,18 +41,7 @@ func TestCheckNamesEachFailingCondition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	queue := id + "_legacy"
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if c, err := amqp.Dial(amqpURL); err == nil {
-			if ch, err := c.Channel(); err == nil {
-				ch.QueueDelete(queue, false, false, false)
-			}
-			c.Close()
-		}
-	})
+	queue := testenv.Queue(t, id+"_legacy")
 
 	cfg := cutover.Config{DB: pool, Table: table, JS: js, AMQPURL: amqpURL, Poll: 100 * time.Millisecond,
 		Groups: []cutover.Group{{Stream: stream, Consumer: "new-side", Queue: queue, Path: cutover.RollingUpgrade}}}
@@ -231,7 +220,7 @@ func TestConservativeNeedsAnAckPendingLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := cutover.Config{DB: pool, Table: table, JS: ns.JS, AMQPURL: testenv.AMQPURL(t), Poll: 100 * time.Millisecond, Conservative: true,
-		Groups: []cutover.Group{{Stream: ns.Name, Consumer: "unlimited", Queue: testQueue(t, strings.TrimSuffix(ns.Prefix, ".")+"_q"), Path: cutover.RollingUpgrade}}}
+		Groups: []cutover.Group{{Stream: ns.Name, Consumer: "unlimited", Queue: testenv.Queue(t, strings.TrimSuffix(ns.Prefix, ".")+"_q"), Path: cutover.RollingUpgrade}}}
 	res, err := cutover.Check(ctx, cfg)
 	if err == nil || !strings.Contains(err.Error(), "MaxAckPending") {
 		t.Fatalf("Check = %+v, %v; want an error about MaxAckPending", res, err)

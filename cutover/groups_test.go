@@ -75,7 +75,7 @@ func TestGroupsUnderLiveTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	queue, ledgerQueue := testQueue(t, strings.TrimSuffix(p, ".")+"_dual"), testQueue(t, strings.TrimSuffix(p, ".")+"_ledger")
+	queue, ledgerQueue := testenv.Queue(t, strings.TrimSuffix(p, ".")+"_dual"), testenv.Queue(t, strings.TrimSuffix(p, ".")+"_ledger")
 	// The dual-read group's legacy side still reads its queue: allowed.
 	if _, err := ch.Consume(queue, "legacy-side", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
@@ -135,7 +135,7 @@ func TestGroupsUnderLiveTraffic(t *testing.T) {
 
 	// A dual-read group's queue with a backlog that does not drain: its
 	// legacy side is behind, and what waits there may predate dual write.
-	backlog := testQueue(t, strings.TrimSuffix(p, ".")+"_backlog")
+	backlog := testenv.Queue(t, strings.TrimSuffix(p, ".")+"_backlog")
 	for range 3 {
 		if err := ch.PublishWithContext(ctx, "", backlog, false, false, amqp.Publishing{Body: []byte("old")}); err != nil {
 			t.Fatal(err)
@@ -165,33 +165,6 @@ func TestGroupsUnderLiveTraffic(t *testing.T) {
 	if _, found := got["ledger/quiescence"]; found {
 		t.Errorf("a rolling-upgrade group without a queue was watched for quiet: %+v", got)
 	}
-}
-
-// testQueue declares a durable queue that the test deletes at its end.
-func testQueue(t *testing.T, name string) string {
-	t.Helper()
-	url := testenv.AMQPURL(t)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if c, err := amqp.Dial(url); err == nil {
-			if ch, err := c.Channel(); err == nil {
-				ch.QueueDelete(name, false, false, false) //nolint:errcheck // cleanup
-			}
-			c.Close()
-		}
-	})
-	return name
 }
 
 // With AllConsumers, a durable consumer of a group's stream that no group

@@ -589,29 +589,11 @@ func TestDocContractCitedTestsExist(t *testing.T) {
 	}
 }
 
-// contractStatements lists every statement relayd runs against its tables.
-func contractStatements(s *outboxsql.Statements) map[string]string {
-	out := map[string]string{}
-	var walk func(path string, v reflect.Value)
-	walk = func(path string, v reflect.Value) {
-		switch v.Kind() {
-		case reflect.String:
-			out[path] = v.String()
-		case reflect.Struct:
-			for i := range v.NumField() {
-				walk(strings.TrimPrefix(path+"."+v.Type().Field(i).Name, "."), v.Field(i))
-			}
-		}
-	}
-	walk("", reflect.ValueOf(s).Elem())
-	return out
-}
-
 // relayd never inserts or updates a row of the outbox; its batches lock
 // rows there and delete them (docs/producers.md, "After delivery").
 func TestDocContractOutboxRowsAreOnlyLockedAndDeleted(t *testing.T) {
 	table := schema.Table{Schema: "s", Name: "outbox"}
-	all := contractStatements(outboxsql.For(table))
+	all := outboxsql.For(table).All()
 	if len(all) < 20 {
 		t.Fatalf("found %d statements", len(all))
 	}
@@ -721,7 +703,7 @@ func TestContractPostgresGrants(t *testing.T) {
 	}))
 	defer db.Close()
 
-	all := contractStatements(outboxsql.For(table))
+	all := outboxsql.For(table).All()
 	names := slices.Sorted(maps.Keys(all))
 	// plan prepares and explains statement name as the role.
 	plan := func(name string) error {

@@ -10,6 +10,7 @@ package outboxsql
 
 import (
 	"embed"
+	"reflect"
 	"strings"
 	"sync"
 	"text/template"
@@ -275,4 +276,24 @@ type pending struct {
 	targetData
 	Cols, Fresh string
 	N           int
+}
+
+// All is every statement in s by its field path ("Claim.Unkeyed"): checks
+// that must cover each one (plans, privileges) take a new one without
+// listing it.
+func (s *Statements) All() map[string]string {
+	out := map[string]string{}
+	var walk func(path string, v reflect.Value)
+	walk = func(path string, v reflect.Value) {
+		switch v.Kind() {
+		case reflect.String:
+			out[path] = v.String()
+		case reflect.Struct:
+			for i := range v.NumField() {
+				walk(strings.TrimPrefix(path+"."+v.Type().Field(i).Name, "."), v.Field(i))
+			}
+		}
+	}
+	walk("", reflect.ValueOf(s).Elem())
+	return out
 }

@@ -2,32 +2,12 @@ package outboxsql
 
 import (
 	"context"
-	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/schema"
 )
-
-// statements lists every statement in s by its field path, so a statement
-// added to Statements is checked without listing it here.
-func statements(s *Statements) map[string]string {
-	out := map[string]string{}
-	var walk func(path string, v reflect.Value)
-	walk = func(path string, v reflect.Value) {
-		switch v.Kind() {
-		case reflect.String:
-			out[path] = v.String()
-		case reflect.Struct:
-			for i := range v.NumField() {
-				walk(strings.TrimPrefix(path+"."+v.Type().Field(i).Name, "."), v.Field(i))
-			}
-		}
-	}
-	walk("", reflect.ValueOf(s).Elem())
-	return out
-}
 
 // Every statement parses, resolves against a migrated table and plans: a
 // typo in a template or a column fails here, not in the relay.
@@ -41,7 +21,7 @@ func TestStatementsPrepareAndPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	all := statements(For(table))
+	all := For(table).All()
 	if len(all) < 20 {
 		t.Fatalf("found %d statements, want every field of Statements", len(all))
 	}
@@ -95,7 +75,7 @@ func TestForRendersEachTable(t *testing.T) {
 	if !strings.Contains(b.Record, `INSERT INTO "s1"."box_delivered"`) || !strings.Contains(b.CleanupBackfilled, `"s1"."box_backfilled"`) {
 		t.Error("side tables not rendered for their table")
 	}
-	sa, sb := statements(a), statements(b)
+	sa, sb := a.All(), b.All()
 	for name, q := range sa {
 		if strings.ReplaceAll(q, `"outbox`, `"s1"."box`) != sb[name] {
 			t.Errorf("%s differs between tables beyond the identifiers", name)
