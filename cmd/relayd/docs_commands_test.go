@@ -118,3 +118,49 @@ func TestDocCommandsUseTheirCommandsFlags(t *testing.T) {
 		t.Fatalf("checked %d flags in the docs' commands: the extraction is broken", n)
 	}
 }
+
+// The runbook's steps hold in the order given: the relays of step 0 follow
+// the table and connect to both brokers, so the stream (R3 in production)
+// is created there, not in step 1.
+func TestRunbookCreatesTheStreamInStepZero(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(docRoot, "docs", "migration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	i := strings.Index(doc, "## The runbook")
+	if i < 0 {
+		t.Fatal("migration.md has no runbook")
+	}
+	steps := map[string]string{}
+	for line := range strings.Lines(doc[i:]) {
+		if m := regexp.MustCompile(`^\| \*\*(\d|decommission) —? ?`).FindStringSubmatch(line); m != nil {
+			steps[m[1]] = line
+		}
+	}
+	step0, step1 := steps["0"], steps["1"]
+	if !strings.Contains(step0, "create the stream") || !strings.Contains(step0, "--replicas 3") || !strings.Contains(step0, "RELAY_TARGETS` unset") {
+		t.Errorf("runbook step 0 must create the stream (with --replicas 3) before relays that follow the table start: %q", step0)
+	}
+	if step1 == "" || strings.Contains(step1, "create the stream") {
+		t.Errorf("runbook step 1 creates the stream, after step 0's relays needed it: %q", step1)
+	}
+}
+
+// Every source a doc leans on is named: "the guidance" said nothing of
+// which guidance.
+func TestDocsNameWhatTheyCite(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(docRoot, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range append(files, filepath.Join(docRoot, "README.md")) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := regexp.MustCompile(`(?i)\bthe (migration )?guidance\b`).FindString(string(b)); m != "" {
+			t.Errorf("%s cites %q without naming it: say what it asks, or link it", filepath.Base(f), m)
+		}
+	}
+}
