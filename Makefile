@@ -21,7 +21,14 @@ run: build ## migrate and run relayd against the local services (creates stream 
 tail: build ## print each message reaching the local stream and exchange until Ctrl-C (beside `make run`)
 	./bin/relayd tail
 
-test: ## run every test, with the race detector, against the real services
+# The Node example consumer's dependencies, from its lockfile, for its
+# integration test; nothing where npm is missing (that test then skips).
+NODE_EXAMPLE := examples/consumers/node
+NODE_DEPS    := $(NODE_EXAMPLE)/node_modules/.package-lock.json
+$(NODE_DEPS): $(NODE_EXAMPLE)/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix $(NODE_EXAMPLE) --no-audit --no-fund; fi
+
+test: $(NODE_DEPS) ## run every test, with the race detector, against the real services
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 test-short: ## unit tests only (no services needed)

@@ -2,8 +2,6 @@ package backfill
 
 import (
 	"cmp"
-	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,11 +10,12 @@ import (
 
 	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/internal/headers/amqpprop"
+	"github.com/relayd/relayd/internal/msgid"
 )
 
 // DerivedIDHeader marks a message whose id was derived from its content
 // (it had no AMQP message-id); its value is the id.
-const DerivedIDHeader = "Relay-Derived-Id"
+const DerivedIDHeader = msgid.DerivedIDHeader
 
 // badHeaderKey says why one of t's keys cannot be a NATS header, or "" —
 // the first in key order, so a message always gets the same reason.
@@ -38,7 +37,7 @@ func natsHeaders(d amqp.Delivery) nats.Header {
 	// Room for the properties, the two Amqp- headers and the three prepare adds.
 	h := make(nats.Header, len(d.Headers)+len(headers.AMQPProperties)+5)
 	for k, v := range d.Headers {
-		h[k] = []string{headerValue(v)}
+		h[k] = []string{msgid.HeaderValue(v)}
 	}
 	for k, v := range amqpprop.FromDelivery(&d) {
 		h[k] = []string{v}
@@ -49,22 +48,4 @@ func natsHeaders(d amqp.Delivery) nats.Header {
 	}
 	h.Set("Amqp-Routing-Key", d.RoutingKey)
 	return h
-}
-
-func headerValue(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case []byte:
-		return string(x)
-	case time.Time:
-		return x.UTC().Format(time.RFC3339)
-	case nil:
-		return ""
-	default:
-		if b, err := json.Marshal(x); err == nil {
-			return string(b)
-		}
-		return fmt.Sprint(x)
-	}
 }

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayd/relayd/internal/jspub"
+	"github.com/relayd/relayd/internal/msgid"
 	"github.com/relayd/relayd/outbox"
 )
 
@@ -29,7 +30,7 @@ type item struct {
 func (b *runner) prepare(d amqp.Delivery) *item {
 	it := &item{d: d, id: d.MessageId}
 	if it.id == "" {
-		it.id, it.derived = DeriveID(d), true
+		it.id, it.derived = msgid.DeriveID(d), true
 	}
 	// A header key NATS refuses would fail the publish every time (nats.go
 	// refuses the whole message), and a Nats- header would tell JetStream

@@ -10,15 +10,20 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/headers/amqpprop"
+	"github.com/relayd/relayd/internal/msgid"
 )
 
 // AMQPMessage converts a RabbitMQ delivery. The id is the message-id
-// property, else the [DerivedIDHeader] header; it is normalised by
-// [Inbox.Process], not here. The properties a row's headers set (type,
-// reply-to …) are headers again, as the JetStream copy has them. Use it to
-// call Process with an acknowledgement policy of your own;
-// [Inbox.HandleAMQP] is the usual one.
-func AMQPMessage(d amqp.Delivery) Message {
+// property, else the [DerivedIDHeader] header, else the id derived from the
+// message's content: the one `relayd backfill` gives its JetStream copy
+// (docs/message-ids.md). It is normalised by [Inbox.Process], not here. The
+// properties a row's headers set (type, reply-to …) are headers again, as
+// the JetStream copy has them. Use it to call Process with an
+// acknowledgement policy of your own; [Inbox.HandleAMQP] is the usual one.
+func AMQPMessage(d amqp.Delivery) Message { return amqpMessage(d, msgid.DeriveID) }
+
+// amqpMessage is AMQPMessage with the derivation of [Config.DeriveAMQPID].
+func amqpMessage(d amqp.Delivery, derive func(amqp.Delivery) string) Message {
 	m := Message{ID: d.MessageId, Source: SourceAMQP, Subject: d.RoutingKey, Payload: d.Body}
 	for k, v := range d.Headers {
 		if m.Headers == nil {
@@ -41,6 +46,9 @@ func AMQPMessage(d amqp.Delivery) Message {
 	}
 	if m.ID == "" {
 		m.ID = m.Headers[DerivedIDHeader]
+	}
+	if m.ID == "" {
+		m.ID = derive(d)
 	}
 	return m
 }
@@ -84,10 +92,7 @@ func poison(err error) bool {
 //     exchange, else dropped — so a poison message cannot loop; returns the
 //     error, which says why.
 func (in *Inbox) HandleAMQP(ctx context.Context, d amqp.Delivery, h Handler) error {
-	m := AMQPMessage(d)
-	if m.ID == "" && in.cfg.DeriveAMQPID != nil {
-		m.ID = in.cfg.DeriveAMQPID(d)
-	}
+	m := amqpMessage(d, in.cfg.DeriveAMQPID)
 	_, err := in.Process(ctx, m, h)
 	switch {
 	case err == nil:

@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/inbox"
 	"github.com/relayd/relayd/internal/testenv"
 )
@@ -538,13 +537,13 @@ func TestPoisonMessages(t *testing.T) {
 		b.publishAMQP(legacy)
 		ch3, d3 := b.amqpConsumer(10)
 		got := recv(t, d3)
-		want := backfill.DeriveID(got)
+		want := inbox.AMQPMessage(got).ID
 		if err := in3.HandleAMQP(context.Background(), got, f.effect("default-derive", &calls)); err != nil {
 			t.Fatalf("HandleAMQP with the default derivation: %v", err)
 		}
 		ch3.Close()
 		if f.sideCounts()[want] != 1 {
-			t.Errorf("message without id not processed under backfill.DeriveID %s: %v", want, f.sideCounts())
+			t.Errorf("message without id not processed under its derived id %s: %v", want, f.sideCounts())
 		}
 
 		// With DeriveAMQPID, a legacy message without any id gets one.
@@ -606,5 +605,30 @@ func TestAMQPMessageHeadersMatchJetStreams(t *testing.T) {
 	}
 	if h := inbox.AMQPMessage(amqp.Delivery{MessageId: "m-2"}).Headers; h != nil {
 		t.Errorf("a delivery without headers or properties gave headers %v", h)
+	}
+}
+
+// An AMQP delivery's id is its message-id, else the Relay-Derived-Id
+// header, else the id derived from its content: the one its backfilled
+// JetStream copy carries (testdata/derived-ids.json, "worked example: every
+// property and a body").
+func TestAMQPMessageID(t *testing.T) {
+	legacy := amqp.Delivery{RoutingKey: "orders.created", Timestamp: time.Date(2024, 3, 1, 12, 34, 56, 0, time.UTC),
+		Type: "order.created", CorrelationId: "c-42", ContentType: "application/json", Body: []byte(`{"order":42}`)}
+	withHeader, withBoth := legacy, legacy
+	withHeader.Headers = amqp.Table{inbox.DerivedIDHeader: "derived-1"}
+	withBoth.Headers, withBoth.MessageId = withHeader.Headers, "m-1"
+	for _, tc := range []struct {
+		name string
+		d    amqp.Delivery
+		want string
+	}{
+		{"message-id first", withBoth, "m-1"},
+		{"then the header", withHeader, "derived-1"},
+		{"then derived", legacy, "1855623d-0ea9-8201-90dd-4cfc1b9175c5"},
+	} {
+		if got := inbox.AMQPMessage(tc.d).ID; got != tc.want {
+			t.Errorf("%s: id %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

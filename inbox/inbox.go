@@ -46,7 +46,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/relayd/relayd/backfill"
+	"github.com/relayd/relayd/internal/msgid"
 	"github.com/relayd/relayd/internal/uuidtext"
 	"github.com/relayd/relayd/schema"
 )
@@ -60,7 +60,7 @@ const (
 // DerivedIDHeader carries a message id the backfill derived for a legacy
 // message that had no AMQP message-id. The adapters use it when the broker's
 // own id is missing.
-const DerivedIDHeader = "Relay-Derived-Id"
+const DerivedIDHeader = msgid.DerivedIDHeader
 
 // Defaults for [Config].
 const (
@@ -94,9 +94,10 @@ var (
 // Message is one delivery, from either broker, as the handler sees it.
 type Message struct {
 	// ID is the message id: the AMQP message-id or Nats-Msg-Id, else
-	// [DerivedIDHeader]. Ids are compared exactly, except that an id in
-	// UUID text form is lower-cased first (relayd writes canonical
-	// lower-case UUIDs; another producer may upper-case them).
+	// [DerivedIDHeader], else (AMQP) the id derived from the content. Ids
+	// are compared exactly, except that an id in UUID text form is
+	// lower-cased first (relayd writes canonical lower-case UUIDs; another
+	// producer may upper-case them).
 	ID string
 	// Source is where the message came from: [SourceAMQP] or [SourceNATS].
 	Source string
@@ -146,13 +147,13 @@ type Config struct {
 	RetryMin, RetryMax time.Duration
 	// DeriveAMQPID gives the id of an AMQP delivery that has neither a
 	// message-id nor [DerivedIDHeader] (a legacy producer's message).
-	// Default: backfill.DeriveID, the derivation `relayd backfill` uses, so
-	// such a message read from the legacy queue and its backfilled JetStream
-	// copy share one id. Two such messages identical in everything the id
-	// is made of (routing key, timestamp, headers, body, ...; see
-	// backfill.DeriveID) are one message: the second is acked as a
-	// duplicate, unhandled. A function returning "" makes such deliveries
-	// poison (rejected with [ErrNoMessageID]).
+	// Default: the derivation `relayd backfill` uses ([AMQPMessage];
+	// docs/message-ids.md), so such a message read from the legacy queue and
+	// its backfilled JetStream copy share one id. Two such messages identical
+	// in everything the id is made of (routing key, timestamp, headers,
+	// body, ...) are one message: the second is acked as a duplicate,
+	// unhandled. A function returning "" makes such deliveries poison
+	// (rejected with [ErrNoMessageID]).
 	DeriveAMQPID func(amqp.Delivery) string
 	// Logger receives RunCleanup's errors. Default: nil, logs are
 	// discarded.
@@ -185,7 +186,7 @@ func (c *Config) setDefaults() {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if c.DeriveAMQPID == nil {
-		c.DeriveAMQPID = backfill.DeriveID
+		c.DeriveAMQPID = msgid.DeriveID
 	}
 }
 

@@ -231,7 +231,9 @@ func TestEstateRoutesLookLikeTheLegacyPublisher(t *testing.T) {
 	if strings.Contains(relay.out.String(), "level=WARN") {
 		t.Errorf("relayd warned:\n%s", relay.out.String())
 	}
-	// verify finds each row in the stream its route names.
+	// verify finds each row in the stream its route names, once the relay
+	// has recorded every row: a message can be in its stream before that.
+	e.waitDelivered(30 * time.Second)
 	cmd := exec.Command(relaydBin, "verify", "--json")
 	cmd.Env = e.relayEnv("RELAY_METRICS_ADDR=", "RELAY_ROUTES="+writeRoutes(t, s.routes()))
 	out, err := cmd.Output()

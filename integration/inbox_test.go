@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/inbox"
 	"github.com/relayd/relayd/internal/testenv"
 )
@@ -142,7 +141,7 @@ func TestInboxDualReadThroughRelayKill(t *testing.T) {
 			p.MessageId = fmt.Sprintf("legacy-%04d", i)
 			legacyIDs[p.MessageId] = true
 		} else {
-			legacyIDs[backfill.DeriveID(amqp.Delivery{RoutingKey: "orders.legacy", Body: p.Body})] = true
+			legacyIDs[inbox.AMQPMessage(amqp.Delivery{RoutingKey: "orders.legacy", Body: p.Body}).ID] = true
 		}
 		legacy = append(legacy, p)
 	}

@@ -25,7 +25,7 @@ Moves every message of a legacy RabbitMQ queue into the JetStream stream,
 exactly once: each delivery is acked on RabbitMQ only after JetStream acked
 it. Messages the relay already delivered to JetStream (by message-id, within
 RELAY_RETENTION) are acked without being re-sent. Messages without a message-id get
-an id derived from their content (see docs/migration.md) and the Relay-Derived-Id header.
+an id derived from their content (see docs/message-ids.md) and the Relay-Derived-Id header.
 Stops by itself once the queue is drained and prints a summary. SIGINT stops
 cleanly; a rerun continues where it stopped.
 

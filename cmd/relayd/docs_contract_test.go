@@ -148,7 +148,7 @@ func TestDocContractExamplesUseDefaultNames(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && path != docRoot && strings.HasPrefix(d.Name(), ".") {
+		if d.IsDir() && path != docRoot && (strings.HasPrefix(d.Name(), ".") || d.Name() == "node_modules") {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() && strings.HasSuffix(path, "example_test.go") {
@@ -441,7 +441,7 @@ func contractTestFuncs(t *testing.T) map[string][]string {
 			return err
 		}
 		if d.IsDir() {
-			if path != docRoot && (strings.HasPrefix(d.Name(), ".") || d.Name() == "bin") {
+			if path != docRoot && (strings.HasPrefix(d.Name(), ".") || d.Name() == "bin" || d.Name() == "node_modules") {
 				return filepath.SkipDir
 			}
 			return nil
@@ -495,7 +495,7 @@ func contractCiting(t *testing.T) map[string]string {
 		rel, _ := filepath.Rel(docRoot, path)
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() {
-			if path != docRoot && (strings.HasPrefix(d.Name(), ".") && rel != ".ci" || d.Name() == "bin") {
+			if path != docRoot && (strings.HasPrefix(d.Name(), ".") && rel != ".ci" || d.Name() == "bin" || d.Name() == "node_modules") {
 				return filepath.SkipDir
 			}
 			return nil

@@ -59,7 +59,7 @@ func docSourceFiles(t *testing.T) map[string]*ast.File {
 			return err
 		}
 		if d.IsDir() {
-			if name := d.Name(); path != docRoot && (strings.HasPrefix(name, ".") || name == "relayd-bench" || name == "bin") {
+			if name := d.Name(); path != docRoot && (strings.HasPrefix(name, ".") || name == "relayd-bench" || name == "bin" || name == "node_modules") {
 				return filepath.SkipDir
 			}
 			return nil
@@ -574,7 +574,7 @@ func TestDocReferencesInSourceResolve(t *testing.T) {
 			return err
 		}
 		if d.IsDir() {
-			if name := d.Name(); path != docRoot && (strings.HasPrefix(name, ".") || name == "bin" || name == "docs") {
+			if name := d.Name(); path != docRoot && (strings.HasPrefix(name, ".") || name == "bin" || name == "docs" || name == "node_modules") {
 				return filepath.SkipDir
 			}
 			return nil

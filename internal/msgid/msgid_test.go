@@ -1,4 +1,4 @@
-package backfill
+package msgid
 
 import (
 	"testing"
@@ -61,4 +61,16 @@ func FuzzDeriveID(f *testing.F) {
 			t.Fatalf("DeriveID not a stable UUID: %q %q", a, b)
 		}
 	})
+}
+
+// A timestamp nested in a table or an array gives the same id whatever the
+// time zone it was decoded in: amqp091-go decodes to the host's local time.
+func TestNestedTimestampsAreUTC(t *testing.T) {
+	at := time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)
+	ny := at.In(time.FixedZone("EST", -5*3600))
+	utc := amqp.Delivery{Headers: amqp.Table{"t": amqp.Table{"at": at}, "a": []any{at}}}
+	local := amqp.Delivery{Headers: amqp.Table{"t": amqp.Table{"at": ny}, "a": []any{ny}}}
+	if a, b := DeriveID(utc), DeriveID(local); a != b {
+		t.Fatalf("DeriveID = %s in UTC, %s in EST", a, b)
+	}
 }
