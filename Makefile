@@ -21,8 +21,8 @@ run: build ## migrate and run relayd against the local services (creates stream 
 tail: build ## print each message reaching the local stream and exchange until Ctrl-C (beside `make run`)
 	./bin/relayd tail
 
-# The Node example consumer's dependencies, from its lockfile, for its
-# integration test; nothing where npm is missing (that test then skips).
+# The Node example consumer's dependencies, from its lockfile, for its tests
+# (which skip without node); where npm is missing they fail, naming npm ci.
 NODE_EXAMPLE := examples/consumers/node
 NODE_DEPS    := $(NODE_EXAMPLE)/node_modules/.package-lock.json
 $(NODE_DEPS): $(NODE_EXAMPLE)/package-lock.json
@@ -31,7 +31,7 @@ $(NODE_DEPS): $(NODE_EXAMPLE)/package-lock.json
 test: $(NODE_DEPS) ## run every test, with the race detector, against the real services
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-test-short: ## unit tests only (no services needed)
+test-short: $(NODE_DEPS) ## unit tests only (no services needed)
 	$(GO) test -short -count=1 ./...
 
 bench: ## measure relayd against this machine's ceilings (local services, 5–10 min): markdown table, bench-results.json

@@ -153,7 +153,8 @@ type Config struct {
 	// in everything the id is made of (routing key, timestamp, headers,
 	// body, ...) are one message: the second is acked as a duplicate,
 	// unhandled. A function returning "" makes such deliveries poison
-	// (rejected with [ErrNoMessageID]).
+	// (rejected with [ErrNoMessageID]). It is HandleAMQP's: AMQPMessage
+	// always derives with the default.
 	DeriveAMQPID func(amqp.Delivery) string
 	// Logger receives RunCleanup's errors. Default: nil, logs are
 	// discarded.

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -88,6 +87,25 @@ func (c *nodeConsumer) start(name string) *proc {
 	return p
 }
 
+// in is c with t for its failures, and its env's: a subtest's helpers must
+// fail the subtest, not its parent.
+func (c *nodeConsumer) in(t *testing.T) *nodeConsumer {
+	e := *c.e
+	e.t = t
+	d := *c
+	d.e = &e
+	return &d
+}
+
+// handled is how many ids the handler ran for: a count, cheap to poll.
+func (c *nodeConsumer) handled() int {
+	var n int
+	if err := c.e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+c.table).Scan(&n); err != nil {
+		c.e.t.Fatal(err)
+	}
+	return n
+}
+
 // runs is how many times the handler ran for each id.
 func (c *nodeConsumer) runs() map[string]int {
 	rows, err := c.e.pool.Query(context.Background(), `SELECT message_id, n FROM `+c.table)
@@ -111,9 +129,15 @@ func (c *nodeConsumer) runs() map[string]int {
 }
 
 // settled reports whether the consumer ran want ids and both brokers have
-// nothing left to deliver: the queue empty, the durable consumer with
-// nothing pending or unacknowledged.
+// nothing left to deliver: no message ready in the queue, nothing pending
+// or unacknowledged in the durable consumer. The queue's unacknowledged
+// messages do not show while the consumer runs: once it stopped, they are
+// ready again. It counts the ids first, and reads the brokers only then:
+// Eventually calls it every 10ms.
 func (c *nodeConsumer) settled(want int) bool {
+	if c.handled() < want {
+		return false
+	}
 	ci, err := c.e.js.Consumer(context.Background(), c.e.stream, c.durable)
 	if err != nil {
 		return false
@@ -123,7 +147,17 @@ func (c *nodeConsumer) settled(want int) bool {
 		return false
 	}
 	ready, _ := c.e.queueDepth(c.e.queue)
-	return info.NumPending == 0 && info.NumAckPending == 0 && ready == 0 && len(c.runs()) >= want
+	return info.NumPending == 0 && info.NumAckPending == 0 && ready == 0
+}
+
+// stop sends p SIGTERM: it stops receiving, finishes what it received, and
+// exits 0 saying "stopped".
+func (c *nodeConsumer) stop(p *proc) {
+	t := c.e.t
+	t.Helper()
+	if code := p.stop(30 * time.Second); code != 0 || !strings.Contains(p.out.String(), "stopped") {
+		t.Fatalf("%s exited %d after SIGTERM, want 0 and \"stopped\":\n%s", p.name, code, p.out.String())
+	}
 }
 
 // checkOnce fails unless the handler ran exactly once for each of ids and
@@ -148,7 +182,9 @@ func (c *nodeConsumer) checkOnce(ids map[string]bool) {
 // again: each id is handled exactly once, and every delivery of both brokers
 // is acked, duplicates included. Then legacy messages without a message-id,
 // in the queue and moved into the stream by `relayd backfill` with derived
-// ids: each handled once, the queue's copy by the example's derivation.
+// ids: each handled once, the queue's copy by the example's derivation. Then
+// 200 rows more, and SIGTERM amid them: it exits 0, and once restarted each
+// is handled once; stopped again, it leaves nothing unacked.
 func TestNodeExampleConsumerDualRead(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -192,15 +228,17 @@ func TestNodeExampleConsumerDualRead(t *testing.T) {
 	}
 
 	first := c.start("node consumer")
-	testenv.Eventually(t, 60*time.Second, func() bool { return len(c.runs()) >= 300 }, "the consumer handled fewer than 300 messages")
+	testenv.Eventually(t, 60*time.Second, func() bool { return c.handled() >= 300 }, "the consumer handled fewer than 300 messages")
 	first.kill()
-	t.Logf("SIGKILLed the consumer after %d of %d messages", len(c.runs()), len(want))
+	t.Logf("SIGKILLed the consumer after %d of %d messages", c.handled(), len(want))
 	second := c.start("node consumer, restarted")
 	e.waitDelivered(60 * time.Second)
 	testenv.Eventually(t, 90*time.Second, func() bool { return c.settled(len(want)) }, "the consumer did not handle and ack every message")
 	c.checkOnce(want)
 
 	t.Run("legacy messages without a message-id", func(t *testing.T) {
+		c := c.in(t)
+		e := c.e
 		// Each legacy message reaches the consumer's queue, and a copy of it a
 		// queue the backfill moves into the stream (the JetStream copy the
 		// inbox dedupes against).
@@ -230,7 +268,7 @@ func TestNodeExampleConsumerDualRead(t *testing.T) {
 				Timestamp: sent.Add(time.Duration(i) * time.Second), Type: "order.placed", CorrelationId: fmt.Sprint("c-", i),
 				ContentType: "application/json", Body: fmt.Appendf(nil, `{"legacy":%d}`, i),
 				Headers: amqp.Table{
-					"tenant": "acme <&>", "attempt": int32(i), "big": int64(1) << 40, "ok": i%2 == 0, "ratio": 0.1,
+					"tenant": "acme <&>", "attempt": int32(i), "big": int64(1)<<40 + 1, "ok": i%2 == 0, "ratio": 0.1,
 					"raw": []byte{0xff, 'a' + byte(i%26)}, "at": sent, "trace": amqp.Table{"span": "b7ad", "sampled": true, "tags": []any{"a", int32(2)}},
 				},
 			}
@@ -262,19 +300,35 @@ func TestNodeExampleConsumerDualRead(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("%d legacy messages handled once each, %d first from the queue (the example's derived id)", n, fromQueue)
+		if fromQueue == 0 {
+			t.Error("no legacy message was handled from the queue: the example derived no id for them")
+		}
 	})
 
-	// SIGTERM: it stops receiving, finishes what it has, and exits 0. What it
-	// held unacked would be back in the queue now.
-	second.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-second.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the consumer did not exit within 30s of SIGTERM")
+	// SIGTERM amid a batch: it stops receiving, finishes what it received,
+	// and exits 0; the restarted consumer gets the rest.
+	before := c.handled()
+	last := make([]outbox.Message, 200)
+	for i := range last {
+		last[i] = outbox.Message{Topic: "orders.placed", Payload: fmt.Appendf(nil, `{"last":%d}`, i)}
 	}
-	if code := second.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(second.out.String(), "stopped") {
-		t.Fatalf("the consumer exited %d after SIGTERM, want 0 and \"stopped\":\n%s", code, second.out.String())
+	if ids, err = e.writer.Write(ctx, e.pool, last...); err != nil {
+		t.Fatal(err)
 	}
+	for _, id := range ids {
+		want[id] = true
+	}
+	testenv.Eventually(t, 60*time.Second, func() bool { return c.handled() >= before+50 }, "the consumer handled fewer than 50 of the last 200 messages")
+	c.stop(second)
+	t.Logf("SIGTERMed the consumer after %d of the last %d messages", c.handled()-before, len(last))
+	third := c.start("node consumer, after SIGTERM")
+	e.waitDelivered(60 * time.Second)
+	testenv.Eventually(t, 90*time.Second, func() bool { return c.settled(len(want)) }, "the consumer did not handle and ack every message after SIGTERM")
+	c.checkOnce(want)
+
+	// Stopped, it holds nothing: what it left unacked would be back in the
+	// queue, ready.
+	c.stop(third)
 	if !c.settled(len(want)) {
 		t.Fatal("after SIGTERM the queue or the JetStream consumer holds messages: not every delivery was acked")
 	}

@@ -8,6 +8,7 @@
 const amqp = require('amqplib');
 const { connect } = require('nats');
 const { Pool } = require('pg');
+const { setTimeout: sleep } = require('node:timers/promises');
 const { deriveId } = require('./derive');
 
 function env(name, fallback) {
@@ -29,7 +30,8 @@ const cfg = {
 };
 
 // The message id as the Go inbox reads it: the broker's, else the one relayd
-// backfill derived; a legacy message with neither gets that derivation here.
+// backfill derived; a legacy message with neither gets that derivation here,
+// or '' where amqplib cannot give the message as Go sees it (derive.js).
 const amqpId = (m) => m.properties.messageId || String(m.properties.headers?.['Relay-Derived-Id'] ?? '') || deriveId(m);
 const natsId = (m) => m.headers?.get('Nats-Msg-Id') || m.headers?.get('Relay-Derived-Id') || '';
 
@@ -38,7 +40,9 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 // normalizeId is the Go inbox's: ids compare exactly, UUIDs lower-cased.
 function normalizeId(id) {
   if (!id) throw new Poison('message has no id');
-  if (Buffer.byteLength(id) > 1024 || id.includes('\0')) throw new Poison(`invalid message id ${JSON.stringify(id.slice(0, 64))}`);
+  if (Buffer.byteLength(id) > 1024 || /[\0\uFFFD]/.test(id)) { // U+FFFD: bytes that were not UTF-8
+    throw new Poison(`invalid message id ${JSON.stringify(id.slice(0, 64))}`);
+  }
   return UUID.test(id) ? id.toLowerCase() : id;
 }
 
@@ -71,41 +75,51 @@ async function handle(client, msg) {
     ON CONFLICT (message_id) DO UPDATE SET n = p.n + 1`, [msg.id]);
 }
 
-// settle processes msg once and acks it on the broker it came from, the
-// duplicates too; a failure is retried, a message without an id rejected.
-async function settle(pool, msg, { ack, retry, reject }) {
+// settle reads msg's id, processes msg once and acks it on the broker it
+// came from, the duplicates too; a failure is retried, a message without a
+// usable id rejected: dead-lettered, if its queue has a dead-letter exchange.
+async function settle(pool, msg, readId, { ack, retry, reject }) {
   try {
+    try { msg.id = readId(); } catch (err) { throw new Poison(`no id: ${err.message}`); }
     msg.id = normalizeId(msg.id);
     await processOnce(pool, msg, handle);
     ack();
   } catch (err) {
     console.error(`${msg.source} message ${msg.id || '(no id)'} not processed: ${err.message}`);
-    try { (err instanceof Poison ? reject : retry)(); } catch { /* channel gone: the broker redelivers */ }
+    try { await (err instanceof Poison ? reject : retry)(); } catch { /* stopping, channel gone: the broker redelivers */ }
   }
 }
 
+// backoff is the wait before a failed nth delivery is redelivered: 1 s, doubling, up
+// to 60 s, so that a database outage does not spin into a quorum queue's delivery-limit.
+const backoff = (n) => Math.min(1000 * 2 ** (Math.max(n, 1) - 1), 60000);
+
 async function main() {
-  const pool = new Pool({ connectionString: cfg.database, max: 10 });
+  // Timeouts: a hung query (ROLLBACK too) fails, and postgres ends a transaction left idle, with its locks.
+  const pool = new Pool({ connectionString: cfg.database, max: 10, query_timeout: 30000,
+    idle_in_transaction_session_timeout: 60000 });
   pool.on('error', (err) => console.error(`postgres: ${err.message}`));
-  const amqpBusy = new Set(); // the settles in flight
-  const natsBusy = new Set();
+  const amqpBusy = new Set(), natsBusy = new Set(); // the settles in flight
   const track = (busy, p) => { busy.add(p); p.finally(() => busy.delete(p)); };
-  let stopping = false;
+  const stopping = new AbortController(); // aborted on stop, with the retries' waits: closing the channel requeues
   const fail = (what) => (err) => {
-    if (stopping) return;
+    if (stopping.signal.aborted) return;
     console.error(`${what}: ${err?.message ?? 'closed'}`);
     process.exit(1); // let the supervisor restart it: unacked messages are redelivered
   };
 
   // Legacy: the RabbitMQ queue, manual acks, bounded prefetch.
   const conn = await amqp.connect(cfg.amqp);
-  conn.on('close', fail('rabbitmq connection'));
+  for (const event of ['close', 'error']) conn.on(event, fail('rabbitmq connection'));
   const ch = await conn.createChannel();
+  ch.on('error', fail('rabbitmq channel'));
   await ch.prefetch(cfg.prefetch);
   const { consumerTag } = await ch.consume(cfg.queue, (m) => {
     if (m === null) return fail('rabbitmq cancelled the consumer')();
-    const msg = { id: amqpId(m), source: 'amqp', subject: m.fields.routingKey, headers: m.properties.headers, payload: m.content };
-    track(amqpBusy, settle(pool, msg, { ack: () => ch.ack(m), retry: () => ch.nack(m, false, true), reject: () => ch.nack(m, false, false) }));
+    const msg = { source: 'amqp', subject: m.fields.routingKey, headers: m.properties.headers, payload: m.content };
+    const deliveries = Number(m.properties.headers?.['x-delivery-count'] ?? 0) + 1; // a quorum queue counts them
+    const retry = () => sleep(backoff(deliveries), null, { signal: stopping.signal }).then(() => ch.nack(m, false, true));
+    track(amqpBusy, settle(pool, msg, () => amqpId(m), { ack: () => ch.ack(m), retry, reject: () => ch.nack(m, false, false) }));
   }, { noAck: false });
 
   // New: the durable JetStream pull consumer, explicit acks.
@@ -116,17 +130,18 @@ async function main() {
   const natsDone = (async () => {
     for await (const m of messages) {
       while (natsBusy.size >= cfg.prefetch) await Promise.race(natsBusy);
-      const msg = { id: natsId(m), source: 'nats', subject: m.subject, headers: m.headers, payload: m.data };
-      const backoff = Math.min(1000 * 2 ** (m.info.deliveryCount - 1), 60000); // if it fails
-      track(natsBusy, settle(pool, msg, { ack: () => m.ack(), retry: () => m.nak(backoff), reject: () => m.term() }));
+      const msg = { source: 'nats', subject: m.subject, headers: m.headers, payload: m.data };
+      const retry = () => m.nak(backoff(m.info.deliveryCount));
+      track(natsBusy, settle(pool, msg, () => natsId(m), { ack: () => m.ack(), retry, reject: () => m.term() }));
     }
   })();
+  natsDone.then(() => stopping.signal.aborted || fail('jetstream consume')(), fail('jetstream consume'));
   console.log(`consuming queue ${cfg.queue} and ${cfg.stream}/${cfg.durable} as ${cfg.consumer}`);
 
   // Soft stop: stop receiving, finish what was received, then close.
   const stop = async () => {
-    if (stopping) return;
-    stopping = true;
+    if (stopping.signal.aborted) return;
+    stopping.abort();
     await ch.cancel(consumerTag);
     messages.stop();
     await natsDone;
@@ -143,7 +158,4 @@ async function main() {
   }
 }
 
-main().catch((err) => {
-  console.error(err);
-  process.exit(1);
-});
+main().catch((err) => { console.error(err); process.exit(1); });
