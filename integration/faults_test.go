@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -27,6 +28,8 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/rs/zerolog"
 
 	"github.com/relayd/relayd/internal/testenv"
@@ -687,7 +690,8 @@ func TestStopWhilePostgresDoesNotAnswer(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	px := newFaultProxy(t, "postgres", hostOf(t, e.dbURL))
-	r := e.startRelay("relay", "RELAY_DATABASE_URL="+px.url(e.dbURL), "RELAY_SHUTDOWN_TIMEOUT=20s")
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	r := e.startRelay("relay", "RELAY_DATABASE_URL="+px.url(e.dbURL), "RELAY_SHUTDOWN_TIMEOUT=20s", "RELAY_METRICS_ADDR="+addr)
 	ctx := context.Background()
 	write := func(n int) {
 		for i := range n {
@@ -698,6 +702,17 @@ func TestStopWhilePostgresDoesNotAnswer(t *testing.T) {
 	}
 	write(20)
 	e.waitDelivered(30 * time.Second)
+	// A row Postgres shows delivered may belong to a batch still reading its
+	// COMMIT's reply: cut then, it rightly waits. Each batch with rows counts
+	// once it has returned: wait until that count has held for 300 ms.
+	var last float64
+	var since time.Time
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		if n := batchesDone(t, addr); n != last || since.IsZero() {
+			last, since = n, time.Now()
+		}
+		return last > 0 && time.Since(since) >= 300*time.Millisecond
+	}, "the relay's batches did not settle")
 	heal := px.inject("timeout", map[string]any{"timeout": 0}, "upstream", "downstream")
 	// No rows meanwhile: a batch holding rows whose record cannot reach
 	// Postgres rightly waits (and exits 1 past the timeout). Its polls
@@ -730,4 +745,25 @@ func TestStopWhilePostgresDoesNotAnswer(t *testing.T) {
 	if total, _, _ := e.counts(); total != 40 {
 		t.Fatalf("%d rows, want 40", total)
 	}
+}
+
+// batchesDone is how many batches with rows the relay at addr has finished:
+// its relayd_batch_duration_seconds count.
+func batchesDone(t *testing.T, addr string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse metrics: %v", err)
+	}
+	var n float64
+	for _, m := range fams["relayd_batch_duration_seconds"].GetMetric() {
+		n += float64(m.GetHistogram().GetSampleCount())
+	}
+	return n
 }
