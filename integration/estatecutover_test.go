@@ -165,25 +165,6 @@ func (g *groupService) startJetStream() {
 	t.Cleanup(cc.Stop)
 }
 
-// processed is how many times each id was processed.
-func (g *groupService) processed() map[string]int {
-	rows, err := g.e.pool.Query(context.Background(), `SELECT message_id, n FROM `+g.effects)
-	if err != nil {
-		g.e.t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			g.e.t.Fatal(err)
-		}
-		out[id] = n
-	}
-	return out
-}
-
 // An estate's cutover under producer load that never stops: three consumer
 // groups on three legacy queues of one exchange, billing and shipping dual
 // reading through the inbox, ledger on the rolling upgrade. phase set nats is
@@ -213,7 +194,7 @@ func TestEstateCutover(t *testing.T) {
 		g.createConsumer(jetstream.DeliverAllPolicy)
 		g.startJetStream()
 	}
-	testenv.Eventually(t, 60*time.Second, func() bool { return len(ledger.processed()) > 50 && len(billing.processed()) > 50 }, "the groups processed nothing")
+	testenv.Eventually(t, 60*time.Second, func() bool { return len(e.idCounts(ledger.effects)) > 50 && len(e.idCounts(billing.effects)) > 50 }, "the groups processed nothing")
 	// A durable consumer that is no group's: an analytics export, say.
 	st, err := e.js.Stream(ctx, e.stream)
 	if err != nil {
@@ -287,9 +268,9 @@ func TestEstateCutover(t *testing.T) {
 		ids := loads[g].halt()
 		testenv.Eventually(t, 90*time.Second, func() bool {
 			ci, err := g.consumer.Info(ctx)
-			return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && len(g.processed()) >= len(ids)
+			return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && len(e.idCounts(g.effects)) >= len(ids)
 		}, "group %s did not process its %d messages", g.name, len(ids))
-		done := g.processed()
+		done := e.idCounts(g.effects)
 		for _, id := range ids {
 			if done[id] != 1 {
 				t.Fatalf("group %s processed message %s %d times, want once", g.name, id, done[id])

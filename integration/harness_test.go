@@ -223,9 +223,16 @@ func (e *env) startUnready(name string, extra ...string) *proc {
 // its stdout in stdout (nil: in p.out too); the test's end kills it.
 func startProc(t *testing.T, name string, env []string, stdout *testenv.SyncBuffer, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, out: &testenv.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(relaydBin, args...)
-	p.cmd.Env = env
+	cmd := exec.Command(relaydBin, args...)
+	cmd.Env = env
+	return startExec(t, name, cmd, stdout)
+}
+
+// startExec is startProc for any command, with its Dir and Env set by the
+// caller: for a process that is not relayd, such as an example consumer.
+func startExec(t *testing.T, name string, cmd *exec.Cmd, stdout *testenv.SyncBuffer) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, cmd: cmd, out: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if stdout != nil {
 		p.cmd.Stdout = stdout
@@ -338,6 +345,30 @@ func (e *env) committedIDs() map[string]bool {
 		e.t.Fatal(err)
 	}
 	return ids
+}
+
+// idCounts is how many times a test's consumer handled each id, read from
+// the table it records that in (message_id, n).
+func (e *env) idCounts(table string) map[string]int {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT message_id, n FROM `+table)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			e.t.Fatal(err)
+		}
+		out[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
 }
 
 // waitDelivered waits until every row in the table is delivered to both

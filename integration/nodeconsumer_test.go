@@ -62,22 +62,9 @@ type nodeConsumer struct {
 func (c *nodeConsumer) start(name string) *proc {
 	t := c.e.t
 	t.Helper()
-	p := &proc{t: t, name: name, out: &testenv.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command("node", "consumer.js")
-	p.cmd.Dir, p.cmd.Env = c.dir, c.env
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	dieWithTest(p.cmd)
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.cmd.Process.Kill()
-		<-p.done
-		if t.Failed() {
-			t.Logf("--- %s output ---\n%s", name, p.out.String())
-		}
-	})
+	cmd := exec.Command("node", "consumer.js")
+	cmd.Dir, cmd.Env = c.dir, c.env
+	p := startExec(t, name, cmd, nil)
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		if !p.running() {
 			t.Fatalf("%s exited at start: %v\n%s", name, p.err, p.out.String())
@@ -104,28 +91,6 @@ func (c *nodeConsumer) handled() int {
 		c.e.t.Fatal(err)
 	}
 	return n
-}
-
-// runs is how many times the handler ran for each id.
-func (c *nodeConsumer) runs() map[string]int {
-	rows, err := c.e.pool.Query(context.Background(), `SELECT message_id, n FROM `+c.table)
-	if err != nil {
-		c.e.t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			c.e.t.Fatal(err)
-		}
-		out[id] = n
-	}
-	if err := rows.Err(); err != nil {
-		c.e.t.Fatal(err)
-	}
-	return out
 }
 
 // settled reports whether the consumer ran want ids and both brokers have
@@ -165,7 +130,7 @@ func (c *nodeConsumer) stop(p *proc) {
 func (c *nodeConsumer) checkOnce(ids map[string]bool) {
 	t := c.e.t
 	t.Helper()
-	runs := c.runs()
+	runs := c.e.idCounts(c.table)
 	for id := range ids {
 		if runs[id] != 1 {
 			t.Errorf("message %s handled %d times, want once", id, runs[id])

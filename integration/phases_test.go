@@ -234,18 +234,7 @@ func TestMigrationPhases(t *testing.T) {
 		ci, err := cons.Info(ctx)
 		return left == 0 && err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && countEffects() >= len(ids)
 	}, "consumers did not catch up")
-	rows, err := e.pool.Query(ctx, `SELECT message_id, n FROM `+effects)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		rows.Scan(&id, &n)
-		done[id] = n
-	}
-	rows.Close()
+	done := e.idCounts(effects)
 	for _, id := range ids {
 		if done[id] != 1 {
 			t.Fatalf("message %s processed %d times, want exactly once", id, done[id])
