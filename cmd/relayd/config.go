@@ -21,17 +21,20 @@ import (
 // defaults_test.go the relay's Default* constants to them. validate checks
 // values only.
 type config struct {
-	DatabaseURL string `env:"RELAY_DATABASE_URL, required"`
-	NATSURL     string `env:"RELAY_NATS_URL, default=nats://127.0.0.1:4222"`
-	NATSCreds   string `env:"RELAY_NATS_CREDS"`
-	NATSNKey    string `env:"RELAY_NATS_NKEY"`
-	NATSCA      string `env:"RELAY_NATS_CA"`
-	NATSCert    string `env:"RELAY_NATS_CERT"`
-	NATSKey     string `env:"RELAY_NATS_KEY"`
-	AMQPURL     string `env:"RELAY_AMQP_URL, default=amqp://guest:guest@127.0.0.1:5672/"`
-	AMQPCA      string `env:"RELAY_AMQP_CA"`
-	AMQPCert    string `env:"RELAY_AMQP_CERT"`
-	AMQPKey     string `env:"RELAY_AMQP_KEY"`
+	DatabaseURL          string `env:"RELAY_DATABASE_URL, required"`
+	DatabasePasswordFile string `env:"RELAY_DATABASE_PASSWORD_FILE"`
+	NATSURL              string `env:"RELAY_NATS_URL, default=nats://127.0.0.1:4222"`
+	NATSPasswordFile     string `env:"RELAY_NATS_PASSWORD_FILE"`
+	NATSCreds            string `env:"RELAY_NATS_CREDS"`
+	NATSNKey             string `env:"RELAY_NATS_NKEY"`
+	NATSCA               string `env:"RELAY_NATS_CA"`
+	NATSCert             string `env:"RELAY_NATS_CERT"`
+	NATSKey              string `env:"RELAY_NATS_KEY"`
+	AMQPURL              string `env:"RELAY_AMQP_URL, default=amqp://guest:guest@127.0.0.1:5672/"`
+	AMQPPasswordFile     string `env:"RELAY_AMQP_PASSWORD_FILE"`
+	AMQPCA               string `env:"RELAY_AMQP_CA"`
+	AMQPCert             string `env:"RELAY_AMQP_CERT"`
+	AMQPKey              string `env:"RELAY_AMQP_KEY"`
 
 	Targets           string        `env:"RELAY_TARGETS"`
 	NATSStream        string        `env:"RELAY_NATS_STREAM, default=OUTBOX"`
@@ -66,6 +69,9 @@ type config struct {
 	pinned   bool           // RELAY_TARGETS is set: the relay does not follow the table's phase
 	logLevel slog.Level
 	routes   *route.Table // RELAY_ROUTES' routes, then the default route
+	// RELAY_DATABASE_PASSWORD_FILE's password, for connectPostgres (those of
+	// the brokers are set into their URLs).
+	databasePassword string
 }
 
 // configError is a configuration problem: relayd exits 2 with its message.

@@ -36,6 +36,10 @@ func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog
 	if err != nil {
 		return nil, errors.New("RELAY_DATABASE_URL cannot be parsed")
 	}
+	if cfg.databasePassword != "" {
+		// One password for every host and TLS fallback: pgx keeps it here.
+		pc.ConnConfig.Password = cfg.databasePassword
+	}
 	pc.MaxConns = maxConns
 	// A host that does not answer at all (powered off, cut off) would hold
 	// every connection attempt until its caller's deadline, and the next

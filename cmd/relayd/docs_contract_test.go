@@ -206,6 +206,8 @@ var contractDerived = map[string][]string{
 	"pinned":   {"RELAY_TARGETS"},
 	"logLevel": {"RELAY_LOG_LEVEL"},
 	"routes":   {"RELAY_ROUTES", "RELAY_AMQP_EXCHANGE", "RELAY_NATS_SUBJECT_PREFIX", "RELAY_NATS_STREAM"},
+	// The brokers' passwords go into their URLs; Postgres's is kept apart.
+	"databasePassword": {"RELAY_DATABASE_PASSWORD_FILE"},
 }
 
 // contractReadsAll are the functions that read or check every variable,

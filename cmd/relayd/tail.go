@@ -144,12 +144,16 @@ func (u unreachable) Error() string { return u.err.Error() }
 func (u unreachable) Unwrap() error { return u.err }
 
 // noDatabase answers RELAY_DATABASE_URL with a placeholder: the config
-// requires it, and tail never connects to Postgres.
+// requires it, and tail never connects to Postgres. Nor is its password
+// file read.
 type noDatabase struct{ envconfig.Lookuper }
 
 func (n noDatabase) Lookup(key string) (string, bool) {
-	if key == "RELAY_DATABASE_URL" {
+	switch key {
+	case "RELAY_DATABASE_URL":
 		return "postgres://tail.invalid/unused", true
+	case "RELAY_DATABASE_PASSWORD_FILE":
+		return "", false
 	}
 	return n.Lookuper.Lookup(key)
 }

@@ -18,11 +18,12 @@ import (
 )
 
 // validate checks the values the tags gave (ranges, formats, files) and
-// derives table, targets and logLevel. The first problem found is returned.
+// derives table, targets and logLevel, and reads the password files. The
+// first problem found is returned.
 func (c *config) validate() error {
 	for _, check := range []func() error{
 		c.validateWhere, c.validateNATS, c.validateAMQP, c.validateRoutes, c.validateFiles,
-		c.validateCredentials, c.validateTunables, c.validateLogging,
+		c.readPasswords, c.validateCredentials, c.validateTunables, c.validateLogging,
 	} {
 		if err := check(); err != nil {
 			return err
