@@ -5,6 +5,7 @@ package deploy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"sigs.k8s.io/yaml"
 
 	"github.com/relayd/relayd/inbox"
 	"github.com/relayd/relayd/metrics"
@@ -46,6 +48,182 @@ func TestAlertRules(t *testing.T) {
 		if err != nil {
 			t.Fatalf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
+	}
+}
+
+// runbookURL is where every alert's runbook_url points: a section of
+// docs/alerts.md, by GitHub's anchor for its heading.
+const runbookURL = "https://github.com/relayd/relayd/blob/main/docs/alerts.md#"
+
+// alertRule is a rule of alerts.yml, with what on-call reads of it.
+type alertRule struct {
+	Alert       string            `json:"alert"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+func readAlertRules(t *testing.T) []alertRule {
+	t.Helper()
+	data, err := os.ReadFile("alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Groups []struct {
+			Rules []alertRule `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		t.Fatalf("alerts.yml: %v", err)
+	}
+	var rules []alertRule
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" { // recording rules have no runbook
+				rules = append(rules, r)
+			}
+		}
+	}
+	return rules
+}
+
+// runbookSections returns the level-2 headings of docs/alerts.md, code
+// blocks left out: one section per alert.
+func runbookSections(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile("../docs/alerts.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	fence := false
+	for line := range strings.Lines(string(data)) {
+		if strings.HasPrefix(line, "```") {
+			fence = !fence
+		}
+		if h, ok := strings.CutPrefix(line, "## "); ok && !fence {
+			out = append(out, strings.TrimSpace(h))
+		}
+	}
+	return out
+}
+
+// githubAnchor is GitHub's anchor for a heading (as cmd/relayd's docs test
+// computes it).
+func githubAnchor(heading string) string {
+	slug := regexp.MustCompile(`[^\p{L}\p{N} _-]`).ReplaceAllString(strings.ToLower(heading), "")
+	return strings.ReplaceAll(slug, " ", "-")
+}
+
+// ruleRunbookProblems says what rule lacks: a severity, a summary, a
+// description, or a runbook_url to its own section of docs/alerts.md.
+func ruleRunbookProblems(r alertRule, sections []string) []string {
+	var out []string
+	if s := r.Labels["severity"]; s != "page" && s != "ticket" {
+		out = append(out, fmt.Sprintf("%s: severity %q, want page or ticket", r.Alert, s))
+	}
+	for _, a := range []string{"summary", "description"} {
+		if strings.TrimSpace(r.Annotations[a]) == "" {
+			out = append(out, fmt.Sprintf("%s: no %s annotation", r.Alert, a))
+		}
+	}
+	if !slices.Contains(sections, r.Alert) {
+		out = append(out, fmt.Sprintf("%s: docs/alerts.md has no section \"## %s\"", r.Alert, r.Alert))
+	}
+	anchors := map[string]bool{}
+	for _, s := range sections {
+		anchors[githubAnchor(s)] = true
+	}
+	url := r.Annotations["runbook_url"]
+	anchor, ok := strings.CutPrefix(url, runbookURL)
+	switch {
+	case !ok:
+		out = append(out, fmt.Sprintf("%s: runbook_url %q, want %s%s", r.Alert, url, runbookURL, githubAnchor(r.Alert)))
+	case !anchors[anchor]:
+		out = append(out, fmt.Sprintf("%s: runbook_url %q: docs/alerts.md has no heading #%s", r.Alert, url, anchor))
+	case anchor != githubAnchor(r.Alert):
+		out = append(out, fmt.Sprintf("%s: runbook_url %q points at another alert's section, want #%s", r.Alert, url, githubAnchor(r.Alert)))
+	}
+	return out
+}
+
+// runbookSectionProblems names the sections of docs/alerts.md that are no
+// rule's, and rules named twice.
+func runbookSectionProblems(rules []alertRule, sections []string) []string {
+	var out []string
+	named := map[string]int{}
+	for _, r := range rules {
+		named[r.Alert]++
+	}
+	for name, n := range named {
+		if n > 1 {
+			out = append(out, fmt.Sprintf("alerts.yml: %d rules named %s", n, name))
+		}
+	}
+	for _, s := range sections {
+		if named[s] == 0 {
+			out = append(out, fmt.Sprintf("docs/alerts.md: section %q names no rule of alerts.yml", s))
+		}
+	}
+	return out
+}
+
+// Every alert has a severity, a summary, a description and a runbook_url to
+// its section of docs/alerts.md; every section there is an alert's.
+func TestRunbookCoversEveryAlert(t *testing.T) {
+	rules, sections := readAlertRules(t), runbookSections(t)
+	if len(rules) < 10 || len(sections) < 10 {
+		t.Fatalf("found %d alerts and %d runbook sections: the reading is broken", len(rules), len(sections))
+	}
+	for _, r := range rules {
+		t.Run(r.Alert, func(t *testing.T) {
+			for _, p := range ruleRunbookProblems(r, sections) {
+				t.Error(p)
+			}
+		})
+	}
+	for _, p := range runbookSectionProblems(rules, sections) {
+		t.Error(p)
+	}
+}
+
+// Each way of breaking the runbook links fails the checks above.
+func TestRunbookChecksCatchBreakage(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		breakIt func(rules []alertRule, sections []string) []string // returns the sections
+		want    string
+	}{
+		{"no severity", func(r []alertRule, s []string) []string { delete(r[0].Labels, "severity"); return s }, "severity"},
+		{"another severity", func(r []alertRule, s []string) []string { r[0].Labels["severity"] = "critical"; return s }, "severity"},
+		{"no summary", func(r []alertRule, s []string) []string { delete(r[0].Annotations, "summary"); return s }, "no summary"},
+		{"no description", func(r []alertRule, s []string) []string { r[0].Annotations["description"] = " "; return s }, "no description"},
+		{"no runbook_url", func(r []alertRule, s []string) []string { delete(r[0].Annotations, "runbook_url"); return s }, "runbook_url"},
+		{"runbook_url elsewhere", func(r []alertRule, s []string) []string {
+			r[0].Annotations["runbook_url"] = "https://example.com/alerts#" + githubAnchor(r[0].Alert)
+			return s
+		}, "runbook_url"},
+		{"anchor of no heading", func(r []alertRule, s []string) []string { r[0].Annotations["runbook_url"] += "-x"; return s }, "no heading"},
+		{"another alert's section", func(r []alertRule, s []string) []string {
+			r[0].Annotations["runbook_url"] = r[1].Annotations["runbook_url"]
+			return s
+		}, "another alert's section"},
+		{"section gone", func(r []alertRule, s []string) []string { return slices.Delete(s, 0, 1) }, "no section"},
+		{"section of no rule", func(r []alertRule, s []string) []string { return append(s, "RelaydRetired") }, "names no rule"},
+		{"rule named twice", func(r []alertRule, s []string) []string { r[1].Alert = r[0].Alert; return s }, "rules named"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rules := readAlertRules(t)
+			sections := tc.breakIt(rules, runbookSections(t))
+			var problems []string
+			for _, r := range rules {
+				problems = append(problems, ruleRunbookProblems(r, sections)...)
+			}
+			problems = append(problems, runbookSectionProblems(rules, sections)...)
+			if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, tc.want) }) {
+				t.Errorf("broken (%s), the checks found %q; want a problem saying %q", tc.name, problems, tc.want)
+			}
+		})
 	}
 }
 
@@ -161,9 +339,13 @@ type dashboard struct {
 	panelsJSON json.RawMessage
 }
 
+// dashboardFile is the Grafana dashboard, in the kustomization that makes it
+// a ConfigMap.
+const dashboardFile = "kubernetes/dashboard/relayd-dashboard.json"
+
 func loadDashboard(t *testing.T) *dashboard {
 	t.Helper()
-	raw, err := os.ReadFile("grafana-dashboard.json")
+	raw, err := os.ReadFile(dashboardFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,15 +470,56 @@ func TestDashboardVariables(t *testing.T) {
 			t.Errorf("variable %s is defined but not used", name)
 		}
 	}
-	for _, want := range []string{"datasource", "job", "instance"} {
+	for _, want := range []string{"datasource", "namespace", "job", "outbox", "instance"} {
 		if !slices.Contains(d.varNames, want) {
 			t.Errorf("no %s variable (defined: %v)", want, d.varNames)
 		}
 	}
 }
 
-// Every series a panel reads is chosen by the job and instance variables:
-// no scrape job name is assumed.
+// namespace and outbox list the label's values, each under the variables
+// before it, with an All of .*: that also matches a series without the label
+// (no namespace outside Kubernetes, an inbox without outbox).
+func TestDashboardNamespaceAndOutboxVariables(t *testing.T) {
+	d := loadDashboard(t)
+	chained := map[string][]string{"namespace": nil, "job": {"namespace"}, "outbox": {"namespace", "job"}, "instance": {"namespace", "job", "outbox"}}
+	for i, raw := range d.variables {
+		after, ok := chained[d.varNames[i]]
+		if !ok {
+			continue
+		}
+		var v struct {
+			Name       string `json:"name"`
+			IncludeAll bool   `json:"includeAll"`
+			AllValue   string `json:"allValue"`
+			Query      struct {
+				Query string `json:"query"`
+			} `json:"query"`
+		}
+		if err := json.Unmarshal(raw, &v); err != nil {
+			t.Fatalf("variable %s: %v", d.varNames[i], err)
+		}
+		delete(chained, v.Name)
+		if !strings.HasPrefix(v.Query.Query, "label_values(") || !strings.HasSuffix(v.Query.Query, ", "+v.Name+")") {
+			t.Errorf("variable %s: query %q, want label_values(..., %s)", v.Name, v.Query.Query, v.Name)
+		}
+		for _, before := range after {
+			if !strings.Contains(v.Query.Query, before+`=~"$`+before+`"`) || !slices.Contains(d.varNames[:i], before) {
+				t.Errorf("variable %s: query %q is not under $%s, defined before it", v.Name, v.Query.Query, before)
+			}
+		}
+		if (v.Name == "namespace" || v.Name == "outbox") && (!v.IncludeAll || v.AllValue != ".*") {
+			t.Errorf("variable %s: includeAll %v, allValue %q; want All as .*", v.Name, v.IncludeAll, v.AllValue)
+		}
+	}
+	for name := range chained {
+		t.Errorf("no %s variable", name)
+	}
+}
+
+// Every series a panel reads is chosen by the namespace, job and instance
+// variables, and relayd's by outbox too (up has no outbox): no scrape job
+// name is assumed, and one dashboard serves many outboxes.
 func TestDashboardSelectsByJobAndInstance(t *testing.T) {
 	d := loadDashboard(t)
 	if regexp.MustCompile(`job\s*=\s*\\?"`).Match(d.raw) {
@@ -304,10 +527,38 @@ func TestDashboardSelectsByJobAndInstance(t *testing.T) {
 	}
 	for expr, p := range d.exprs() {
 		for _, m := range metricRef.FindAllStringSubmatch(expr, -1) {
-			if !strings.Contains(m[2], `job=~"$job"`) || !strings.Contains(m[2], `instance=~"$instance"`) {
-				t.Errorf("panel %q: %s%s is not selected by job=~\"$job\" and instance=~\"$instance\"", p.Title, m[1], m[2])
+			want := []string{"namespace", "job", "instance"}
+			if m[1] != "up" {
+				want = append(want, "outbox")
+			}
+			for _, l := range want {
+				if !strings.Contains(m[2], l+`=~"$`+l+`"`) {
+					t.Errorf("panel %q: %s%s is not selected by %s=~\"$%s\"", p.Title, m[1], m[2], l, l)
+				}
 			}
 		}
+	}
+}
+
+// A panel that aggregates relayd's series keeps outboxes apart: each
+// aggregation is by outbox, whichever outboxes are selected.
+func TestDashboardKeepsOutboxesApart(t *testing.T) {
+	d := loadDashboard(t)
+	agg := regexp.MustCompile(`\b(sum|max|min|avg|count|group|stddev|topk|bottomk)\s*(by\s*\(([^)]*)\))?\s*\(`)
+	checked := 0
+	for expr, p := range d.exprs() {
+		if !strings.Contains(expr, "relayd_") {
+			continue
+		}
+		for _, m := range agg.FindAllStringSubmatch(expr, -1) {
+			checked++
+			if !slices.Contains(strings.Split(strings.ReplaceAll(m[3], " ", ""), ","), "outbox") {
+				t.Errorf("panel %q: %s... in %s is not by outbox: it mixes outboxes", p.Title, m[0], expr)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Errorf("only %d aggregations found", checked)
 	}
 }
 

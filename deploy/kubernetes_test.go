@@ -11,9 +11,9 @@ import (
 	"io/fs"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -25,6 +25,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,11 +46,14 @@ var update = flag.Bool("update", false, "rewrite kubernetes/components/monitorin
 const (
 	k8sDir   = "kubernetes"
 	ruleFile = "kubernetes/components/monitoring/prometheusrule.yaml"
-	// allOverlay is the test's own: the example overlay with the backfill
-	// line uncommented, as its comment tells whoever runs one.
-	allOverlay   = "overlays/all"
-	backfillLine = "# - ../../components/backfill"
+	// allSuffix names the test's own copy of an overlay with every
+	// commented-out component line uncommented, as their comments invite.
+	allSuffix  = "-all"
+	allOverlay = "overlays/example" + allSuffix
 )
+
+// commentedComponent is an overlay's line listing a component, commented out.
+var commentedComponent = regexp.MustCompile(`(?m)^(\s*)# (- (\.\./)+components/)`)
 
 // scaledObject is the part of KEDA's ScaledObject (keda.sh/v1alpha1) the
 // manifests use. KEDA's own module (github.com/kedacore/keda/v2) brings in
@@ -76,6 +80,20 @@ type scaledObject struct {
 	} `json:"spec"`
 }
 
+// stream is the part of nack's Stream (jetstream.nats.io/v1beta2) the
+// stream component uses; the strict decode refuses any other field.
+type stream struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Name            string   `json:"name"`
+		Subjects        []string `json:"subjects"`
+		Storage         string   `json:"storage"`
+		Replicas        int      `json:"replicas"`
+		DuplicateWindow string   `json:"duplicateWindow"`
+	} `json:"spec"`
+}
+
 // kinds maps each kind the manifests may hold to its apiVersion and a new
 // value of its Go type. Any other kind fails the build check.
 var kinds = map[string]struct {
@@ -83,6 +101,8 @@ var kinds = map[string]struct {
 	new        func() any
 }{
 	"Namespace":           {"v1", func() any { return &corev1.Namespace{} }},
+	"ServiceAccount":      {"v1", func() any { return &corev1.ServiceAccount{} }},
+	"NetworkPolicy":       {"networking.k8s.io/v1", func() any { return &networkingv1.NetworkPolicy{} }},
 	"ConfigMap":           {"v1", func() any { return &corev1.ConfigMap{} }},
 	"Secret":              {"v1", func() any { return &corev1.Secret{} }},
 	"Service":             {"v1", func() any { return &corev1.Service{} }},
@@ -93,11 +113,14 @@ var kinds = map[string]struct {
 	"PodMonitor":          {"monitoring.coreos.com/v1", func() any { return &monitoringv1.PodMonitor{} }},
 	"PrometheusRule":      {"monitoring.coreos.com/v1", func() any { return &monitoringv1.PrometheusRule{} }},
 	"ScaledObject":        {"keda.sh/v1alpha1", func() any { return &scaledObject{} }},
+	"Stream":              {"jetstream.nats.io/v1beta2", func() any { return &stream{} }},
 }
 
-// bundle is one kustomize build, decoded.
+// bundle is one kustomize build, decoded, or the part of one that is one
+// relayd deployment (split).
 type bundle struct {
 	name        string
+	objects     []object
 	configMaps  map[string]*corev1.ConfigMap
 	secrets     map[string]*corev1.Secret
 	services    []*corev1.Service
@@ -107,7 +130,17 @@ type bundle struct {
 	svcMonitors []*monitoringv1.ServiceMonitor
 	rules       []*monitoringv1.PrometheusRule
 	scaled      []*scaledObject
+	accounts    []*corev1.ServiceAccount
+	netpols     []*networkingv1.NetworkPolicy
+	streams     []*stream
 	raw         []byte
+}
+
+// object is one decoded object with its identity.
+type object struct {
+	kind string
+	meta metav1.Object
+	obj  any
 }
 
 // built caches each root's build: a check may mutate its own decode.
@@ -135,6 +168,8 @@ func kustomize(t *testing.T, dir string) *bundle {
 
 func buildYAML(dir string) ([]byte, error) {
 	fsys := filesys.MakeFsInMemory()
+	all, isAll := strings.CutSuffix(dir, allSuffix)
+	uncommented := 0
 	err := filepath.WalkDir(k8sDir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
@@ -144,8 +179,10 @@ func buildYAML(dir string) ([]byte, error) {
 			return err
 		}
 		path = filepath.ToSlash(path)
-		if rest, ok := strings.CutPrefix(path, k8sDir+"/overlays/example/"); ok {
-			if err := fsys.WriteFile("/"+k8sDir+"/"+allOverlay+"/"+rest, data); err != nil {
+		if rest, ok := strings.CutPrefix(path, k8sDir+"/"+all+"/"); ok && isAll {
+			uncommented += len(commentedComponent.FindAll(data, -1))
+			copied := commentedComponent.ReplaceAll(data, []byte("$1$2"))
+			if err := fsys.WriteFile("/"+k8sDir+"/"+dir+"/"+rest, copied); err != nil {
 				return err
 			}
 		}
@@ -154,17 +191,8 @@ func buildYAML(dir string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	kf := "/" + k8sDir + "/" + allOverlay + "/kustomization.yaml"
-	example, err := fsys.ReadFile(kf)
-	if err != nil {
-		return nil, err
-	}
-	if !bytes.Contains(example, []byte(backfillLine)) {
-		return nil, fmt.Errorf("overlays/example/kustomization.yaml: no %q line to uncomment", backfillLine)
-	}
-	all := bytes.Replace(example, []byte(backfillLine), []byte(strings.TrimPrefix(backfillLine, "# ")), 1)
-	if err := fsys.WriteFile(kf, all); err != nil {
-		return nil, err
+	if isAll && uncommented == 0 {
+		return nil, fmt.Errorf("%s: no commented-out component line to uncomment", all)
 	}
 	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(fsys, "/"+k8sDir+"/"+dir)
 	if err != nil {
@@ -174,7 +202,7 @@ func buildYAML(dir string) ([]byte, error) {
 }
 
 func decode(name string, raw []byte) (*bundle, error) {
-	b := &bundle{name: name, raw: raw, configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}}
+	b := newBundle(name, raw)
 	for i, doc := range bytes.Split(raw, []byte("\n---\n")) {
 		var tm metav1.TypeMeta
 		if err := yaml.Unmarshal(doc, &tm); err != nil {
@@ -191,43 +219,88 @@ func decode(name string, raw []byte) (*bundle, error) {
 		if err := yaml.UnmarshalStrict(doc, obj); err != nil {
 			return nil, fmt.Errorf("%s: strict decode: %v", tm.Kind, err)
 		}
-		switch o := obj.(type) {
-		case *corev1.ConfigMap:
-			b.configMaps[o.Name] = o
-		case *corev1.Secret:
-			b.secrets[o.Name] = o
-		case *corev1.Service:
-			b.services = append(b.services, o)
-		case *appsv1.Deployment:
-			b.deployments = append(b.deployments, o)
-		case *batchv1.Job:
-			b.jobs = append(b.jobs, o)
-		case *policyv1.PodDisruptionBudget:
-			b.pdbs = append(b.pdbs, o)
-		case *monitoringv1.ServiceMonitor:
-			b.svcMonitors = append(b.svcMonitors, o)
-		case *monitoringv1.PrometheusRule:
-			b.rules = append(b.rules, o)
-		case *scaledObject:
-			b.scaled = append(b.scaled, o)
-		}
+		b.add(tm.Kind, obj)
 	}
 	return b, nil
 }
 
+func newBundle(name string, raw []byte) *bundle {
+	return &bundle{name: name, raw: raw, configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}}
+}
+
+func (b *bundle) add(kind string, obj any) {
+	b.objects = append(b.objects, object{kind, obj.(metav1.Object), obj})
+	switch o := obj.(type) {
+	case *corev1.ConfigMap:
+		b.configMaps[o.Name] = o
+	case *corev1.Secret:
+		b.secrets[o.Name] = o
+	case *corev1.Service:
+		b.services = append(b.services, o)
+	case *appsv1.Deployment:
+		b.deployments = append(b.deployments, o)
+	case *batchv1.Job:
+		b.jobs = append(b.jobs, o)
+	case *policyv1.PodDisruptionBudget:
+		b.pdbs = append(b.pdbs, o)
+	case *monitoringv1.ServiceMonitor:
+		b.svcMonitors = append(b.svcMonitors, o)
+	case *monitoringv1.PrometheusRule:
+		b.rules = append(b.rules, o)
+	case *scaledObject:
+		b.scaled = append(b.scaled, o)
+	case *corev1.ServiceAccount:
+		b.accounts = append(b.accounts, o)
+	case *networkingv1.NetworkPolicy:
+		b.netpols = append(b.netpols, o)
+	case *stream:
+		b.streams = append(b.streams, o)
+	}
+}
+
+// instanceLabel tells one relayd deployment's objects from another's
+// (../scope).
+const instanceLabel = "app.kubernetes.io/instance"
+
+// split returns one bundle per relayd deployment: the objects labelled with
+// its instance. A build with no such label (the base) is one deployment.
+func (b *bundle) split() []*bundle {
+	var names []string
+	for _, o := range b.objects {
+		if v, ok := o.meta.GetLabels()[instanceLabel]; ok && !slices.Contains(names, v) {
+			names = append(names, v)
+		}
+	}
+	if len(names) == 0 {
+		return []*bundle{b}
+	}
+	var out []*bundle
+	for _, name := range names {
+		sub := newBundle(b.name+"/"+name, b.raw)
+		for _, o := range b.objects {
+			if o.meta.GetLabels()[instanceLabel] == name {
+				sub.add(o.kind, o.obj)
+			}
+		}
+		out = append(out, sub)
+	}
+	return out
+}
+
 // pod is one pod template of the bundle, named for its owner.
 type pod struct {
-	owner string
-	spec  *corev1.PodSpec
+	owner  string
+	labels map[string]string
+	spec   *corev1.PodSpec
 }
 
 func (b *bundle) pods() []pod {
 	var out []pod
 	for _, d := range b.deployments {
-		out = append(out, pod{"Deployment " + d.Name, &d.Spec.Template.Spec})
+		out = append(out, pod{"Deployment " + d.Name, d.Spec.Template.Labels, &d.Spec.Template.Spec})
 	}
 	for _, j := range b.jobs {
-		out = append(out, pod{"Job " + j.Name, &j.Spec.Template.Spec})
+		out = append(out, pod{"Job " + j.Name, j.Spec.Template.Labels, &j.Spec.Template.Spec})
 	}
 	return out
 }
@@ -349,8 +422,9 @@ func relaydSources(t *testing.T) []*ast.File {
 var envNotTagged = []string{"GOMAXPROCS"}
 
 // builds are the kustomize roots checked: the base alone, the example
-// overlay, and the example with every component.
-var builds = []string{"base", "overlays/example", allOverlay}
+// overlay (one relayd) and the estate (two in one namespace), each also with
+// every component.
+var builds = []string{"base", "overlays/example", allOverlay, "overlays/estate", "overlays/estate" + allSuffix}
 
 // problems collects what one check finds wrong in one build.
 type problems []string
@@ -401,22 +475,39 @@ var checks = map[string]func(*facts, *bundle, *problems){
 	"service":   checkServiceAndMonitor,
 	"replicas":  checkReplicasAndKEDA,
 	"migrate":   checkMigratesFirst,
+	"scope":     checkScoped,
+	"network":   checkNetworkPolicy,
+	"account":   checkServiceAccount,
+	"stream":    checkStream,
 }
 
 func TestKubernetes(t *testing.T) {
 	if *update {
-		writeRuleFile(t)
+		writeGenerated(t)
 	}
 	f := readFacts(t)
 	for _, dir := range builds {
 		t.Run(dir, func(t *testing.T) {
-			kustomize(t, dir) // builds and decodes, or fails once
-			for _, name := range slices.Sorted(maps.Keys(checks)) {
+			whole := kustomize(t, dir) // builds and decodes, or fails once
+			for _, name := range slices.Sorted(maps.Keys(estateChecks)) {
 				t.Run(name, func(t *testing.T) {
 					var p problems
-					checks[name](f, kustomize(t, dir), &p)
+					estateChecks[name](f, kustomize(t, dir), &p)
 					for _, msg := range p {
 						t.Error(msg)
+					}
+				})
+			}
+			for i, one := range whole.split() {
+				t.Run(strings.TrimPrefix(one.name, dir+"/"), func(t *testing.T) {
+					for _, name := range slices.Sorted(maps.Keys(checks)) {
+						t.Run(name, func(t *testing.T) {
+							var p problems
+							checks[name](f, kustomize(t, dir).split()[i], &p)
+							for _, msg := range p {
+								t.Error(msg)
+							}
+						})
 					}
 				})
 			}
@@ -670,46 +761,68 @@ func checkResources(f *facts, b *bundle, p *problems) {
 	}
 }
 
-// secretVars are the settings that carry credentials.
-var secretVars = []string{"RELAY_DATABASE_URL", "RELAY_AMQP_URL", "RELAY_NATS_URL"}
+// urlVars are the settings that name a server, and may name a user; never
+// a password.
+var urlVars = []string{"RELAY_DATABASE_URL", "RELAY_AMQP_URL", "RELAY_NATS_URL"}
 
 var userinfo = regexp.MustCompile(`[a-z]+://[^/@\s:"]+:[^/@\s"]+@`)
 
-// The base ships no credentials: no Secret, the URLs only from a Secret
-// reference, no password in a URL anywhere. An overlay's build has every
-// Secret and key the pods refer to, and its values are placeholders.
-func checkSecrets(_ *facts, b *bundle, p *problems) {
+// fileVar matches the settings that name a file relayd reads a secret from.
+var fileVar = regexp.MustCompile(`^RELAY_[A-Z_]+_(FILE|CA|CERT|KEY|CREDS|NKEY)$`)
+
+// externalSecrets are Secrets a pod mounts that something other than the
+// overlay makes: cert-manager, the TLS component's.
+var externalSecrets = []string{"relayd-tls"}
+
+// secretFiles returns every file a container's settings name for relayd to
+// read: the file settings, and the files of Postgres's URL.
+func secretFiles(env map[string]string) map[string]string {
+	files := map[string]string{}
+	for k, v := range env {
+		if fileVar.MatchString(k) && v != "" {
+			files[k] = v
+		}
+	}
+	if u, err := url.Parse(env["RELAY_DATABASE_URL"]); err == nil {
+		for _, param := range []string{"sslrootcert", "sslcert", "sslkey"} {
+			if v := u.Query().Get(param); v != "" {
+				files["RELAY_DATABASE_URL's "+param] = v
+			}
+		}
+	}
+	return files
+}
+
+// The base ships no credentials. No password is in a URL, or in the
+// environment: every secret relayd reads is a file of a Secret mounted
+// read-only, and in an overlay the Secret is in the build with that key and
+// a placeholder value.
+func checkSecrets(f *facts, b *bundle, p *problems) {
 	base := b.name == "base"
 	if base && len(b.secrets) > 0 {
 		p.add("the base ships Secrets %v", slices.Sorted(maps.Keys(b.secrets)))
 	}
-	if base && userinfo.Match(b.raw) {
-		p.add("a URL with a password in the base: %s", userinfo.Find(b.raw))
-	}
-	for _, cm := range b.configMaps {
-		for k := range cm.Data {
-			if slices.Contains(secretVars, k) {
-				p.add("ConfigMap %s holds %s: it belongs in a Secret", cm.Name, k)
-			}
-		}
+	if userinfo.Match(b.raw) {
+		p.add("a URL with a password: %s", userinfo.Find(b.raw))
 	}
 	for _, x := range b.containers() {
 		for _, e := range x.c.Env {
-			var ref *corev1.SecretKeySelector
-			if e.ValueFrom != nil {
-				ref = e.ValueFrom.SecretKeyRef
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				p.add("%s: %s from a Secret into the environment: mount it as a file", x.where, e.Name)
 			}
-			if slices.Contains(secretVars, e.Name) && ref == nil {
-				p.add("%s: %s is not from a Secret", x.where, e.Name)
-			}
-			if ref == nil || base {
+		}
+		env := b.env(x.c, f.defaults)
+		for _, k := range urlVars {
+			// Only what the build sets: relayd's default AMQP URL is guest's.
+			if env[k] == f.defaults[k] {
 				continue
 			}
-			if s := b.secrets[ref.Name]; s == nil {
-				p.add("%s: %s from Secret %s, which is not in the build", x.where, e.Name, ref.Name)
-			} else if _, ok := s.Data[ref.Key]; !ok {
-				p.add("%s: %s from key %s, which Secret %s lacks", x.where, e.Name, ref.Key, ref.Name)
+			if userinfo.MatchString(env[k]) {
+				p.add("%s: %s holds a password", x.where, k)
 			}
+		}
+		for setting, path := range secretFiles(env) {
+			checkSecretFile(b, x.where, x.pod, x.c, setting, path, p)
 		}
 	}
 	for _, s := range b.secrets {
@@ -719,6 +832,35 @@ func checkSecrets(_ *facts, b *bundle, p *problems) {
 			}
 		}
 	}
+}
+
+// checkSecretFile checks that path, named by setting, is a key of a Secret
+// mounted read-only in container c.
+func checkSecretFile(b *bundle, where string, pod *corev1.PodSpec, c *corev1.Container, setting, path string, p *problems) {
+	for _, m := range c.VolumeMounts {
+		key, ok := strings.CutPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")
+		if !ok {
+			continue
+		}
+		if !m.ReadOnly {
+			p.add("%s: volume %s is mounted writable", where, m.Name)
+		}
+		i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if i < 0 || pod.Volumes[i].Secret == nil {
+			p.add("%s: %s=%s is on volume %s, not a Secret", where, setting, path, m.Name)
+			return
+		}
+		name := pod.Volumes[i].Secret.SecretName
+		s := b.secrets[name]
+		switch {
+		case s == nil && b.name != "base" && !slices.ContainsFunc(externalSecrets, func(e string) bool { return strings.HasSuffix(name, e) }):
+			p.add("%s: %s=%s is of Secret %s, which is not in the build", where, setting, path, name)
+		case s != nil && s.Data[key] == nil && s.StringData[key] == "":
+			p.add("%s: %s=%s, but Secret %s has no key %s", where, setting, path, name, key)
+		}
+		return
+	}
+	p.add("%s: %s=%s is on no volume mounted in the container", where, setting, path)
 }
 
 // alertsGroups reads alerts.yml strictly as the Prometheus Operator's rule
@@ -739,57 +881,6 @@ func alertsGroups(t *testing.T) ([]byte, []monitoringv1.RuleGroup) {
 		t.Fatal("alerts.yml: no groups")
 	}
 	return data, rules.Groups
-}
-
-// ruleHeader opens the generated PrometheusRule; alerts.yml's groups follow,
-// indented under spec.
-const ruleHeader = `# Generated from deploy/alerts.yml, the rules' one source (promtool tests it):
-# edit that file, then run  go test ./deploy -run 'TestKubernetes$' -update
-apiVersion: monitoring.coreos.com/v1
-kind: PrometheusRule
-metadata:
-  name: relayd
-  labels:
-    app.kubernetes.io/name: relayd
-    app.kubernetes.io/component: relay
-spec:
-`
-
-// writeRuleFile writes alerts.yml's groups, comments and all, into the
-// PrometheusRule.
-func writeRuleFile(t *testing.T) {
-	data, _ := alertsGroups(t)
-	i := bytes.Index(data, []byte("\ngroups:"))
-	if i < 0 {
-		t.Fatal("alerts.yml: no top-level groups:")
-	}
-	var out bytes.Buffer
-	out.WriteString(ruleHeader)
-	for line := range strings.SplitSeq(strings.TrimRight(string(data[i+1:]), "\n"), "\n") {
-		if line != "" {
-			line = "  " + line
-		}
-		out.WriteString(line + "\n")
-	}
-	if err := os.WriteFile(ruleFile, out.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	clear(built)
-}
-
-// With the monitoring component, the PrometheusRule is alerts.yml: the same
-// groups, rule for rule.
-func checkRules(f *facts, b *bundle, p *problems) {
-	if b.name == "base" {
-		return
-	}
-	if len(b.rules) != 1 {
-		p.add("%d PrometheusRules, want 1", len(b.rules))
-		return
-	}
-	if got := b.rules[0].Spec.Groups; !reflect.DeepEqual(got, f.groups) {
-		p.add("the PrometheusRule's groups differ from alerts.yml's: run go test ./deploy -run 'TestKubernetes$' -update")
-	}
 }
 
 // selects reports whether a non-empty label selector matches labels.
@@ -875,9 +966,9 @@ func checkServiceAndMonitor(f *facts, b *bundle, p *problems) {
 	}
 }
 
-// The base runs two replicas. With KEDA the ScaledObject owns the count (at
-// least two) and the Deployment sets none, scaling the relay on the lag, a
-// metric relayd exports.
+// Without KEDA, two replicas. With it, the ScaledObject owns the count (at
+// least two) and the Deployment sets none, scaling its own Deployment on the
+// lag, a metric relayd exports.
 func checkReplicasAndKEDA(f *facts, b *bundle, p *problems) {
 	d, _ := b.relay(p)
 	if d == nil {
@@ -886,9 +977,6 @@ func checkReplicasAndKEDA(f *facts, b *bundle, p *problems) {
 	if len(b.scaled) == 0 {
 		if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
 			p.add("replicas %s, want 2", ptrString(d.Spec.Replicas))
-		}
-		if b.name != "base" {
-			p.add("no ScaledObject")
 		}
 		return
 	}
@@ -927,8 +1015,9 @@ func checkReplicasAndKEDA(f *facts, b *bundle, p *problems) {
 }
 
 // The relay's pods migrate before relaying: an init container runs
-// `relayd migrate up` from the relay's image, against its database.
-func checkMigratesFirst(_ *facts, b *bundle, p *problems) {
+// `relayd migrate up` from the relay's image, against its database, as a
+// role of its own.
+func checkMigratesFirst(f *facts, b *bundle, p *problems) {
 	d, c := b.relay(p)
 	if c == nil {
 		return
@@ -942,16 +1031,23 @@ func checkMigratesFirst(_ *facts, b *bundle, p *problems) {
 	if inits[i].Image != c.Image {
 		p.add("migrate runs image %s, the relay %s: the migrations must be the relay's", inits[i].Image, c.Image)
 	}
-	dbURL := func(c *corev1.Container) string {
-		for _, e := range c.Env {
-			if e.Name == "RELAY_DATABASE_URL" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
-				return e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
-			}
-		}
-		return ""
+	if b.name == "base" {
+		return
 	}
-	if got, want := dbURL(&inits[i]), dbURL(c); got == "" || got != want {
-		p.add("migrate's RELAY_DATABASE_URL from %q, the relay's from %q", got, want)
+	// The same database as the relay's, as a role that may change its tables
+	// (the relay's may not: docs/deploying.md, "Postgres privileges").
+	relayEnv, migrateEnv := b.env(c, f.defaults), b.env(&inits[i], f.defaults)
+	relayURL, err1 := url.Parse(relayEnv["RELAY_DATABASE_URL"])
+	migrateURL, err2 := url.Parse(migrateEnv["RELAY_DATABASE_URL"])
+	switch {
+	case err1 != nil || err2 != nil || relayURL.Host == "":
+		p.add("RELAY_DATABASE_URL: the relay's %q, migrate's %q", relayEnv["RELAY_DATABASE_URL"], migrateEnv["RELAY_DATABASE_URL"])
+	case relayURL.Host != migrateURL.Host || relayURL.Path != migrateURL.Path:
+		p.add("migrate's database %s%s is not the relay's %s%s", migrateURL.Host, migrateURL.Path, relayURL.Host, relayURL.Path)
+	case relayURL.User.Username() == migrateURL.User.Username():
+		p.add("migrate runs as the relay's role %q", relayURL.User.Username())
+	case relayEnv["RELAY_DATABASE_PASSWORD_FILE"] == migrateEnv["RELAY_DATABASE_PASSWORD_FILE"]:
+		p.add("migrate's role reads the relay's password file %s", relayEnv["RELAY_DATABASE_PASSWORD_FILE"])
 	}
 }
 
@@ -1014,12 +1110,14 @@ func TestKubernetesChecksCatchBreakage(t *testing.T) {
 		}},
 		{"secrets", "a Secret in the base", "base", func(b *bundle) { b.secrets["relayd"] = &corev1.Secret{} }},
 		{"secrets", "a password in the base", "base", func(b *bundle) { b.raw = append(b.raw, "x: amqp://u:pw@h/\n"...) }},
-		{"secrets", "a database URL inlined", allOverlay, func(b *bundle) {
-			c := initC(b)
-			c.Env[slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "RELAY_DATABASE_URL" })] = corev1.EnvVar{Name: "RELAY_DATABASE_URL", Value: "postgres://h/db"}
+		{"secrets", "a password in a URL", allOverlay, func(b *bundle) { setConfig(b, "RELAY_DATABASE_URL", "postgres://relayd:pw@h/db") }},
+		{"secrets", "a Secret's value in the environment", "base", func(b *bundle) {
+			_, c := relayOf(b)
+			c.Env = append(c.Env, corev1.EnvVar{Name: "RELAY_NATS_NKEY", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{Key: "nkey"}}})
 		}},
-		{"secrets", "a database URL in the ConfigMap", "base", func(b *bundle) { setConfig(b, "RELAY_DATABASE_URL", "postgres://h/db") }},
-		{"secrets", "a key the Secret lacks", allOverlay, func(b *bundle) { _, c := relayOf(b); c.Env[0].ValueFrom.SecretKeyRef.Key = "db-url" }},
+		{"secrets", "a key the Secret lacks", allOverlay, func(b *bundle) { setConfig(b, "RELAY_DATABASE_PASSWORD_FILE", "/etc/relayd/secrets/db-password") }},
+		{"secrets", "a file on no volume", "base", func(b *bundle) { setConfig(b, "RELAY_NATS_CREDS", "/var/run/nats.creds") }},
+		{"secrets", "a writable mount", allOverlay, func(b *bundle) { initC(b).VolumeMounts[0].ReadOnly = false }},
 		{"secrets", "a real value in the example", allOverlay, func(b *bundle) {
 			for _, s := range b.secrets {
 				s.Data["database-url"] = []byte("postgres://relayd:hunter2@db/app")
@@ -1050,8 +1148,66 @@ func TestKubernetesChecksCatchBreakage(t *testing.T) {
 		{"replicas", "another Deployment scaled", allOverlay, func(b *bundle) { b.scaled[0].Spec.ScaleTargetRef.Name = "relay" }},
 		{"migrate", "no migration", allOverlay, func(b *bundle) { d, _ := relayOf(b); d.Spec.Template.Spec.InitContainers = nil }},
 		{"migrate", "another image", allOverlay, func(b *bundle) { initC(b).Image = "relayd:old" }},
+		{"migrate", "the relay's role", allOverlay, func(b *bundle) {
+			for name, cm := range b.configMaps {
+				if strings.Contains(name, "migrate") {
+					cm.Data["RELAY_DATABASE_URL"] = "postgres://relayd@postgres.example.internal:5432/app?sslmode=verify-full"
+				}
+			}
+		}},
+		{"migrate", "the relay's password", allOverlay, func(b *bundle) {
+			for name, cm := range b.configMaps {
+				if strings.Contains(name, "migrate") {
+					delete(cm.Data, "RELAY_DATABASE_PASSWORD_FILE")
+				}
+			}
+		}},
+		{"scope", "an alert of every deployment", allOverlay, func(b *bundle) {
+			r := &b.rules[0].Spec.Groups[0].Rules[2]
+			r.Expr = intstr.FromString(strings.ReplaceAll(r.Expr.String(), `,service="relayd"`, ""))
+		}},
+		{"scope", "KEDA's query in another namespace", allOverlay, func(b *bundle) {
+			md := b.scaled[0].Spec.Triggers[0].Metadata
+			md["query"] = strings.Replace(md["query"], `namespace="relayd"`, `namespace="shop"`, 1)
+		}},
+		{"scope", "an object without the instance label", allOverlay, func(b *bundle) { delete(b.netpols[0].Labels, instanceLabel) }},
+		{"network", "ingress from anywhere", allOverlay, func(b *bundle) { b.netpols[0].Spec.Ingress[0].From = nil }},
+		{"network", "ingress on another port", allOverlay, func(b *bundle) { b.netpols[0].Spec.Ingress[0].Ports[0].Port = new(intstr.FromInt32(8080)) }},
+		{"network", "no DNS", allOverlay, func(b *bundle) { b.netpols[0].Spec.Egress = b.netpols[0].Spec.Egress[1:] }},
+		{"network", "a broker port not let out", allOverlay, func(b *bundle) { setConfig(b, "RELAY_AMQP_URL", "amqps://relayd@rabbitmq:5673/") }},
+		{"network", "the backfill's pods left out", allOverlay, func(b *bundle) { job(b).Spec.Template.Labels = map[string]string{"app": "x"} }},
+		{"stream", "another stream's name", "overlays/estate" + allSuffix, func(b *bundle) { b.streams[0].Spec.Name = "OUTBOX" }},
+		{"stream", "another subject prefix", allOverlay, func(b *bundle) { setConfig(b, "RELAY_NATS_SUBJECT_PREFIX", "events.") }},
+		{"stream", "one replica", allOverlay, func(b *bundle) { b.streams[0].Spec.Replicas = 1 }},
+		{"stream", "a duplicate window shorter than relayd's", allOverlay, func(b *bundle) { setConfig(b, "RELAY_NATS_DUPLICATE_WINDOW", "5m") }},
+		{"account", "the namespace's default account", allOverlay, func(b *bundle) { job(b).Spec.Template.Spec.ServiceAccountName = "" }},
+		{"account", "a token mounted", allOverlay, func(b *bundle) { b.accounts[0].AutomountServiceAccountToken = new(true) }},
+		{"names", "two Services of one name", "overlays/estate", func(b *bundle) { b.services[1].Name = b.services[0].Name }},
+		{"dashboard", "a dashboard per deployment", "overlays/estate", func(b *bundle) {
+			for name, cm := range b.configMaps {
+				if strings.HasPrefix(name, "orders-relayd-") && !strings.Contains(name, "migrate") {
+					cm.Labels["grafana_dashboard"] = "1"
+				}
+			}
+		}},
+		{"dashboard", "an edited copy", allOverlay, func(b *bundle) {
+			for _, cm := range b.configMaps {
+				if cm.Labels["grafana_dashboard"] == "1" {
+					cm.Data["relayd-dashboard.json"] = "{}"
+				}
+			}
+		}},
+		{"selectors", "a PDB over both deployments", "overlays/estate", func(b *bundle) { delete(b.pdbs[0].Spec.Selector.MatchLabels, instanceLabel) }},
+		{"selectors", "a ServiceMonitor over both deployments", "overlays/estate", func(b *bundle) {
+			delete(b.svcMonitors[0].Spec.Selector.MatchLabels, instanceLabel)
+		}},
+		{"selectors", "a spread over both deployments", "overlays/estate", func(b *bundle) {
+			delete(b.deployments[0].Spec.Template.Spec.TopologySpreadConstraints[0].LabelSelector.MatchLabels, instanceLabel)
+		}},
 	}
-	for name := range checks {
+	all := maps.Clone(checks)
+	maps.Copy(all, estateChecks)
+	for name := range all {
 		if !slices.ContainsFunc(cases, func(c struct {
 			check, what, dir string
 			breakIt          func(b *bundle)
@@ -1061,20 +1217,56 @@ func TestKubernetesChecksCatchBreakage(t *testing.T) {
 			t.Errorf("check %s has no case that breaks it", name)
 		}
 	}
+	// A deployment's checks see the first deployment of the build; the
+	// estate's, the whole build.
+	build := func(check, dir string) *bundle {
+		b := kustomize(t, dir)
+		if _, ok := estateChecks[check]; ok {
+			return b
+		}
+		return b.split()[0]
+	}
 	for _, tc := range cases {
 		t.Run(tc.check+"/"+tc.what, func(t *testing.T) {
 			var p problems
-			checks[tc.check](f, kustomize(t, tc.dir), &p)
+			all[tc.check](f, build(tc.check, tc.dir), &p)
 			if len(p) > 0 {
 				t.Fatalf("%s fails on the unbroken %s: %v", tc.check, tc.dir, p)
 			}
-			b := kustomize(t, tc.dir)
+			b := build(tc.check, tc.dir)
 			tc.breakIt(b)
-			checks[tc.check](f, b, &p)
+			all[tc.check](f, b, &p)
 			if len(p) == 0 {
 				t.Errorf("check %s passes %s with %s", tc.check, tc.dir, tc.what)
 			}
 			t.Log(p)
 		})
+	}
+}
+
+// With the stream component, the Stream is the one relayd publishes to: the
+// name and subjects of its settings, R3 on file storage, and a duplicate
+// window not shorter than relayd's.
+func checkStream(f *facts, b *bundle, p *problems) {
+	_, c := b.relay(p)
+	if c == nil || len(b.streams) == 0 {
+		return
+	}
+	env := b.env(c, f.defaults)
+	for _, st := range b.streams {
+		if st.Spec.Name != env["RELAY_NATS_STREAM"] {
+			p.add("Stream %s is named %q, relayd publishes to %q", st.Name, st.Spec.Name, env["RELAY_NATS_STREAM"])
+		}
+		if want := []string{env["RELAY_NATS_SUBJECT_PREFIX"] + ">"}; !slices.Equal(st.Spec.Subjects, want) {
+			p.add("Stream %s takes %v, relayd publishes to %v", st.Name, st.Spec.Subjects, want)
+		}
+		if st.Spec.Replicas < 3 || st.Spec.Storage != "file" {
+			p.add("Stream %s: %d replicas on %q storage, want 3 on file", st.Name, st.Spec.Replicas, st.Spec.Storage)
+		}
+		window, err1 := time.ParseDuration(st.Spec.DuplicateWindow)
+		relayd, err2 := time.ParseDuration(env["RELAY_NATS_DUPLICATE_WINDOW"])
+		if err1 != nil || err2 != nil || window < relayd {
+			p.add("Stream %s: duplicate window %q, shorter than RELAY_NATS_DUPLICATE_WINDOW %q", st.Name, st.Spec.DuplicateWindow, env["RELAY_NATS_DUPLICATE_WINDOW"])
+		}
 	}
 }

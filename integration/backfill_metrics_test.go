@@ -47,5 +47,6 @@ func TestBackfillBesideRelayMetricsPort(t *testing.T) {
 	if !strings.Contains(body, "relayd_backfill_moved_total") {
 		t.Errorf("--metrics-addr serves no relayd_backfill_* metrics:\n%s", body)
 	}
+	requireOutboxLabel(t, own, e.table.String())
 	cmd.Process.Kill()
 }

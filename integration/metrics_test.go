@@ -57,6 +57,43 @@ func scrapeBy(t *testing.T, addr, name, label string) map[string]float64 {
 	return out
 }
 
+// requireOutboxLabel fails unless every relayd_* series addr serves carries
+// outbox=table, the RELAY_OUTBOX_TABLE: one Prometheus scrapes many outboxes.
+func requireOutboxLabel(t *testing.T, addr, table string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse metrics: %v", err)
+	}
+	n := 0
+	for name, fam := range fams {
+		if !strings.HasPrefix(name, "relayd_") {
+			continue
+		}
+		n++
+		for _, m := range fam.GetMetric() {
+			got := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outbox" {
+					got = l.GetValue()
+				}
+			}
+			if got != table {
+				t.Errorf("%s: %s %v has outbox=%q, want %q", addr, name, m.GetLabel(), got, table)
+			}
+		}
+	}
+	if n == 0 {
+		t.Errorf("%s serves no relayd_* metric", addr)
+	}
+}
+
 func readyz(addr string) (int, string) {
 	resp, err := http.Get("http://" + addr + "/readyz")
 	if err != nil {
@@ -165,6 +202,7 @@ func TestLagGaugeAndReadinessFollowAnOutage(t *testing.T) {
 	if size := scrapeBy(t, addr, "relayd_postgres_table_bytes", "table"); size["outbox"] <= 0 || size["owed"] <= 0 || size["delivered"] <= 0 {
 		t.Fatalf("relayd_postgres_table_bytes %v, want each table's size", size)
 	}
+	requireOutboxLabel(t, addr, e.table.String())
 	if !r.running() {
 		t.Fatal("relayd exited")
 	}

@@ -170,9 +170,9 @@ func runBackfill(ss *session, f backfillFlags, tp trace.TracerProvider, stdout, 
 	}
 	rep := newReporter(stderr, log)
 	if f.metricsAddr != "" {
-		reg := prometheus.NewRegistry()
+		served, reg := newMetricsRegistry(cfg.table)
 		rep.register(reg)
-		srv, err := startHTTP(f.metricsAddr, cfg.PProf, reg, noProbe, log)
+		srv, err := startHTTP(f.metricsAddr, cfg.PProf, served, noProbe, log)
 		if err != nil {
 			log.Error("backfill: --metrics-addr", "error", err.Error())
 			return exitFailure

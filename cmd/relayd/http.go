@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/schema"
 )
 
 // readiness reports what relayd depends on and cannot use: Postgres, and
@@ -37,6 +38,18 @@ type probe func(context.Context) (down, detail []string)
 
 // noProbe is a command's probe that depends on nothing but itself.
 func noProbe(context.Context) (down, detail []string) { return nil, nil }
+
+// newMetricsRegistry returns the registry run and backfill serve on /metrics
+// and the Registerer their metrics go on, which labels every series
+// outbox=RELAY_OUTBOX_TABLE: one Prometheus scrapes the relayd of many outboxes.
+func newMetricsRegistry(table schema.Table) (*prometheus.Registry, prometheus.Registerer) {
+	reg := prometheus.NewRegistry()
+	return reg, withOutboxLabel(reg, table)
+}
+
+func withOutboxLabel(reg prometheus.Registerer, table schema.Table) prometheus.Registerer {
+	return prometheus.WrapRegistererWith(prometheus.Labels{"outbox": table.String()}, reg)
+}
 
 func startHTTP(addr string, pprofOn bool, reg *prometheus.Registry, ready probe, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)

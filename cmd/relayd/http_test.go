@@ -1,13 +1,23 @@
 package main
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/sethvargo/go-envconfig"
 
+	"github.com/relayd/relayd/metrics"
 	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
 )
@@ -71,4 +81,83 @@ func TestReportedPhase(t *testing.T) {
 			t.Errorf("%+v: reported %s, want %s", tc.s, got, tc.want)
 		}
 	}
+}
+
+// Every relayd_* (and go_*, process_*) series run and backfill serve carries
+// outbox, the configured RELAY_OUTBOX_TABLE: one Prometheus scrapes the relayd
+// of many outboxes. The Postgres gauges' table label stays beside it.
+func TestMetricsCarryTheOutbox(t *testing.T) {
+	for _, table := range []string{"", "orders.outbox"} {
+		env := map[string]string{"RELAY_DATABASE_URL": "postgres://unused"}
+		want := "outbox" // the default
+		if table != "" {
+			env["RELAY_OUTBOX_TABLE"], want = table, table
+		}
+		cfg, err := loadConfig(context.Background(), envconfig.MapLookuper(env))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What run registers, with figures so that every family exports.
+		runServed, reg := newMetricsRegistry(cfg.table)
+		m := metrics.NewRelay(reg, "test")
+		m.PublishFailed(relay.TargetAMQP, nil)
+		m.Parked(relay.TargetNATS)
+		m.Phase(relay.PhaseState{Running: relay.Targets, Table: relay.Targets})
+		metrics.NewOutbox(reg).Set([]relay.TargetStats{{Target: relay.TargetAMQP, Pending: 1}})
+		metrics.NewPostgres(reg).Set(relay.PostgresHealth{
+			Horizon: []relay.HorizonHolder{{Kind: "snapshot", Age: time.Hour, AgeKnown: true}},
+			Tables:  []relay.TableHealth{{Table: "delivered", Bytes: 8192}}})
+		// What backfill registers.
+		backfillServed, reg := newMetricsRegistry(cfg.table)
+		(&reporter{}).register(reg)
+
+		seen := map[string]bool{}
+		for cmd, served := range map[string]*prometheus.Registry{"run": runServed, "backfill": backfillServed} {
+			for name, fam := range scrapeMetrics(t, served) {
+				if strings.HasPrefix(name, "promhttp_") { // the handler's own, not the commands'
+					continue
+				}
+				seen[name] = true
+				for _, s := range fam.GetMetric() {
+					got := map[string]string{}
+					for _, l := range s.GetLabel() {
+						got[l.GetName()] = l.GetValue()
+					}
+					if got["outbox"] != want {
+						t.Errorf("RELAY_OUTBOX_TABLE=%q: relayd %s serves %s %v, want outbox=%q", table, cmd, name, got, want)
+					}
+					if name == "relayd_postgres_table_bytes" && got["table"] != "delivered" {
+						t.Errorf("relayd %s serves %s %v, want table=delivered beside outbox", cmd, name, got)
+					}
+				}
+			}
+		}
+		for _, name := range []string{"relayd_build_info", "relayd_outbox_lag_seconds", "relayd_publish_errors_total",
+			"relayd_postgres_table_bytes", "relayd_backfill_moved_total", "go_goroutines"} {
+			if !seen[name] {
+				t.Errorf("RELAY_OUTBOX_TABLE=%q: /metrics serves no %s (served: %v)", table, name, slices.Sorted(maps.Keys(seen)))
+			}
+		}
+	}
+}
+
+// scrapeMetrics serves reg as run and backfill do and reads /metrics.
+func scrapeMetrics(t *testing.T, reg *prometheus.Registry) map[string]*dto.MetricFamily {
+	t.Helper()
+	srv, err := startHTTP("127.0.0.1:0", false, reg, noProbe, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	resp, err := http.Get("http://" + srv.Addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	return fams
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sethvargo/go-envconfig"
 	"go.opentelemetry.io/otel/trace"
 
@@ -100,7 +99,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 	if err := checkSchema(ctx, cfg, pool, log); err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
+	served, reg := newMetricsRegistry(cfg.table)
 	m := metrics.NewRelay(reg, version)
 	sinks, closeSinks, err := openSinks(ctx, cfg, m, log)
 	defer closeSinks()
@@ -128,7 +127,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 	go func() { defer close(reported); reportInstance(rctx, pool, cfg.table, r, log) }()
 	defer func() { stopReport(); <-reported }()
 	if cfg.MetricsAddr != "" {
-		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, reg, readiness(pool, r), log)
+		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, served, readiness(pool, r), log)
 		if err != nil {
 			return fmt.Errorf("RELAY_METRICS_ADDR: %w", err)
 		}
