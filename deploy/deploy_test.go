@@ -470,7 +470,7 @@ func TestDashboardVariables(t *testing.T) {
 			t.Errorf("variable %s is defined but not used", name)
 		}
 	}
-	for _, want := range []string{"datasource", "namespace", "job", "outbox", "instance"} {
+	for _, want := range []string{"datasource", "namespace", "job", "service", "outbox", "instance"} {
 		if !slices.Contains(d.varNames, want) {
 			t.Errorf("no %s variable (defined: %v)", want, d.varNames)
 		}
@@ -482,7 +482,7 @@ func TestDashboardVariables(t *testing.T) {
 // (no namespace outside Kubernetes, an inbox without outbox).
 func TestDashboardNamespaceAndOutboxVariables(t *testing.T) {
 	d := loadDashboard(t)
-	chained := map[string][]string{"namespace": nil, "job": {"namespace"}, "outbox": {"namespace", "job"}, "instance": {"namespace", "job", "outbox"}}
+	chained := map[string][]string{"namespace": nil, "job": {"namespace"}, "service": {"namespace", "job"}, "outbox": {"namespace", "job", "service"}, "instance": {"namespace", "job", "service", "outbox"}}
 	for i, raw := range d.variables {
 		after, ok := chained[d.varNames[i]]
 		if !ok {
@@ -508,7 +508,7 @@ func TestDashboardNamespaceAndOutboxVariables(t *testing.T) {
 				t.Errorf("variable %s: query %q is not under $%s, defined before it", v.Name, v.Query.Query, before)
 			}
 		}
-		if (v.Name == "namespace" || v.Name == "outbox") && (!v.IncludeAll || v.AllValue != ".*") {
+		if (v.Name == "namespace" || v.Name == "service" || v.Name == "outbox") && (!v.IncludeAll || v.AllValue != ".*") {
 			t.Errorf("variable %s: includeAll %v, allValue %q; want All as .*", v.Name, v.IncludeAll, v.AllValue)
 		}
 	}
@@ -527,7 +527,7 @@ func TestDashboardSelectsByJobAndInstance(t *testing.T) {
 	}
 	for expr, p := range d.exprs() {
 		for _, m := range metricRef.FindAllStringSubmatch(expr, -1) {
-			want := []string{"namespace", "job", "instance"}
+			want := []string{"namespace", "job", "service", "instance"}
 			if m[1] != "up" {
 				want = append(want, "outbox")
 			}
@@ -540,8 +540,9 @@ func TestDashboardSelectsByJobAndInstance(t *testing.T) {
 	}
 }
 
-// A panel that aggregates relayd's series keeps outboxes apart: each
-// aggregation is by outbox, whichever outboxes are selected.
+// A panel that aggregates relayd's series keeps deployments apart: each
+// aggregation is by namespace, service and outbox (Kubernetes' deployments
+// may all relay a table named outbox), whichever are selected.
 func TestDashboardKeepsOutboxesApart(t *testing.T) {
 	d := loadDashboard(t)
 	agg := regexp.MustCompile(`\b(sum|max|min|avg|count|group|stddev|topk|bottomk)\s*(by\s*\(([^)]*)\))?\s*\(`)
@@ -552,8 +553,11 @@ func TestDashboardKeepsOutboxesApart(t *testing.T) {
 		}
 		for _, m := range agg.FindAllStringSubmatch(expr, -1) {
 			checked++
-			if !slices.Contains(strings.Split(strings.ReplaceAll(m[3], " ", ""), ","), "outbox") {
-				t.Errorf("panel %q: %s... in %s is not by outbox: it mixes outboxes", p.Title, m[0], expr)
+			by := strings.Split(strings.ReplaceAll(m[3], " ", ""), ",")
+			for _, l := range []string{"namespace", "service", "outbox"} {
+				if !slices.Contains(by, l) {
+					t.Errorf("panel %q: %s... in %s is not by %s: it mixes deployments", p.Title, m[0], expr, l)
+				}
 			}
 		}
 	}

@@ -38,7 +38,7 @@ func urlPorts(setting string, p *problems, name string) []int32 {
 // Prometheus alone, on the metrics port, and lets out DNS and the ports of
 // the URLs relayd is given.
 func checkNetworkPolicy(f *facts, b *bundle, p *problems) {
-	_, c := b.relay(p)
+	d, c := b.relay(p)
 	if c == nil {
 		return
 	}
@@ -69,8 +69,12 @@ func checkNetworkPolicy(f *facts, b *bundle, p *problems) {
 			}
 		}
 	}
+	// allowed reports whether a rule lets out port to any address.
 	allowed := func(port int32, proto corev1.Protocol) bool {
 		for _, out := range np.Spec.Egress {
+			if len(out.To) > 0 {
+				continue
+			}
 			if len(out.Ports) == 0 {
 				return true
 			}
@@ -81,6 +85,18 @@ func checkNetworkPolicy(f *facts, b *bundle, p *problems) {
 			}
 		}
 		return false
+	}
+	// Its own pods' metrics port, both ways: cutover check --instances.
+	own := func(peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) bool {
+		return len(peers) == 1 && peers[0].PodSelector != nil && peers[0].NamespaceSelector == nil &&
+			selects(peers[0].PodSelector.MatchLabels, d.Spec.Template.Labels) &&
+			len(ports) == 1 && ports[0].Port != nil && containerPort(c, *ports[0].Port) == metricsPort
+	}
+	if !slices.ContainsFunc(np.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool { return own(r.From, r.Ports) }) {
+		p.add("NetworkPolicy %s does not let in its own pods on the metrics port", np.Name)
+	}
+	if !slices.ContainsFunc(np.Spec.Egress, func(r networkingv1.NetworkPolicyEgressRule) bool { return own(r.To, r.Ports) }) {
+		p.add("NetworkPolicy %s does not let out to its own pods' metrics port", np.Name)
 	}
 	if !allowed(53, corev1.ProtocolUDP) {
 		p.add("NetworkPolicy %s lets out no DNS", np.Name)

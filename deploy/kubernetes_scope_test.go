@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -174,7 +175,7 @@ replacements:
 		fmt.Fprintf(&out, "  - source:\n      kind: Service\n      name: relayd\n      fieldPath: metadata.%s\n    targets:\n", field)
 		for _, kind := range slices.Sorted(maps.Keys(paths[field])) {
 			for _, i := range slices.Sorted(maps.Keys(paths[field][kind])) {
-				fmt.Fprintf(&out, "      - select:\n          kind: %s\n        fieldPaths:\n", kind)
+				fmt.Fprintf(&out, "      - select:\n          kind: %s\n          name: relayd\n        fieldPaths:\n", kind)
 				for _, p := range paths[field][kind][i] {
 					fmt.Fprintf(&out, "          - %s\n", p)
 				}
@@ -284,22 +285,14 @@ func checkRules(f *facts, b *bundle, p *problems) {
 	}
 }
 
-// Everything of an overlay's relayd carries its instance label, the name of
-// its Deployment; its alerts and KEDA's query select its own series only; its
-// ScaledObject scales its own Deployment.
+// An overlay's alerts and KEDA's query select its own series only.
 func checkScoped(_ *facts, b *bundle, p *problems) {
 	if b.name == "base" {
 		return
 	}
-	d, _ := b.relay(p)
-	if d == nil || len(b.services) != 1 {
-		p.add("want one relay Deployment and one Service")
+	if len(b.services) != 1 {
+		p.add("%d Services, want 1", len(b.services))
 		return
-	}
-	for _, o := range b.objects {
-		if got := o.meta.GetLabels()[instanceLabel]; got != d.Name {
-			p.add("%s %s: %s=%q, want the Deployment's name %q", o.kind, o.meta.GetName(), instanceLabel, got, d.Name)
-		}
 	}
 	svc := b.services[0]
 	if svc.Namespace == "" {
@@ -329,6 +322,28 @@ var estateChecks = map[string]func(*facts, *bundle, *problems){
 	"names":     checkNamesUnique,
 	"selectors": checkSelectorsOwnOnly,
 	"dashboard": checkDashboardOnce,
+	"labelled":  checkLabelled,
+}
+
+// In an overlay every object but the Namespace and the estate's dashboard is
+// one relayd deployment's: it carries the instance label, the name of that
+// deployment's Deployment.
+func checkLabelled(_ *facts, b *bundle, p *problems) {
+	if b.name == "base" {
+		return
+	}
+	deployments := map[string]bool{}
+	for _, d := range b.deployments {
+		deployments[d.Name] = true
+	}
+	for _, o := range b.objects {
+		if o.kind == "Namespace" || o.meta.GetLabels()["grafana_dashboard"] == "1" {
+			continue
+		}
+		if got := o.meta.GetLabels()[instanceLabel]; !deployments[got] {
+			p.add("%s %s: %s=%q, not the name of a relay Deployment", o.kind, o.meta.GetName(), instanceLabel, got)
+		}
+	}
 }
 
 // An overlay has the dashboard once, as the file is, labelled for Grafana's
@@ -413,6 +428,18 @@ func checkSelectorsOwnOnly(_ *facts, b *bundle, p *problems) {
 	}
 	for _, np := range b.netpols {
 		sels = append(sels, selector{"NetworkPolicy " + np.Name, np.Labels[instanceLabel], &np.Spec.PodSelector, pods})
+		for _, in := range np.Spec.Ingress {
+			for _, peer := range in.From {
+				if peer.PodSelector != nil && peer.NamespaceSelector == nil {
+					sels = append(sels, selector{"NetworkPolicy " + np.Name + "'s ingress", np.Labels[instanceLabel], peer.PodSelector, pods})
+				}
+			}
+		}
+		for _, out := range np.Spec.Egress {
+			for _, peer := range out.To {
+				sels = append(sels, selector{"NetworkPolicy " + np.Name + "'s egress", np.Labels[instanceLabel], peer.PodSelector, pods})
+			}
+		}
 	}
 	for _, sm := range b.svcMonitors {
 		sels = append(sels, selector{"ServiceMonitor " + sm.Name, sm.Labels[instanceLabel], &sm.Spec.Selector, services})
@@ -435,5 +462,71 @@ func checkSelectorsOwnOnly(_ *facts, b *bundle, p *problems) {
 		if n == 0 {
 			p.add("%s selects nothing", s.owner)
 		}
+	}
+}
+
+// The rules an estate's overlay renders fire for their own deployment only:
+// promtool runs orders' rules over orders' and payments' series, both
+// lagging, payments up and orders' targets gone.
+func TestRenderedRulesFireForTheirOwnDeployment(t *testing.T) {
+	bin := promtool(t)
+	var rule *monitoringv1.PrometheusRule
+	for _, r := range kustomize(t, "overlays/estate").rules {
+		if r.Name == "orders-relayd" {
+			rule = r
+		}
+	}
+	if rule == nil {
+		t.Fatal("overlays/estate has no PrometheusRule orders-relayd")
+	}
+	groups := slices.Clone(rule.Spec.Groups)
+	for i := range groups {
+		groups[i].Rules = slices.Clone(groups[i].Rules)
+		for j := range groups[i].Rules {
+			groups[i].Rules[j].Annotations = nil // the test is of what fires, not its text
+		}
+	}
+	series := func(name, svc, outbox, extra, values string) map[string]string {
+		return map[string]string{"series": fmt.Sprintf(`%s{job="relayd",namespace="shop",service=%q,outbox=%q,instance=%q%s}`, name, svc, outbox, svc+"-0", extra), "values": values}
+	}
+	var input []map[string]string
+	for _, d := range []struct{ svc, outbox string }{{"orders-relayd", "outbox"}, {"payments-relayd", "payments_outbox"}} {
+		input = append(input,
+			series("relayd_outbox_lag_seconds", d.svc, d.outbox, `,target="nats"`, "300x40"),
+			series("relayd_outbox_stats_timestamp_seconds", d.svc, d.outbox, "", "0+15x40"))
+	}
+	input = append(input, map[string]string{"series": `up{job="relayd",namespace="shop",service="payments-relayd",instance="payments-relayd-0"}`, "values": "1x40"})
+	orders := map[string]string{"job": "relayd", "namespace": "shop", "service": "orders-relayd"}
+	lagging := maps.Clone(orders)
+	maps.Copy(lagging, map[string]string{"outbox": "outbox", "target": "nats", "severity": "page"})
+	down := maps.Clone(orders)
+	down["severity"] = "page"
+	test := map[string]any{
+		"rule_files":          []string{"rules.yml"},
+		"evaluation_interval": "15s",
+		"tests": []any{map[string]any{
+			"interval":     "15s",
+			"input_series": input,
+			"alert_rule_test": []any{
+				map[string]any{"eval_time": "10m", "alertname": "RelaydOutboxLagHigh", "exp_alerts": []any{map[string]any{"exp_labels": lagging}}},
+				map[string]any{"eval_time": "10m", "alertname": "RelaydDown", "exp_alerts": []any{map[string]any{"exp_labels": down}}},
+				map[string]any{"eval_time": "10m", "alertname": "RelaydStatsStaleEverywhere"},
+			},
+		}},
+	}
+	dir := t.TempDir()
+	for name, v := range map[string]any{"rules.yml": map[string]any{"groups": groups}, "test.yml": test} {
+		data, err := yaml.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(bin, "test", "rules", "test.yml")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules on orders' rendered rules: %v\n%s", err, out)
 	}
 }

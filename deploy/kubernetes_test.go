@@ -1170,10 +1170,25 @@ func TestKubernetesChecksCatchBreakage(t *testing.T) {
 			md := b.scaled[0].Spec.Triggers[0].Metadata
 			md["query"] = strings.Replace(md["query"], `namespace="relayd"`, `namespace="shop"`, 1)
 		}},
-		{"scope", "an object without the instance label", allOverlay, func(b *bundle) { delete(b.netpols[0].Labels, instanceLabel) }},
+		{"labelled", "an object without the instance label", "overlays/estate" + allSuffix, func(b *bundle) { delete(b.streams[1].Labels, instanceLabel) }},
+		{"labelled", "an object of no deployment", allOverlay, func(b *bundle) { b.accounts[0].Labels[instanceLabel] = "relay" }},
 		{"network", "ingress from anywhere", allOverlay, func(b *bundle) { b.netpols[0].Spec.Ingress[0].From = nil }},
 		{"network", "ingress on another port", allOverlay, func(b *bundle) { b.netpols[0].Spec.Ingress[0].Ports[0].Port = new(intstr.FromInt32(8080)) }},
-		{"network", "no DNS", allOverlay, func(b *bundle) { b.netpols[0].Spec.Egress = b.netpols[0].Spec.Egress[1:] }},
+		{"network", "no DNS", allOverlay, func(b *bundle) {
+			np := b.netpols[0]
+			np.Spec.Egress = slices.DeleteFunc(np.Spec.Egress, func(r networkingv1.NetworkPolicyEgressRule) bool {
+				return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port.IntVal == 53 })
+			})
+		}},
+		{"network", "no way to the other relays' /version", allOverlay, func(b *bundle) { b.netpols[0].Spec.Egress[0].To = nil }},
+		{"network", "a broker port only to the relays", allOverlay, func(b *bundle) {
+			np := b.netpols[0]
+			for i := range np.Spec.Egress {
+				if len(np.Spec.Egress[i].To) == 0 && slices.ContainsFunc(np.Spec.Egress[i].Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port.IntVal == 5671 }) {
+					np.Spec.Egress[i].To = np.Spec.Egress[0].To
+				}
+			}
+		}},
 		{"network", "a broker port not let out", allOverlay, func(b *bundle) { setConfig(b, "RELAY_AMQP_URL", "amqps://relayd@rabbitmq:5673/") }},
 		{"network", "the backfill's pods left out", allOverlay, func(b *bundle) { job(b).Spec.Template.Labels = map[string]string{"app": "x"} }},
 		{"stream", "another stream's name", "overlays/estate" + allSuffix, func(b *bundle) { b.streams[0].Spec.Name = "OUTBOX" }},

@@ -21,6 +21,9 @@ import (
 // its client finds it: into every URL of RELAY_AMQP_URL and RELAY_NATS_URL,
 // and into databasePassword, which connectPostgres sets on pgx's config.
 // Each URL must name the user and hold no password of its own.
+// defaultAMQPURL is RELAY_AMQP_URL's default, guest's on a local RabbitMQ.
+const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+
 func (c *config) readPasswords() error {
 	if c.DatabasePasswordFile != "" {
 		pw, err := readPassword("RELAY_DATABASE_PASSWORD_FILE", c.DatabasePasswordFile)
@@ -36,6 +39,9 @@ func (c *config) readPasswords() error {
 		c.databasePassword = pw
 	}
 	if c.AMQPPasswordFile != "" {
+		if c.AMQPURL == defaultAMQPURL {
+			return badVar("RELAY_AMQP_PASSWORD_FILE", "RELAY_AMQP_URL is unset, and its default (%s) holds guest's password: set it, naming the user", redactURL(defaultAMQPURL))
+		}
 		// Checked here whatever the targets: backfill, replay and cutover
 		// read the legacy queue with the amqp target off.
 		if err := checkAMQPURL(c.AMQPURL); err != nil {
@@ -52,6 +58,9 @@ func (c *config) readPasswords() error {
 		c.AMQPURL = strings.Join(urls, ",")
 	}
 	if c.NATSPasswordFile != "" {
+		if c.NATSCreds != "" || c.NATSNKey != "" {
+			return badVar("RELAY_NATS_PASSWORD_FILE", "set beside RELAY_NATS_CREDS or RELAY_NATS_NKEY: authenticate one way, and empty the other")
+		}
 		if err := checkNATSURL(c.NATSURL); err != nil {
 			return badVar("RELAY_NATS_URL", "%v", err)
 		}
@@ -150,15 +159,22 @@ func pgCredentials(s string) (user, password bool) {
 	const mark = "relayd-unset"
 	probe := "user=" + mark + " password=" + mark + " " + s
 	if rest, ok := cutPostgresScheme(s); ok {
-		// As pgx reads a URL: a user part up to an '@' before the first
-		// '/', then the query, whose user and password win over it.
-		if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		// As pgx reads a URL: a user part up to the last '@' before the
+		// path, query or fragment, then the query, whose user and password
+		// win over it.
+		authority := rest
+		if j := strings.IndexAny(rest, "/?#"); j >= 0 {
+			authority = rest[:j]
+		}
+		if i := strings.LastIndexByte(authority, '@'); i >= 0 {
 			u, p, _ := strings.Cut(rest[:i], ":")
 			user, password = u != "", p != ""
 			rest = rest[i+1:]
 		}
 		hosts, query, _ := strings.Cut(rest, "?")
-		probe = "postgres://" + hosts + "?user=" + mark + "&password=" + mark
+		hosts, _, _ = strings.Cut(hosts, "/")
+		// The '/' ends the authority for pgx, whatever the query holds.
+		probe = "postgres://" + hosts + "/?user=" + mark + "&password=" + mark
 		if query != "" {
 			probe += "&" + query
 		}

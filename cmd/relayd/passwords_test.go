@@ -135,7 +135,9 @@ func TestPasswordFileErrors(t *testing.T) {
 		{map[string]string{"RELAY_DATABASE_PASSWORD_FILE": good, "RELAY_DATABASE_URL": "postgres://relay@db/app?sslmode=disable&password=s3cret"}, "RELAY_DATABASE_PASSWORD_FILE: RELAY_DATABASE_URL holds a password already"},
 		{map[string]string{"RELAY_DATABASE_PASSWORD_FILE": good, "RELAY_DATABASE_URL": "host=db user=relay password='s3cret'"}, "RELAY_DATABASE_PASSWORD_FILE: RELAY_DATABASE_URL holds a password already"},
 		{map[string]string{"RELAY_AMQP_PASSWORD_FILE": good}, // the default URL holds guest's
-			"RELAY_AMQP_PASSWORD_FILE: RELAY_AMQP_URL (amqp://guest:xxxxx@127.0.0.1:5672/) holds a password already: remove it from the URL, or unset RELAY_AMQP_PASSWORD_FILE"},
+			"RELAY_AMQP_PASSWORD_FILE: RELAY_AMQP_URL is unset, and its default (amqp://guest:xxxxx@127.0.0.1:5672/) holds guest's password: set it, naming the user"},
+		{map[string]string{"RELAY_NATS_PASSWORD_FILE": good, "RELAY_NATS_URL": "nats://relay@h:4222", "RELAY_NATS_CREDS": good},
+			"RELAY_NATS_PASSWORD_FILE: set beside RELAY_NATS_CREDS or RELAY_NATS_NKEY: authenticate one way, and empty the other"},
 		{map[string]string{"RELAY_NATS_PASSWORD_FILE": good, "RELAY_NATS_URL": "nats://relay@a:4222,nats://relay:s3cret@b:4222"},
 			"RELAY_NATS_PASSWORD_FILE: RELAY_NATS_URL server 2 of 2 (nats://relay:xxxxx@b:4222) holds a password already"},
 		// No user for the password.
@@ -186,6 +188,10 @@ func TestPgCredentials(t *testing.T) {
 		{"postgres://db?user=relay", true, false},
 		{"postgres://r%40lay@db/app", true, false},
 		{"postgres://:pw@db/app", false, true},
+		{"postgres://relay@db?password=a@b", true, true},
+		{"postgres://db?password=a@b", false, true},
+		{"postgres://relay@db#x@y", true, false},
+		{"postgres://us@er:p@w@db/app", true, true},
 		{"host=db dbname=app", false, false},
 		{"host=db user=relay dbname=app", true, false},
 		{"user = relay host=pg1,pg2", true, false},
