@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ const HolderInfoAfter = time.Minute
 type Postgres struct {
 	mu     sync.Mutex
 	health relay.PostgresHealth
+	at     time.Time            // when Set was last called; zero before
 	seen   map[string]time.Time // a holder (kind, pid, name, horizon): when first read
 	now    func() time.Time
 
@@ -90,7 +92,17 @@ func (p *Postgres) Set(h relay.PostgresHealth) {
 			x.Age = now.Sub(first)
 		}
 	}
-	p.health, p.seen = h, seen
+	p.health, p.at, p.seen = h, now, seen
+}
+
+// Last returns a copy of the figures Set was last given, with the ages it
+// worked out, and when; at is zero before the first Set.
+func (p *Postgres) Last() (h relay.PostgresHealth, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h = p.health
+	h.Horizon, h.Tables = slices.Clone(h.Horizon), slices.Clone(h.Tables)
+	return h, p.at
 }
 
 // Run reads the figures every interval until ctx is done (see poll).

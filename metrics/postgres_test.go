@@ -75,3 +75,28 @@ relayd_postgres_table_bytes{table="outbox"} 2.12860928e+08
 		t.Error(err)
 	}
 }
+
+// Last is the last Set's figures with the ages Set worked out, as a copy.
+func TestPostgresLast(t *testing.T) {
+	p := NewPostgres(prometheus.NewRegistry())
+	now := time.Unix(1_800_000_000, 0)
+	p.now = func() time.Time { return now }
+	if _, at := p.Last(); !at.IsZero() {
+		t.Errorf("before any Set: read at %v, want zero", at)
+	}
+	slot := relay.PostgresHealth{Horizon: []relay.HorizonHolder{{Kind: "replication slot", Name: "standby_1", Horizon: "1000"}}}
+	for range 2 {
+		h := slot
+		h.Horizon = append([]relay.HorizonHolder(nil), slot.Horizon...)
+		p.Set(h)
+		now = now.Add(70 * time.Second)
+	}
+	h, at := p.Last()
+	if want := now.Add(-70 * time.Second); !at.Equal(want) || h.Horizon[0].Age != 70*time.Second {
+		t.Errorf("Last = age %s at %v, want 1m10s at %v", h.Horizon[0].Age, at, want)
+	}
+	h.Horizon[0].Age = 0
+	if again, _ := p.Last(); again.Horizon[0].Age != 70*time.Second {
+		t.Error("Last shares its slices with the metrics")
+	}
+}

@@ -32,11 +32,21 @@ type ParkedTargetInfo struct {
 // ListParked returns up to limit rows parked for any of targets, oldest
 // first. It reads through the parked index only.
 func ListParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, limit int) ([]ParkedRow, error) {
+	return listParked(ctx, db, outboxsql.For(table).ListParked, targets, limit)
+}
+
+// ListParkedLast is ListParked, the highest ids first: the rows written
+// last, which are not always the rows parked last.
+func ListParkedLast(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, limit int) ([]ParkedRow, error) {
+	return listParked(ctx, db, outboxsql.For(table).ListParkedLast, targets, limit)
+}
+
+func listParked(ctx context.Context, db *pgxpool.Pool, sql string, targets []Target, limit int) ([]ParkedRow, error) {
 	want := map[Target]bool{}
 	for _, t := range targets {
 		want[t] = true
 	}
-	rows, err := db.Query(ctx, outboxsql.For(table).ListParked, want[TargetAMQP], want[TargetNATS], limit)
+	rows, err := db.Query(ctx, sql, want[TargetAMQP], want[TargetNATS], limit)
 	if err != nil {
 		return nil, fmt.Errorf("list parked: %w", err)
 	}

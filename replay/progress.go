@@ -202,3 +202,9 @@ func newRecords(db *pgxpool.Pool, t schema.Table) records {
 	q := outboxsql.For(t)
 	return records{db: db, q: q, lock: &session{db: db, q: q}}
 }
+
+// Latest returns the table's latest run, finished or not; ok is false when
+// none was ever recorded.
+func Latest(ctx context.Context, db *pgxpool.Pool, table schema.Table) (Record, bool, error) {
+	return oneOf(db.QueryRow(ctx, outboxsql.For(table).ReplayLatest))
+}

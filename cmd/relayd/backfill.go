@@ -172,7 +172,7 @@ func runBackfill(ss *session, f backfillFlags, tp trace.TracerProvider, stdout, 
 	if f.metricsAddr != "" {
 		served, reg := newMetricsRegistry(cfg.table)
 		rep.register(reg)
-		srv, err := startHTTP(f.metricsAddr, cfg.PProf, served, noProbe, log)
+		srv, err := startHTTP(f.metricsAddr, cfg.PProf, served, noProbe, nil, log)
 		if err != nil {
 			log.Error("backfill: --metrics-addr", "error", err.Error())
 			return exitFailure

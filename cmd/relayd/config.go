@@ -11,6 +11,7 @@ import (
 
 	"github.com/sethvargo/go-envconfig"
 
+	"github.com/relayd/relayd/cutover"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
@@ -45,6 +46,8 @@ type config struct {
 	OutboxTable       string        `env:"RELAY_OUTBOX_TABLE, default=outbox"`
 	MetricsAddr       string        `env:"RELAY_METRICS_ADDR, default=127.0.0.1:9090"`
 	PProf             bool          `env:"RELAY_PPROF, default=false"`
+	Console           bool          `env:"RELAY_CONSOLE, default=true"`
+	ConsoleCutover    string        `env:"RELAY_CONSOLE_CUTOVER"`
 	Provision         bool          `env:"RELAY_PROVISION, default=false"`
 
 	BatchSize      int           `env:"RELAY_BATCH_SIZE, default=500"`
@@ -72,6 +75,8 @@ type config struct {
 	// RELAY_DATABASE_PASSWORD_FILE's password, for connectPostgres (those of
 	// the brokers are set into their URLs).
 	databasePassword string
+	// RELAY_CONSOLE_CUTOVER's groups, their streams resolved (validateRun).
+	consoleGroups []cutover.Group
 }
 
 // configError is a configuration problem: relayd exits 2 with its message.
@@ -168,14 +173,15 @@ func accepts(t reflect.Type) string {
 	return ""
 }
 
-// validateRun checks what only `relayd run` uses. A batch in flight at
-// SIGTERM waits up to the publish timeout for its confirms, then records
-// them: cut shorter, its confirmed rows are published again.
+// validateRun checks what only `relayd run` uses: the console's settings,
+// and the shutdown timeout. A batch in flight at SIGTERM waits up to the
+// publish timeout for its confirms, then records them: cut shorter, its
+// confirmed rows are published again.
 func (c *config) validateRun() error {
 	if c.ShutdownGrace <= c.PublishTimeout {
 		return badVar("RELAY_SHUTDOWN_TIMEOUT", "%s must exceed RELAY_PUBLISH_TIMEOUT %s: in-flight batches wait that long for their confirms", c.ShutdownGrace, c.PublishTimeout)
 	}
-	return nil
+	return c.validateConsole()
 }
 
 func (c *config) wants(t relay.Target) bool {

@@ -208,6 +208,7 @@ var contractDerived = map[string][]string{
 	"routes":   {"RELAY_ROUTES", "RELAY_AMQP_EXCHANGE", "RELAY_NATS_SUBJECT_PREFIX", "RELAY_NATS_STREAM"},
 	// The brokers' passwords go into their URLs; Postgres's is kept apart.
 	"databasePassword": {"RELAY_DATABASE_PASSWORD_FILE"},
+	"consoleGroups":    {"RELAY_CONSOLE_CUTOVER", "RELAY_NATS_STREAM"},
 }
 
 // contractReadsAll are the functions that read or check every variable,

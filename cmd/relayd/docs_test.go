@@ -288,6 +288,7 @@ func docRegistered(t *testing.T) map[string]string {
 	metrics.NewRelay(reg, "test")
 	metrics.NewOutbox(reg)
 	metrics.NewPostgres(reg)
+	metrics.NewConsoleReads(reg)
 	(&reporter{}).register(reg)
 	pool, err := pgxpool.New(context.Background(), "postgres://docs@127.0.0.1:1/docs") // connects lazily: never here
 	if err != nil {

@@ -51,7 +51,9 @@ func withOutboxLabel(reg prometheus.Registerer, table schema.Table) prometheus.R
 	return prometheus.WrapRegistererWith(prometheus.Labels{"outbox": table.String()}, reg)
 }
 
-func startHTTP(addr string, pprofOn bool, reg *prometheus.Registry, ready probe, log *slog.Logger) (*http.Server, error) {
+// startHTTP serves /metrics, the probes and /version on addr, and whatever
+// more adds (relayd run's console; nil for none).
+func startHTTP(addr string, pprofOn bool, reg *prometheus.Registry, ready probe, more func(*http.ServeMux), log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener on %s: %w", addr, err)
@@ -80,6 +82,9 @@ func startHTTP(addr string, pprofOn bool, reg *prometheus.Registry, ready probe,
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	if more != nil {
+		more(mux)
 	}
 	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

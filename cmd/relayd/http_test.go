@@ -25,7 +25,7 @@ import (
 // The profiler is served only when RELAY_PPROF asks for it.
 func TestPProfOnlyWhenAsked(t *testing.T) {
 	for _, on := range []bool{false, true} {
-		srv, err := startHTTP("127.0.0.1:0", on, prometheus.NewRegistry(), noProbe, slog.New(slog.DiscardHandler))
+		srv, err := startHTTP("127.0.0.1:0", on, prometheus.NewRegistry(), noProbe, nil, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,7 +144,7 @@ func TestMetricsCarryTheOutbox(t *testing.T) {
 // scrapeMetrics serves reg as run and backfill do and reads /metrics.
 func scrapeMetrics(t *testing.T, reg *prometheus.Registry) map[string]*dto.MetricFamily {
 	t.Helper()
-	srv, err := startHTTP("127.0.0.1:0", false, reg, noProbe, slog.New(slog.DiscardHandler))
+	srv, err := startHTTP("127.0.0.1:0", false, reg, noProbe, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

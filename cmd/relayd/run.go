@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sethvargo/go-envconfig"
 	"go.opentelemetry.io/otel/trace"
 
@@ -32,7 +34,8 @@ exits at once.
 At start it checks that the table is migrated, the JetStream stream and the
 RabbitMQ exchange exist; with RELAY_PROVISION=true it creates whatever is
 missing instead. Serves /metrics, /healthz, /readyz and /version on
-RELAY_METRICS_ADDR. While Postgres, RabbitMQ or NATS does not answer, it
+RELAY_METRICS_ADDR, and there a read-only console at / unless
+RELAY_CONSOLE=false. While Postgres, RabbitMQ or NATS does not answer, it
 logs which, where and why every few seconds, for up to
 RELAY_STARTUP_TIMEOUT.
 
@@ -85,8 +88,8 @@ var errShutdownTimeout = errors.New("in-flight batches did not finish within REL
 // finished, or RELAY_SHUTDOWN_TIMEOUT has passed.
 func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerProvider) error {
 	// A connection per worker, and one each for the cleanup, late confirms,
-	// stats, /readyz, the phase read and the instance report.
-	pool, err := connectPostgres(ctx, cfg, int32(cfg.Workers+6), log)
+	// stats, /readyz, the phase read, the instance report and the console.
+	pool, err := connectPostgres(ctx, cfg, int32(cfg.Workers+7), log)
 	if err != nil {
 		return err
 	}
@@ -114,12 +117,13 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 		return err
 	}
 	m.WatchPaused(r.Paused)
-	ob := metrics.NewOutbox(reg)
-	go ob.Run(ctx, cfg.StatsInterval, r.Stats, log)
 	pg := metrics.NewPostgres(reg)
 	go pg.Run(ctx, cfg.StatsInterval, func(ctx context.Context) (relay.PostgresHealth, error) {
 		return relay.ReadPostgres(ctx, pool, cfg.table)
 	}, log)
+	readStats, routes := withConsole(cfg, pool, r, pg, reg)
+	ob := metrics.NewOutbox(reg)
+	go ob.Run(ctx, cfg.StatsInterval, readStats, log)
 	// The report outlives ctx: a stopping relay's batches in flight still run
 	// their phase. Its row goes once they end, before the pool closes.
 	rctx, stopReport := context.WithCancel(context.WithoutCancel(ctx))
@@ -127,7 +131,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 	go func() { defer close(reported); reportInstance(rctx, pool, cfg.table, r, log) }()
 	defer func() { stopReport(); <-reported }()
 	if cfg.MetricsAddr != "" {
-		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, served, readiness(pool, r), log)
+		srv, err := startHTTP(cfg.MetricsAddr, cfg.PProf, served, readiness(pool, r), routes, log)
 		if err != nil {
 			return fmt.Errorf("RELAY_METRICS_ADDR: %w", err)
 		}
@@ -146,6 +150,33 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 		closePool = false
 	}
 	return err
+}
+
+// withConsole returns the stats poll's read, teed into the console when it
+// is served, and the console's routes: nil with RELAY_CONSOLE=false or no
+// RELAY_METRICS_ADDR.
+func withConsole(cfg *config, pool *pgxpool.Pool, r *relay.Relay, pg *metrics.Postgres, reg prometheus.Registerer) (
+	readStats func(context.Context) ([]relay.TargetStats, error),
+	routes func(*http.ServeMux),
+) {
+	if !cfg.Console || cfg.MetricsAddr == "" {
+		return r.Stats, nil
+	}
+	// The console shows what the polls read: it reads no stats itself.
+	figures := newConsoleFigures(time.Now)
+	load, reads := pageLoader(pool, cfg.table, time.Now), metrics.NewConsoleReads(reg)
+	cc := consoleConfig{
+		Table: cfg.table, Interval: cfg.StatsInterval, Relay: r, Figures: figures, Health: pg.Last,
+		Load: func(ctx context.Context) (pageData, error) {
+			reads.Inc()
+			return load(ctx)
+		},
+		Groups: cfg.consoleGroups, Self: instanceName(),
+	}
+	if len(cfg.consoleGroups) > 0 {
+		cc.Check = consoleCutover(cfg, pool)
+	}
+	return figures.teeStats(r.Stats), newConsole(cc).register
 }
 
 // closePoolBriefly closes the pool, waiting at most poolCloseWait: Close

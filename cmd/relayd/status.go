@@ -190,29 +190,45 @@ func printStatus(w io.Writer, cfg *config, stats []relay.TargetStats, health rel
 // relayd's tables hold meanwhile.
 func printPostgres(w io.Writer, h relay.PostgresHealth) {
 	if x, ok := h.Oldest(); ok {
-		who := x.Name
-		if x.PID != 0 {
-			who = fmt.Sprintf("%s, pid %d", x.Name, x.PID)
-		}
-		if x.State != "" {
-			who += ", " + x.State
-		}
-		age := "for an unknown time (relayd's role needs pg_read_all_stats to see it)"
-		switch {
-		case x.AgeKnown:
-			age = "for " + x.Age.Round(time.Second).String()
-		case x.Kind == "standby" || x.Kind == "replication slot":
-			age = "for a time Postgres does not give"
-		}
-		fmt.Fprintf(w, "horizon  held by a %s (%s) %s, %d transaction ids back\n", x.Kind, who, age, x.XIDs)
+		fmt.Fprintf(w, "horizon  %s\n", holderText(x))
 	} else {
 		fmt.Fprintln(w, "horizon  held by nothing but relayd's own reads")
 	}
+	fmt.Fprintf(w, "tables   %s\n", tablesText(h))
+}
+
+// holderText says who holds the horizon and how long: "held by a snapshot
+// (pg_dump, pid 42, active) for 2h0m0s, 1200 transaction ids back".
+func holderText(x relay.HorizonHolder) string {
+	age := "for an unknown time (relayd's role needs pg_read_all_stats to see it)"
+	switch {
+	case x.AgeKnown:
+		age = "for " + x.Age.Round(time.Second).String()
+	case x.Kind == "standby" || x.Kind == "replication slot":
+		age = "for a time Postgres does not give"
+	}
+	return holderTextAged(x, age)
+}
+
+// holderTextAged is holderText with age saying how long it has held.
+func holderTextAged(x relay.HorizonHolder, age string) string {
+	who := x.Name
+	if x.PID != 0 {
+		who = fmt.Sprintf("%s, pid %d", x.Name, x.PID)
+	}
+	if x.State != "" {
+		who += ", " + x.State
+	}
+	return fmt.Sprintf("held by a %s (%s) %s, %d transaction ids back", x.Kind, who, age, x.XIDs)
+}
+
+// tablesText is relayd's tables' dead and live rows and size, on one line.
+func tablesText(h relay.PostgresHealth) string {
 	parts := make([]string, 0, len(h.Tables))
 	for _, t := range h.Tables {
 		parts = append(parts, fmt.Sprintf("%s %d dead, %d live, %s", t.Table, t.DeadTuples, t.LiveTuples, bytesText(t.Bytes)))
 	}
-	fmt.Fprintf(w, "tables   %s\n", strings.Join(parts, "; "))
+	return strings.Join(parts, "; ")
 }
 
 // bytesText is n bytes in kB, MB or GB (powers of 1024), as Postgres's

@@ -107,3 +107,13 @@ func AMQPReason(k, v string) string {
 	}
 	return ""
 }
+
+// AMQPUserIDReason is why the RabbitMQ sink parks a message whose user-id
+// is id: not user, the user it connects as ("" when it cannot tell).
+func AMQPUserIDReason(id, user string) string {
+	const why = "RabbitMQ closes the channel on a user-id other than the connection's user"
+	if user == "" {
+		return fmt.Sprintf("user-id %q: relayd connects with a certificate (EXTERNAL) and cannot tell its user name, and %s", id, why)
+	}
+	return fmt.Sprintf("user-id %q is not %q, the user relayd connects as: %s", id, user, why)
+}

@@ -75,6 +75,7 @@ type Statements struct {
 	FinishedWithoutNATSSince string
 	ActiveTargets            string
 	ListParked               string
+	ListParkedLast           string
 	RetryParked              ByTarget[string]
 	MaxID                    string
 
@@ -84,6 +85,8 @@ type Statements struct {
 	// The backfill's lookups and record.
 	Known       string
 	RecordMoved string
+	// What a backfill moved lately, for relayd run's console.
+	BackfillMoved string
 
 	// Verify's reads of the ledgers (SELECTs of msg_id, at).
 	VerifyOutbox   string
@@ -101,6 +104,7 @@ type Statements struct {
 	ReplayRecordStart                             string
 	ReplayLock, ReplayUnlock                      string
 	ReplayRun, ReplayUnfinished, ReplayOverlap    string
+	ReplayLatest                                  string
 	ReplayStart                                   string
 	ReplayAdvance, ReplayAbandon                  string
 }
@@ -175,12 +179,14 @@ func render(t schema.Table) *Statements {
 		FinishedWithoutNATSSince: exec("FinishedWithoutNATSSince", d),
 		ActiveTargets:            exec("ActiveTargets", d),
 		ListParked:               exec("ListParked", d),
+		ListParkedLast:           exec("ListParkedLast", d),
 		RetryParked:              perTarget("RetryParked"),
 		MaxID:                    exec("MaxID", d),
 		Horizon:                  exec("Horizon", d),
 		TableHealth:              exec("TableHealth", d),
 		Known:                    exec("Known", d),
 		RecordMoved:              exec("RecordMoved", d),
+		BackfillMoved:            exec("BackfillMoved", d),
 		VerifyOutbox:             exec("VerifyOutbox", d),
 		VerifyBackfill:           exec("VerifyBackfill", d),
 		PhaseRead:                exec("PhaseRead", d),
@@ -204,6 +210,7 @@ func render(t schema.Table) *Statements {
 		ReplayRun:                exec("ReplayRun", d),
 		ReplayUnfinished:         exec("ReplayUnfinished", d),
 		ReplayOverlap:            exec("ReplayOverlap", d),
+		ReplayLatest:             exec("ReplayLatest", d),
 		ReplayStart:              exec("ReplayStart", d),
 		ReplayAdvance:            exec("ReplayAdvance", d),
 		ReplayAbandon:            exec("ReplayAbandon", d),

@@ -132,7 +132,7 @@ func checkedPublishing(m *relay.Message, frameSize int, user string) (amqp.Publi
 	if pub.UserId != "" && pub.UserId != user {
 		// RabbitMQ would close the channel (PRECONDITION_FAILED), and with
 		// it every publish in flight on it.
-		return amqp.Publishing{}, relay.Permanent("amqp: headers: %s", userIDReason(pub.UserId, user))
+		return amqp.Publishing{}, relay.Permanent("amqp: headers: %s", headers.AMQPUserIDReason(pub.UserId, user))
 	}
 	if err := pub.Headers.Validate(); err != nil {
 		return amqp.Publishing{}, relay.Permanent("amqp: headers: %v", err)
@@ -158,14 +158,6 @@ func connUser(conn *amqp.Connection) string {
 		}
 	}
 	return ""
-}
-
-func userIDReason(id, user string) string {
-	const why = "RabbitMQ closes the channel on a user-id other than the connection's user"
-	if user == "" {
-		return fmt.Sprintf("user-id %q: relayd connects with a certificate (EXTERNAL) and cannot tell its user name, and %s", id, why)
-	}
-	return fmt.Sprintf("user-id %q is not %q, the user relayd connects as: %s", id, user, why)
 }
 
 // Publishing is the AMQP message the sink publishes for m: persistent, the

@@ -23,3 +23,12 @@ INSERT INTO {{.Backfilled}} (message_id, queue, derived)
 SELECT id, $3, d FROM unnest($1::text[], $2::boolean[]) AS u(id, d)
 ON CONFLICT (message_id) DO NOTHING
 {{end}}
+
+-- BackfillMoved: per queue, the ids moved in the last $1 milliseconds, and the
+-- first and last move among them (the moved_at index): a running backfill's
+-- pace.
+{{define "BackfillMoved"}}
+SELECT queue, count(*), min(moved_at), max(moved_at) FROM {{.Backfilled}}
+WHERE moved_at >= now() - $1 * interval '1 millisecond'
+GROUP BY queue ORDER BY queue
+{{end}}

@@ -76,6 +76,9 @@ WHERE locktype = 'relation' AND relation = '{{.Table}}'::regclass AND mode = 'Ro
 -- ReplayUnfinished: the run not finished, if any.
 {{define "ReplayUnfinished"}}SELECT {{template "replayCols"}} FROM {{.Replay}} WHERE finished_at IS NULL{{end}}
 
+-- ReplayLatest: the latest run, finished or not.
+{{define "ReplayLatest"}}SELECT {{template "replayCols"}} FROM {{.Replay}} ORDER BY id DESC LIMIT 1{{end}}
+
 -- ReplayOverlap: the latest finished run (not abandoned) of stream $1 whose
 -- sequences overlap $2..$3.
 {{define "ReplayOverlap"}}
