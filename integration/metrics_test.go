@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -22,8 +23,8 @@ func scrape(t *testing.T, addr, name string) map[string]float64 {
 	return scrapeBy(t, addr, name, "target")
 }
 
-// scrapeBy reads one gauge or counter per value of label from /metrics.
-func scrapeBy(t *testing.T, addr, name, label string) map[string]float64 {
+// scrapeFamilies reads every metric family addr serves on /metrics.
+func scrapeFamilies(t *testing.T, addr string) map[string]*dto.MetricFamily {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -35,6 +36,13 @@ func scrapeBy(t *testing.T, addr, name, label string) map[string]float64 {
 	if err != nil {
 		t.Fatalf("parse metrics: %v", err)
 	}
+	return fams
+}
+
+// scrapeBy reads one gauge or counter per value of label from /metrics.
+func scrapeBy(t *testing.T, addr, name, label string) map[string]float64 {
+	t.Helper()
+	fams := scrapeFamilies(t, addr)
 	out := map[string]float64{}
 	fam, ok := fams[name]
 	if !ok {
@@ -61,16 +69,7 @@ func scrapeBy(t *testing.T, addr, name, label string) map[string]float64 {
 // outbox=table, the RELAY_OUTBOX_TABLE: one Prometheus scrapes many outboxes.
 func requireOutboxLabel(t *testing.T, addr, table string) {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse metrics: %v", err)
-	}
+	fams := scrapeFamilies(t, addr)
 	n := 0
 	for name, fam := range fams {
 		if !strings.HasPrefix(name, "relayd_") {

@@ -162,3 +162,47 @@ func relayVersions(d pageData) cutover.Condition {
 	c.OK, c.Detail = len(on) == 1 && d.phase.Relays[0].Version != "", strings.Join(parts, "; ")
 	return c
 }
+
+// cutoverView is the /cutover page.
+type cutoverView struct {
+	Generated  string
+	HowTo      string // no group configured: how to
+	Err        string
+	OK         bool
+	Verdict    string
+	Conditions []conditionView
+	Checked    string
+}
+
+type conditionView struct {
+	OK                  bool
+	Name, Group, Detail string
+}
+
+// buildCutoverView lays out the check's result, which ended at checked.
+func buildCutoverView(now, checked time.Time, groups []cutover.Group, res cutover.Result, err error) cutoverView {
+	v := cutoverView{Generated: timeText(now)}
+	switch {
+	case len(groups) == 0:
+		v.HowTo = consoleCutoverHowTo
+		return v
+	case err != nil:
+		v.Err = scrub(err.Error())
+		return v
+	}
+	v.OK, v.Checked = res.OK, "Checked at "+timeText(checked)+"."
+	failed := res.Failed()
+	for _, c := range res.Conditions {
+		detail := scrub(c.Detail)
+		if !c.OK && !slices.Contains(failed, c) {
+			detail = "not checked, another condition failed first: " + detail
+		}
+		v.Conditions = append(v.Conditions, conditionView{OK: c.OK, Name: c.Name, Group: c.Group, Detail: detail})
+	}
+	if res.OK {
+		v.Verdict = "Ready: " + groupList(res.Groups) + " may read JetStream only."
+	} else {
+		v.Verdict = fmt.Sprintf("Not ready: %d of %d conditions do not hold.", len(failed), len(res.Conditions))
+	}
+	return v
+}

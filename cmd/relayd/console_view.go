@@ -94,22 +94,6 @@ type horizonView struct {
 	Tables string
 }
 
-// cutoverView is the /cutover page.
-type cutoverView struct {
-	Generated  string
-	HowTo      string // no group configured: how to
-	Err        string
-	OK         bool
-	Verdict    string
-	Conditions []conditionView
-	Checked    string
-}
-
-type conditionView struct {
-	OK                  bool
-	Name, Group, Detail string
-}
-
 // consoleInput is what one rendering is made of.
 type consoleInput struct {
 	now      time.Time
@@ -460,34 +444,6 @@ func horizonSection(in consoleInput) horizonView {
 		return v
 	}
 	v.Lines = append(v.Lines, "Nothing holds VACUUM's horizon back for long.")
-	return v
-}
-
-// buildCutoverView lays out the check's result, which ended at checked.
-func buildCutoverView(now, checked time.Time, groups []cutover.Group, res cutover.Result, err error) cutoverView {
-	v := cutoverView{Generated: timeText(now)}
-	switch {
-	case len(groups) == 0:
-		v.HowTo = consoleCutoverHowTo
-		return v
-	case err != nil:
-		v.Err = scrub(err.Error())
-		return v
-	}
-	v.OK, v.Checked = res.OK, "Checked at "+timeText(checked)+"."
-	failed := res.Failed()
-	for _, c := range res.Conditions {
-		detail := scrub(c.Detail)
-		if !c.OK && !slices.Contains(failed, c) {
-			detail = "not checked, another condition failed first: " + detail
-		}
-		v.Conditions = append(v.Conditions, conditionView{OK: c.OK, Name: c.Name, Group: c.Group, Detail: detail})
-	}
-	if res.OK {
-		v.Verdict = "Ready: " + groupList(res.Groups) + " may read JetStream only."
-	} else {
-		v.Verdict = fmt.Sprintf("Not ready: %d of %d conditions do not hold.", len(failed), len(res.Conditions))
-	}
 	return v
 }
 
