@@ -13,6 +13,10 @@
 // JetStream (or still owes it) are acked without being sent, however old;
 // and every id moved is recorded in Postgres before its RabbitMQ ack, so a
 // rerun after a crash skips it instead of relying on the window.
+//
+// It is the engine of `relayd backfill`, at the top level by the project's
+// layout, not as a library for other programs: its API may change with any
+// release.
 package backfill
 
 import (
@@ -35,8 +39,8 @@ import (
 
 	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/internal/jspub"
+	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 

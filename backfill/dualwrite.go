@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/relay"
 )
 

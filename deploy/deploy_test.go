@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/relayd/relayd/inbox"
-	"github.com/relayd/relayd/metrics"
+	"github.com/relayd/relayd/internal/metrics"
 	"github.com/relayd/relayd/relay"
 )
 

@@ -15,9 +15,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/backfill"
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/outbox"
-	"github.com/relayd/relayd/phase"
 )
 
 // legacyPublish publishes msgs to the test's exchange the way a legacy

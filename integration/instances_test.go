@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/outbox"
-	"github.com/relayd/relayd/phase"
 )
 
 // A stopping relay keeps its row in <table>_instances while its batches in

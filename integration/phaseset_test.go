@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/cutover"
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/phase"
 )
 
 // relayd runs a one-shot command of this test's and returns its exit code,

@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/relayd/relayd/internal/phase"
+	"github.com/relayd/relayd/internal/replay"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/outbox"
-	"github.com/relayd/relayd/phase"
-	"github.com/relayd/relayd/replay"
 )
 
 // replayCmd is `relayd replay --json` for this test's outbox, stream and

@@ -15,8 +15,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/internal/verify"
 	"github.com/relayd/relayd/outbox"
-	"github.com/relayd/relayd/verify"
 )
 
 // runVerify runs `relayd verify` with args and returns its exit code, its

@@ -9,7 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/relayd/relayd/route"
+	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/schema"
 )
 

@@ -9,6 +9,10 @@
 // The row locks are the lease: a relay that dies releases them with its
 // connection. Each target progresses on its own: a target whose broker is
 // down is left out of claims while the other keeps flowing.
+//
+// It is relayd's engine, run by `relayd run`; it sits at the top level by the
+// project's layout, not as a library for other programs: its API follows
+// the binary's needs and may change with any release.
 package relay
 
 import (

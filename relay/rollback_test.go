@@ -13,12 +13,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/internal/phase"
+	"github.com/relayd/relayd/internal/replay"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
 	"github.com/relayd/relayd/relay/natssink"
-	"github.com/relayd/relayd/replay"
 )
 
 // A rollback out of nats against what finishes rows without RabbitMQ: the

@@ -1,6 +1,6 @@
 package relay
 
-import "github.com/relayd/relayd/route"
+import "github.com/relayd/relayd/internal/route"
 
 // routeRows gives each row not routed before the route Config.Routes
 // resolves for it; a row the owed table holds a route for keeps that one,

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/route"
 )
 
 // routesOf parses a routes file for a test; the defaults are the sinks'.

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/relayd/relayd/route"
+	"github.com/relayd/relayd/internal/route"
 )
 
 // Message is one outbox row on its way to a broker.
@@ -105,6 +105,17 @@ var ErrUnavailable = errors.New("broker unavailable")
 // every row that came meanwhile). It does not pause the target: with one
 // subject full, the others go on.
 var ErrOutOfRoom = errors.New("broker out of room")
+
+// ErrReturned is a message RabbitMQ could not route to any queue.
+var ErrReturned = errors.New("amqp: returned unroutable")
+
+// ErrNacked is a message RabbitMQ refused to take responsibility for: a
+// queue it was routed to is full and set to refuse (x-overflow
+// reject-publish), or a queue's process failed. Unlike ErrOutOfRoom it
+// counts as one of the row's attempts: a nack names no queue, and a message
+// routed to several is in the others already, so retries back off and end,
+// parked, after MaxAttempts (RELAY_MAX_ATTEMPTS=0: never).
+var ErrNacked = errors.New("amqp: nacked by broker")
 
 // ErrNoDestination marks a message whose route names an exchange or a
 // stream that does not exist: the operator creates it, or fixes the route.

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
-	"github.com/relayd/relayd/route"
+	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/schema"
 )
 

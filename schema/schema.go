@@ -5,6 +5,9 @@
 // with a Postgres session lock so that several relayd instances starting at
 // the same moment do not race. The table name is configurable, so migrations
 // are SQL templates rendered for one [Table] and run as goose Go migrations.
+//
+// The binary, the outbox package and the inbox package use it; other
+// programs apply the migrations through `relayd migrate`, not this API.
 package schema
 
 import (

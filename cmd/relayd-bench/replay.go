@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/relayd/relayd/phase"
-	"github.com/relayd/relayd/replay"
+	"github.com/relayd/relayd/internal/phase"
+	"github.com/relayd/relayd/internal/replay"
 )
 
 // replayRate is the --rate of the measured replay: far above what it

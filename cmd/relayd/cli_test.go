@@ -13,10 +13,10 @@ import (
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/backfill"
-	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/cutover"
+	"github.com/relayd/relayd/internal/replay"
+	"github.com/relayd/relayd/internal/verify"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/replay"
-	"github.com/relayd/relayd/verify"
 )
 
 // runCLI runs relayd with args in env (nil: an empty environment).

@@ -11,9 +11,9 @@ import (
 
 	"github.com/sethvargo/go-envconfig"
 
-	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/cutover"
+	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 

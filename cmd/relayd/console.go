@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/cutover"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
 )

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/cutover"
 )
 
 // consolePaths are the paths RELAY_CONSOLE_CUTOVER names, as cutover check's

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/backfill"
+	"github.com/relayd/relayd/internal/replay"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/replay"
 	"github.com/relayd/relayd/schema"
 )
 

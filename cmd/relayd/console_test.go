@@ -20,14 +20,14 @@ import (
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/backfill"
-	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/cutover"
 	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/internal/headers/amqpprop"
+	"github.com/relayd/relayd/internal/metrics"
+	"github.com/relayd/relayd/internal/phase"
+	"github.com/relayd/relayd/internal/replay"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/metrics"
-	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/replay"
 	"github.com/relayd/relayd/schema"
 )
 

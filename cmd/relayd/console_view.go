@@ -9,11 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/relayd/relayd/cutover"
-	"github.com/relayd/relayd/metrics"
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/cutover"
+	"github.com/relayd/relayd/internal/metrics"
+	"github.com/relayd/relayd/internal/phase"
+	"github.com/relayd/relayd/internal/replay"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/replay"
 )
 
 // consoleView is one rendering of the console: every text formatted, and

@@ -16,8 +16,8 @@ import (
 	"github.com/sethvargo/go-envconfig"
 	"golang.org/x/term"
 
-	"github.com/relayd/relayd/cutover"
 	"github.com/relayd/relayd/internal/backoff"
+	"github.com/relayd/relayd/internal/cutover"
 )
 
 const cutoverHelp = `Usage: relayd cutover check --dual-read|--rolling-upgrade GROUP ... [flags]

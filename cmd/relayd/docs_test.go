@@ -22,7 +22,7 @@ import (
 
 	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/inbox"
-	"github.com/relayd/relayd/metrics"
+	"github.com/relayd/relayd/internal/metrics"
 	"github.com/relayd/relayd/schema"
 
 	"github.com/relayd/relayd/internal/testenv"

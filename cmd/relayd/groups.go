@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/cutover"
 )
 
 // groupsFlag is the consumer groups the cutover check takes, from

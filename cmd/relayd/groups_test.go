@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/cutover"
 )
 
 // A group is [STREAM/]DURABLE[:QUEUE]: the first '/' before the first ':'

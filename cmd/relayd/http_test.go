@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/sethvargo/go-envconfig"
 
-	"github.com/relayd/relayd/metrics"
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/metrics"
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/relay"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/errlog"
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
 )

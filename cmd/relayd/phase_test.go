@@ -9,8 +9,8 @@ import (
 
 	"github.com/sethvargo/go-envconfig"
 
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/schema"
 )
 

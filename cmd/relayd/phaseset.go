@@ -12,8 +12,8 @@ import (
 
 	"github.com/sethvargo/go-envconfig"
 
-	"github.com/relayd/relayd/cutover"
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/cutover"
+	"github.com/relayd/relayd/internal/phase"
 )
 
 const phaseSetHelp = `Usage: relayd phase set amqp|dual|nats [--reason TEXT] [--by NAME] [--force] [flags]

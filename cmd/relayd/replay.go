@@ -13,7 +13,7 @@ import (
 
 	"github.com/sethvargo/go-envconfig"
 
-	"github.com/relayd/relayd/replay"
+	"github.com/relayd/relayd/internal/replay"
 )
 
 const replayHelp = `Usage: relayd replay [--since T | --from-seq N] [--to-seq N] [--rate R] [--restart] [--dry-run] [--json]

@@ -14,10 +14,10 @@ import (
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/amqpio"
+	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
 	"github.com/relayd/relayd/relay/natssink"
-	"github.com/relayd/relayd/route"
 )
 
 const routesHelp = `Usage: relayd routes check [--json] [--connect-timeout D]

@@ -16,8 +16,8 @@ import (
 	"github.com/sethvargo/go-envconfig"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/relayd/relayd/metrics"
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/metrics"
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
 )

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/relayd/relayd/internal/backoff"
-	"github.com/relayd/relayd/metrics"
+	"github.com/relayd/relayd/internal/metrics"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
 	"github.com/relayd/relayd/relay/natssink"

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/relay"
 )
 

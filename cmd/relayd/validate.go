@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
+	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sethvargo/go-envconfig"
 
-	"github.com/relayd/relayd/verify"
+	"github.com/relayd/relayd/internal/verify"
 )
 
 const verifyHelp = `Usage: relayd verify [--since T] [--until T] [--examples N] [--slack D] [--json] [--connect-timeout D]

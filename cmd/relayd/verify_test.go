@@ -13,7 +13,7 @@ import (
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/verify"
+	"github.com/relayd/relayd/internal/verify"
 )
 
 func TestParseWhen(t *testing.T) {

@@ -178,9 +178,9 @@ func (l *link) abandon(p *pending) (resolved bool, verdict error) {
 func (p *pending) confirm(ack bool) {
 	switch {
 	case p.returned != "":
-		p.resolve(fmt.Errorf("%w: %s", ErrReturned, p.returned))
+		p.resolve(fmt.Errorf("%w: %s", relay.ErrReturned, p.returned))
 	case !ack:
-		p.resolve(ErrNacked)
+		p.resolve(relay.ErrNacked)
 	default:
 		p.resolve(nil)
 	}

@@ -26,7 +26,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*relay.Message, results []err
 	waits := s.send(ctx, l, msgs, results)
 	awaitConfirms(ctx, l, waits, results)
 	for i, err := range results {
-		if errors.Is(err, ErrNacked) {
+		if errors.Is(err, relay.ErrNacked) {
 			s.nacked.Warn(msgs[i].Topic, "RabbitMQ nacked a message: a queue its topic routes to is full and refuses new messages "+
 				"(x-overflow reject-publish at x-max-length), or failing. Let the queue's consumers drain it or raise its limit; "+
 				"until then the row is retried, an attempt each, and parked when its attempts run out",

@@ -120,8 +120,8 @@ func requireRouting(t *testing.T, msgs []*relay.Message, results []error, unrout
 	for i, m := range msgs {
 		err := results[i]
 		switch {
-		case unroutable[m.MessageID] && !errors.Is(err, amqpsink.ErrReturned):
-			t.Errorf("unroutable message %s (topic %q): result %v, want an error wrapping amqpsink.ErrReturned", m.MessageID, m.Topic, err)
+		case unroutable[m.MessageID] && !errors.Is(err, relay.ErrReturned):
+			t.Errorf("unroutable message %s (topic %q): result %v, want an error wrapping relay.ErrReturned", m.MessageID, m.Topic, err)
 		case unroutable[m.MessageID] && errors.Is(err, relay.ErrUnavailable):
 			t.Errorf("unroutable message %s: result %v also wraps ErrUnavailable", m.MessageID, err)
 		case !unroutable[m.MessageID] && err != nil:
@@ -131,7 +131,7 @@ func requireRouting(t *testing.T, msgs []*relay.Message, results []error, unrout
 }
 
 // A queue that is full and refuses new messages (x-overflow
-// reject-publish) has RabbitMQ nack them. A nack is amqpsink.ErrNacked: a
+// reject-publish) has RabbitMQ nack them. A nack is relay.ErrNacked: a
 // per-message failure, which counts as one of the row's attempts — not an
 // outage, not relay.ErrOutOfRoom — because a message routed to several
 // queues is in the others already, nacked or not (here: the test's queue
@@ -157,8 +157,8 @@ func TestNackFromAFullQueue(t *testing.T) {
 		switch {
 		case i < 2 && err != nil:
 			t.Fatalf("message %d, queue not full yet: %v", i, err)
-		case i >= 2 && (!errors.Is(err, amqpsink.ErrNacked) || errors.Is(err, relay.ErrUnavailable) || errors.Is(err, relay.ErrOutOfRoom) || relay.IsPermanent(err)):
-			t.Errorf("message %d into the full queue: %v, want amqpsink.ErrNacked alone", i, err)
+		case i >= 2 && (!errors.Is(err, relay.ErrNacked) || errors.Is(err, relay.ErrUnavailable) || errors.Is(err, relay.ErrOutOfRoom) || relay.IsPermanent(err)):
+			t.Errorf("message %d into the full queue: %v, want relay.ErrNacked alone", i, err)
 		}
 	}
 	sinktest.WaitArrived(t, e, msgs) // the test's queue took them all

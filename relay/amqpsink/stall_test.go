@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/relay/amqpsink"
 	"github.com/relayd/relayd/relay/sinktest"
 )
@@ -111,7 +112,7 @@ func TestNackingConnectionIsReplaced(t *testing.T) {
 	}
 	msgs := sinktest.Messages("full", 5)
 	for _, err := range sinktest.Publish(t, e.sink, 15*time.Second, msgs) {
-		if !errors.Is(err, amqpsink.ErrNacked) {
+		if !errors.Is(err, relay.ErrNacked) {
 			t.Fatalf("into the full queue: %v, want a nack", err)
 		}
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/relayd/relayd/internal/errlog"
+	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/route"
 )
 
 // verdict is what the relay makes of a publish's result for its row.

@@ -24,7 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/relay"
 )
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/phase"
 )
 
 // Margin widens a window taken from the phase history on both sides. Before

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/phase"
 )
 
 // relaydPhases holds when every running relay writes to JetStream and, once

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/phase"
 )
 
 // Set records a change in the phase and its history, only from the phase

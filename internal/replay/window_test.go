@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/phase"
 )
 
 func TestPlan(t *testing.T) {

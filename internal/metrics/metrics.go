@@ -16,9 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/relay/amqpsink"
 )
 
 // Relay implements relay.Observer with Prometheus metrics.
@@ -193,9 +192,9 @@ func Reason(err error) string {
 		return "full"
 	case errors.Is(err, relay.ErrUnavailable):
 		return "unavailable"
-	case errors.Is(err, amqpsink.ErrReturned):
+	case errors.Is(err, relay.ErrReturned):
 		return "returned"
-	case errors.Is(err, amqpsink.ErrNacked):
+	case errors.Is(err, relay.ErrNacked):
 		return "nacked"
 	default:
 		return "rejected"

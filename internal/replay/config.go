@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/route"
 	"github.com/relayd/relayd/schema"
 )
 

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/relay/amqpsink"
 )
 
 func TestOutboxGauges(t *testing.T) {
@@ -114,8 +113,8 @@ func TestReason(t *testing.T) {
 		{relay.Permanent("x"), "permanent"},
 		{relay.Unavailable(errTest("down")), "unavailable"},
 		{relay.OutOfRoom(errTest("maximum messages exceeded")), "full"},
-		{amqpsink.ErrNacked, "nacked"},
-		{fmt.Errorf("%w: no queue", amqpsink.ErrReturned), "returned"},
+		{relay.ErrNacked, "nacked"},
+		{fmt.Errorf("%w: no queue", relay.ErrReturned), "returned"},
 		{errTest("whatever"), "rejected"},
 	} {
 		if got := Reason(tc.err); got != tc.want {

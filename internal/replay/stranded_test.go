@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/phase"
 	"github.com/relayd/relayd/schema"
 )
 

@@ -8,7 +8,6 @@ import (
 
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/relay"
-	"github.com/relayd/relayd/relay/amqpsink"
 )
 
 // The recorded position goes only past confirmed or skipped messages with
@@ -30,8 +29,8 @@ func TestSettleRecordsAContiguousPrefix(t *testing.T) {
 		stops    bool
 	}{
 		{"all confirmed", nil, nil, 9, 8, 0, false},
-		{"returned unroutable: the run fails there", amqpsink.ErrReturned, ErrFailed, 4, 3, 0, true},
-		{"nacked: the run fails there", amqpsink.ErrNacked, ErrFailed, 4, 3, 0, true},
+		{"returned unroutable: the run fails there", relay.ErrReturned, ErrFailed, 4, 3, 0, true},
+		{"nacked: the run fails there", relay.ErrNacked, ErrFailed, 4, 3, 0, true},
 		{"unknown when the run stopped", relay.Unavailable(errors.New("connection lost")), nil, 4, 3, 0, true},
 		{"never takeable: counted, passed over", relay.Permanent("amqp: routing key longer than 255 bytes"), nil, 9, 7, 1, false},
 	} {

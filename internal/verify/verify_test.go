@@ -20,8 +20,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/internal/verify"
 	"github.com/relayd/relayd/schema"
-	"github.com/relayd/relayd/verify"
 )
 
 func TestMain(m *testing.M) {

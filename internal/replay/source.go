@@ -12,7 +12,7 @@ import (
 
 	"github.com/relayd/relayd/internal/backoff"
 	"github.com/relayd/relayd/internal/errlog"
-	"github.com/relayd/relayd/route"
+	"github.com/relayd/relayd/internal/route"
 )
 
 // resolve turns w into the stream sequences from..to to read (from > to: an

@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/relayd/relayd/phase"
+	"github.com/relayd/relayd/internal/phase"
 )
 
 // choose sets the run to do: the unfinished one (resumed: its window, from

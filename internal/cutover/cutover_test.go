@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/relayd/relayd/cutover"
+	"github.com/relayd/relayd/internal/cutover"
 	"github.com/relayd/relayd/internal/testenv"
 )
 

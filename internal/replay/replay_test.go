@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/phase"
 )
 
 // A replay is refused while the table's phase is nats, or while a running
