@@ -6,21 +6,23 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// acker settles one channel's deliveries, which batches finish out of
-// order: one multiple-ack per run of settled tags, never covering a delivery
-// in flight, held (hold) or kept (keep); while one is held or kept, acks go
-// one by one. Requeues go out at once.
+// acker settles one channel's deliveries, which batches finish out of order,
+// with one multiple-ack per run of settled tags. A consumerConn's consume
+// loop and its batches call it concurrently; mu guards the fields below it.
 type acker struct {
 	ch amqp.Acknowledger
 
-	mu      sync.Mutex
-	next    uint64                // lowest tag not yet settled
-	settled map[uint64]settlement // settled tags above next
-	held    int                   // deliveries held, unacked until the channel closes
-	// heldBelow: of those, below next (a multiple-ack would ack them).
-	heldBelow int
-	// kept: deliveries below next left unacked for now, to be acked or
-	// requeued later, each on its own.
+	mu sync.Mutex
+	// nextTag is the lowest delivery tag not settled yet; advance moves it
+	// past each settled tag in order.
+	nextTag uint64
+	settled map[uint64]settlement // tags settled out of order, above nextTag
+	held    int                   // hold counts each delivery left unacked until the channel closes
+	// heldPassed counts the held deliveries below nextTag: while any is, a
+	// multiple-ack would ack it too, so acks go one by one.
+	heldPassed int
+	// kept holds the tags below nextTag that keep left unacked; ackAll or
+	// requeue settles each on its own later.
 	kept map[uint64]bool
 }
 
@@ -41,12 +43,12 @@ const (
 )
 
 func newAcker(ch amqp.Acknowledger) *acker {
-	return &acker{ch: ch, next: 1, settled: map[uint64]settlement{}, kept: map[uint64]bool{}}
+	return &acker{ch: ch, nextTag: 1, settled: map[uint64]settlement{}, kept: map[uint64]bool{}}
 }
 
-// holding says whether a delivery below next is unacked, which a
+// holding says whether a delivery below nextTag is unacked, which a
 // multiple-ack would ack too.
-func (a *acker) holding() bool { return a.heldBelow > 0 || len(a.kept) > 0 }
+func (a *acker) holding() bool { return a.heldPassed > 0 || len(a.kept) > 0 }
 
 // ack acks d once every earlier delivery is settled too, then calls done
 // (if the ack reached the channel; if it did not, the channel is gone and
@@ -75,7 +77,7 @@ func (a *acker) ackAll(ss []settled) {
 			done = func() {}
 		}
 		if a.kept[s.d.DeliveryTag] {
-			// Below next: on its own, now.
+			// Below nextTag: acked on its own, now.
 			delete(a.kept, s.d.DeliveryTag)
 			if err := a.ch.Ack(s.d.DeliveryTag, false); err == nil {
 				done()
@@ -123,7 +125,7 @@ func (a *acker) hold(d amqp.Delivery) {
 	a.held++
 	if a.kept[d.DeliveryTag] {
 		delete(a.kept, d.DeliveryTag)
-		a.heldBelow++
+		a.heldPassed++
 		return
 	}
 	a.settled[d.DeliveryTag] = settlement{kind: settleHold}
@@ -138,6 +140,8 @@ func (a *acker) heldCount() int {
 	return a.held
 }
 
+// advance moves nextTag past the run of settled tags and acks the run: one
+// multiple-ack, or one ack each while holding. Called with mu held.
 func (a *acker) advance() {
 	var last uint64 // the multiple-ack's tag
 	var done []func()
@@ -147,23 +151,23 @@ func (a *acker) advance() {
 	}
 	var single []one // past a held delivery
 	for {
-		s, ok := a.settled[a.next]
+		s, ok := a.settled[a.nextTag]
 		if !ok {
 			break
 		}
-		delete(a.settled, a.next)
+		delete(a.settled, a.nextTag)
 		switch {
 		case s.kind == settleHold:
-			a.heldBelow++
+			a.heldPassed++
 		case s.kind == settleKeep:
-			a.kept[a.next] = true
+			a.kept[a.nextTag] = true
 		case s.kind == settleAck && a.holding():
-			single = append(single, one{a.next, s.done})
+			single = append(single, one{a.nextTag, s.done})
 		case s.kind == settleAck:
-			last = a.next
+			last = a.nextTag
 			done = append(done, s.done)
 		}
-		a.next++
+		a.nextTag++
 	}
 	if last != 0 {
 		if err := a.ch.Ack(last, true); err != nil {

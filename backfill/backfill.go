@@ -239,21 +239,26 @@ type runner struct {
 	start   time.Time
 	depth0  int64
 
+	// The batches add to these counts as they settle; summary reads them.
 	moved, already, derived, dups, dead, failed, requeued atomic.Int64
-	lastRequeue                                           atomic.Int64 // unix ns
+	lastRequeue                                           atomic.Int64 // unix ns; process stores it at each requeue
 
+	// The batches read and write the fields from mu to lastDupWarn under mu.
 	mu       sync.Mutex
-	seenHeld map[string]bool // ids held this run
-	// retrying: how many times each message could not move for now (a
-	// full stream, JetStream down), until it moves; see retryWait.
+	seenHeld map[string]bool // the ids held this run, each counted once
+	// retryWait counts in retrying, per message, the attempts that could not
+	// move it for now (a full stream, JetStream down); forgetRetries drops it
+	// once it is settled for good.
 	retrying      map[string]int
-	nRetrying     atomic.Int64 // len(retrying)
-	lastGhostWarn time.Time    // the consume loop's alone (drained)
+	nRetrying     atomic.Int64 // len(retrying), for a check without mu
 	lastRetryWarn time.Time
+	lastDupWarn   time.Time
+
+	// Only the consume loop (and the preflight before it) reads and writes these.
+	lastGhostWarn time.Time // when it last warned that another consumer may hold messages unacked
 	dualWriteAt   time.Time // the database's time of the last checkDualWrite that passed
 	dualWriteFrom time.Time // the first row that reached JetStream at the first check (zero: none)
-	lastDualWrite time.Time // when checkDualWrite was last tried (the consume loop's)
-	lastDupWarn   time.Time
+	lastDualWrite time.Time // when checkDualWrite was last tried
 }
 
 func (b *runner) summary() Summary {

@@ -41,7 +41,8 @@ type consumerConn struct {
 	gone       context.Context
 	cancelGone context.CancelFunc
 
-	// The batching, the consume loop's alone but for inFlight.
+	// Only the consume loop reads and writes the batching fields, except
+	// inFlight, which each batch's goroutine lowers once it is settled.
 	wg        sync.WaitGroup
 	slots     chan struct{} // a slot per attempt of a batch (process)
 	batches   chan struct{} // bounds the batches on their way, tried or waiting for a slot

@@ -24,7 +24,7 @@ type Moved struct {
 // the pace of a running backfill, which reports nothing else to Postgres.
 // The moved_at index bounds the read to the window's rows.
 func RecentlyMoved(ctx context.Context, db *pgxpool.Pool, table schema.Table, window time.Duration) ([]Moved, error) {
-	rows, err := db.Query(ctx, outboxsql.For(table).BackfillMoved, window.Milliseconds())
+	rows, err := db.Query(ctx, outboxsql.For(table).BackfillMoved, pgx.StrictStructArgs(outboxsql.BackfillMovedParams{WindowMS: window.Milliseconds()}))
 	if err != nil {
 		return nil, fmt.Errorf("read the backfill's moves: %w", err)
 	}

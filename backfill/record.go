@@ -34,7 +34,7 @@ func (b *runner) known(ctx context.Context, items []*item) (map[string]bool, err
 	for _, stmt := range outboxsql.ReadBegin {
 		q.Queue(stmt)
 	}
-	q.Queue(outboxsql.For(b.cfg.Table).Known, uuids, all).
+	q.Queue(outboxsql.For(b.cfg.Table).Known, pgx.StrictStructArgs(outboxsql.KnownParams{UUIDs: uuids, IDs: all})).
 		Query(func(rows pgx.Rows) error {
 			var id string
 			_, err := pgx.ForEachRow(rows, []any{&id}, func() error {
@@ -63,7 +63,8 @@ func (b *runner) record(ctx context.Context, moved []*item) error {
 	for i, it := range moved {
 		ids[i], derived[i] = it.id, it.derived
 	}
-	_, err := b.cfg.DB.Exec(ctx, outboxsql.For(b.cfg.Table).RecordMoved, ids, derived, b.cfg.Queue)
+	p := outboxsql.RecordMovedParams{IDs: ids, Derived: derived, Queue: b.cfg.Queue}
+	_, err := b.cfg.DB.Exec(ctx, outboxsql.For(b.cfg.Table).RecordMoved, pgx.StrictStructArgs(p))
 	return err
 }
 

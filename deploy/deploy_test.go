@@ -26,6 +26,7 @@ import (
 
 	"github.com/relayd/relayd/inbox"
 	"github.com/relayd/relayd/internal/metrics"
+	"github.com/relayd/relayd/internal/pghealth"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -236,9 +237,9 @@ func exportedMetrics(t *testing.T) map[string]string {
 	m := metrics.NewRelay(reg, "test")
 	// Figures read once: the backlog gauges export nothing before.
 	metrics.NewOutbox(reg).Set([]relay.TargetStats{{Target: relay.TargetAMQP, Pending: 1}})
-	metrics.NewPostgres(reg).Set(relay.PostgresHealth{
-		Horizon: []relay.HorizonHolder{{Kind: "snapshot", Age: time.Hour, AgeKnown: true}},
-		Tables:  []relay.TableHealth{{Table: "outbox"}}})
+	metrics.NewPostgres(reg).Set(pghealth.Health{
+		Horizon: []pghealth.Holder{{Kind: "snapshot", Age: time.Hour, AgeKnown: true}},
+		Tables:  []pghealth.Table{{Table: "outbox"}}})
 	m.PublishFailed("amqp", nil)
 	m.Parked("amqp")
 	// The pool connects lazily: New registers the counters, nothing dials.

@@ -20,7 +20,7 @@ func (r *Relay) retryBackoff(attempt int32) time.Duration {
 // the broker (ErrUnavailable, ErrOutOfRoom) is tried again on target t.
 func (r *Relay) outageBackoff(t Target, c *claimed, err error, now time.Time) time.Duration {
 	if waits(err) {
-		return r.roomBackoff(now.Sub(r.full.refused(t, c.msg.Topic, now, 2*r.cfg.RetryMax)))
+		return r.roomBackoff(now.Sub(r.outOfRoomSince.refused(t, c.msg.Topic, now, 2*r.cfg.RetryMax)))
 	}
 	d := r.retryBackoff(c.attempts.Get(t) + 1)
 	if b := r.retryBound.Get(t); b > 0 {
@@ -47,61 +47,63 @@ func jitter(d time.Duration) time.Duration {
 	return backoff.Doubling{Jitter: 0.5}.Wait(d)
 }
 
-// fullSince is, per target and topic, since when the broker refuses rows
-// for want of room, until it stores one; a run with no refusal for stale is
-// over (docs/design.md, "Backoff and room").
-type fullSince struct {
-	n     atomic.Int32 // entries, so that a delivery reads no map while none is full
-	mu    sync.Mutex
-	since perTarget[map[string]fullRun]
-	swept time.Time // the last sweep of runs that are over (at the bound)
+// roomRefusals is, per target and topic, since when the broker refuses rows
+// for want of room, until it stores one. Workers write it as they settle
+// rows (docs/design.md, "Backoff and room").
+type roomRefusals struct {
+	n        atomic.Int32 // the runs in every map: a delivery skips the lock while it is 0
+	mu       sync.Mutex   // guards runs and lastDrop
+	runs     perTarget[map[string]refusalRun]
+	lastDrop time.Time // when dropEnded last walked the maps
 }
 
-type fullRun struct{ since, last time.Time }
+// refusalRun is one topic's refusals: the first and the latest. A run with
+// no refusal for longer than refused's stale argument is over.
+type refusalRun struct{ since, last time.Time }
 
-// maxFullTopics bounds the topics remembered; past it (after dropping the
+// maxRefusedTopics bounds the topics remembered; past it (after dropping the
 // runs that are over), a refusal counts from now.
-const maxFullTopics = 10000
+const maxRefusedTopics = 10000
 
 // refused notes a refusal of topic by target t at now, and returns since
 // when its refusals run.
-func (f *fullSince) refused(t Target, topic string, now time.Time, stale time.Duration) time.Time {
+func (f *roomRefusals) refused(t Target, topic string, now time.Time, stale time.Duration) time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	m := f.since.Get(t)
+	m := f.runs.Get(t)
 	if m == nil {
-		m = map[string]fullRun{}
-		f.since.Set(t, m)
+		m = map[string]refusalRun{}
+		f.runs.Set(t, m)
 	}
 	run, ok := m[topic]
 	switch {
 	case ok && now.Sub(run.last) <= stale:
 		run.last = now
 	case ok:
-		run = fullRun{since: now, last: now}
-	case int(f.n.Load()) >= maxFullTopics:
-		f.sweep(now, stale)
-		if int(f.n.Load()) >= maxFullTopics {
+		run = refusalRun{since: now, last: now}
+	case int(f.n.Load()) >= maxRefusedTopics:
+		f.dropEnded(now, stale)
+		if int(f.n.Load()) >= maxRefusedTopics {
 			return now
 		}
-		run = fullRun{since: now, last: now}
+		run = refusalRun{since: now, last: now}
 		f.n.Add(1)
 	default:
-		run = fullRun{since: now, last: now}
+		run = refusalRun{since: now, last: now}
 		f.n.Add(1)
 	}
 	m[topic] = run
 	return run.since
 }
 
-// sweep drops the runs that are over, both targets', at most once a second
-// (it walks every entry). Called with mu held.
-func (f *fullSince) sweep(now time.Time, stale time.Duration) {
-	if now.Sub(f.swept) < time.Second {
+// dropEnded drops the runs that are over, both targets', at most once a
+// second (it walks every entry). Called with mu held.
+func (f *roomRefusals) dropEnded(now time.Time, stale time.Duration) {
+	if now.Sub(f.lastDrop) < time.Second {
 		return
 	}
-	f.swept = now
-	f.since.Each(func(_ Target, m map[string]fullRun) {
+	f.lastDrop = now
+	f.runs.Each(func(_ Target, m map[string]refusalRun) {
 		for topic, r := range m {
 			if now.Sub(r.last) > stale {
 				delete(m, topic)
@@ -112,13 +114,13 @@ func (f *fullSince) sweep(now time.Time, stale time.Duration) {
 }
 
 // stored ends the refusals of topic by target t.
-func (f *fullSince) stored(t Target, topic string) {
+func (f *roomRefusals) stored(t Target, topic string) {
 	if f.n.Load() == 0 {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	m := f.since.Get(t)
+	m := f.runs.Get(t)
 	if _, ok := m[topic]; ok {
 		delete(m, topic)
 		f.n.Add(-1)

@@ -68,7 +68,7 @@ func TestRoomBackoffGrowsWithTheRefusal(t *testing.T) {
 			}
 		}
 	}
-	var f fullSince
+	var f roomRefusals
 	const stale = 10 * time.Minute
 	t0 := time.Now()
 	if got := f.refused(TargetNATS, "a", t0, stale); !got.Equal(t0) {
@@ -95,8 +95,8 @@ func TestRoomBackoffGrowsWithTheRefusal(t *testing.T) {
 		t.Fatalf("after %v without a refusal: since %v, want a new run from now", stale, got)
 	}
 	// At the bound (both targets' runs), runs that are over make room.
-	var g fullSince
-	for i := range maxFullTopics {
+	var g roomRefusals
+	for i := range maxRefusedTopics {
 		g.refused(Targets[i%2], fmt.Sprint(i), t0, stale)
 	}
 	late := t0.Add(stale + time.Second)

@@ -6,13 +6,15 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
-// batchResult is what a batch claimed: how many rows, how many of them
-// keyed, and whether it was a sweep (claimFloor.begin).
+// batchResult is what a batch claimed, for the worker loop to choose its
+// next step: how many rows, how many of them keyed.
 type batchResult struct {
-	n, keyed int
-	sweep    bool
+	n, keyed   int
+	belowFloor bool // the claim was a sweep below the floor (freshWalk.belowFloor)
 }
 
 // runBatch claims, publishes and records one batch in two round trips. Once
@@ -60,8 +62,8 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 	// One claim at a time, each starting where the one before it ended; a
 	// sweep below them runs beside them.
 	fl := r.floor.begin(time.Now())
-	res.sweep = fl.fresh.sweep
-	if res.sweep {
+	res.belowFloor = fl.fresh.belowFloor
+	if res.belowFloor {
 		// It may walk for a while: rows committed meanwhile wake another
 		// worker (a busy one's producers do not notify), and one wakes now
 		// for those this worker's next claim would have taken.
@@ -80,7 +82,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 				"the claims walk the outbox from its oldest row again")
 		}
 		held = r.held.add(rows)
-		if !res.sweep {
+		if !res.belowFloor {
 			r.hooks.onClaimed(len(rows), fl)
 		}
 	}
@@ -123,7 +125,7 @@ func (r *Relay) publish(ctx context.Context, rows []*claimed, enabled phase, bt 
 	}
 	rec := newBatchRecord(len(rows), enabled)
 	for i, c := range rows {
-		var outcome perTarget[int16]
+		var outcome perTarget[outboxsql.Outcome]
 		var errText perTarget[string]
 		var backoff perTarget[time.Duration]
 		for _, t := range Targets {
@@ -182,14 +184,14 @@ func (r *Relay) fanOut(ctx context.Context, rows []*claimed, bt *batchTrace) (pe
 // failed for want of the broker pauses it; a delivery or a refusal for room
 // (an answer) closes it.
 func (r *Relay) feedBreaker(t Target, rows []*claimed, results []error, now time.Time) {
-	attempted, unavailable, delivered, full := 0, 0, 0, 0
+	attempted, unavailable, delivered, outOfRoom := 0, 0, 0, 0
 	for i, c := range rows {
 		if !c.want.Get(t) {
 			continue
 		}
 		err := results[i]
 		if c.badRow == "" && waits(err) {
-			full++
+			outOfRoom++
 			continue
 		}
 		attempted++
@@ -206,7 +208,7 @@ func (r *Relay) feedBreaker(t Target, rows []*claimed, results []error, now time
 		if d := b.failure(now, firstErr(results)); d > 0 {
 			r.log.Warn("target unavailable, pausing it", "target", string(t), "for", d.String(), "error", firstErr(results))
 		}
-	} else if delivered+full > 0 && b.success() {
+	} else if delivered+outOfRoom > 0 && b.success() {
 		r.log.Info("target recovered", "target", string(t))
 	}
 }
@@ -214,7 +216,7 @@ func (r *Relay) feedBreaker(t Target, rows []*claimed, results []error, now time
 // classify is the outcome to record for a row on a target (the outcome*
 // codes): err is the publish's result, attempts the row's failed attempts
 // before it, maxAttempts Config.MaxAttempts.
-func classify(wanted bool, err error, attempts int32, maxAttempts int) int16 {
+func classify(wanted bool, err error, attempts int32, maxAttempts int) outboxsql.Outcome {
 	switch {
 	case !wanted:
 		return outcomeNone
@@ -234,12 +236,12 @@ func classify(wanted bool, err error, attempts int32, maxAttempts int) int16 {
 
 // settle classifies row c's result err on target t, reports it, and
 // returns what to record: the outcome, its error text and the backoff.
-func (r *Relay) settle(t Target, c *claimed, err error, now time.Time) (outcome int16, errText string, backoff time.Duration) {
+func (r *Relay) settle(t Target, c *claimed, err error, now time.Time) (outcome outboxsql.Outcome, errText string, backoff time.Duration) {
 	attempts := c.attempts.Get(t)
 	outcome = classify(c.want.Get(t), err, attempts, r.cfg.MaxAttempts)
 	switch outcome {
 	case outcomeDelivered:
-		r.full.stored(t, c.msg.Topic)
+		r.outOfRoomSince.stored(t, c.msg.Topic)
 		r.cfg.Metrics.Published(t, c.msg.CreatedAt)
 	case outcomeParked:
 		errText = err.Error()

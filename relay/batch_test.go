@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -370,10 +371,12 @@ func (rt *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEn
 func TestBatchTakesTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	st := newStore(f.table)
+	// The statements as pgx sends them, their parameters numbered.
+	claimSQL, _ := outboxsql.Positional(newStore(f.table).sql.Claim)
+	recordSQL, _ := outboxsql.Positional(newStore(f.table).sql.Record)
 	rt := &roundTrips{match: func(sql string) bool {
 		up := strings.ToUpper(sql)
-		return strings.HasPrefix(up, "BEGIN") || up == "COMMIT" || up == "ROLLBACK" || sql == st.claimSQL || sql == st.recordSQL
+		return strings.HasPrefix(up, "BEGIN") || up == "COMMIT" || up == "ROLLBACK" || sql == claimSQL || sql == recordSQL
 	}}
 	pc, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
 	if err != nil {

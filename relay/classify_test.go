@@ -3,6 +3,8 @@ package relay
 import (
 	"errors"
 	"testing"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
 func TestClassify(t *testing.T) {
@@ -14,7 +16,7 @@ func TestClassify(t *testing.T) {
 		err      error
 		attempts int32
 		max      int
-		want     int16
+		want     outboxsql.Outcome
 	}{
 		{"not wanted", false, nil, 0, 20, outcomeNone},
 		{"not wanted, failed", false, other, 0, 20, outcomeNone},

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayd/relayd/internal/errlog"
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
 // cleanup runs CleanupOnce every CleanupInterval.
@@ -40,7 +41,7 @@ func (r *Relay) CleanupOnce(ctx context.Context) error {
 	// Each step on its own: one that fails does not keep the others from
 	// their work.
 	first := r.finishStranded(ctx)
-	for i, q := range []string{r.store.cleanupDeliveredSQL, r.store.cleanupBackfilledSQL} {
+	for i, q := range []string{r.store.sql.CleanupDelivered, r.store.sql.CleanupBackfilled} {
 		from := &r.trimmed[i]
 		for {
 			if err := ctx.Err(); err != nil {
@@ -48,7 +49,8 @@ func (r *Relay) CleanupOnce(ctx context.Context) error {
 			}
 			var n int64
 			var newest *time.Time
-			err := r.pool.QueryRow(ctx, q, r.cfg.Retention.Milliseconds(), 1000, from.Add(-trimMargin)).Scan(&n, &newest)
+			p := outboxsql.CleanupParams{RetentionMS: r.cfg.Retention.Milliseconds(), Limit: 1000, From: from.Add(-trimMargin)}
+			err := r.pool.QueryRow(ctx, q, pgx.StrictStructArgs(p)).Scan(&n, &newest)
 			if err != nil {
 				first = cmp.Or(first, fmt.Errorf("cleanup: %w", err))
 				break
@@ -69,15 +71,16 @@ func (r *Relay) CleanupOnce(ctx context.Context) error {
 // committed later) is at most a batch's lease older.
 const trimMargin = 10 * time.Minute
 
-// strandedSweep is where finishStranded's next slice of the outbox starts.
-type strandedSweep struct {
+// strandedCursor is where finishStranded's next slice of the outbox starts.
+// mu keeps two CleanupOnce calls from walking the same slice.
+type strandedCursor struct {
 	mu    sync.Mutex
-	from  int64 // the next slice starts past it
-	slice int   // rows a slice goes through
+	from  int64 // finishStranded moves it to the last id it read; the next slice starts past it
+	slice int   // how many rows a slice reads; tests make it small
 }
 
-// sweepSliceRows is how many outbox rows each finishStranded goes through.
-const sweepSliceRows = 50000
+// strandedSliceRows is how many outbox rows each finishStranded goes through.
+const strandedSliceRows = 50000
 
 // finishStranded moves out of the outbox, in the nats-only phase, rows
 // JetStream has that RabbitMQ owed before the move, which no batch claims:
@@ -88,7 +91,7 @@ func (r *Relay) finishStranded(ctx context.Context) error {
 	if !r.phase.now().NATSOnly() {
 		return nil
 	}
-	s := &r.sweep
+	s := &r.stranded
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var last, scanned, n int64
@@ -96,11 +99,12 @@ func (r *Relay) finishStranded(ctx context.Context) error {
 	// is its own statement's.
 	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var free bool
-		if err := tx.QueryRow(ctx, r.store.phaseShareSQL).Scan(&free); err != nil || !free {
+		if err := tx.QueryRow(ctx, r.store.sql.PhaseShare).Scan(&free); err != nil || !free {
 			return cmp.Or(err, errPhaseChanging)
 		}
 		r.hooks.onFinishing()
-		return tx.QueryRow(ctx, r.store.finishSQL, s.from, s.slice).Scan(&last, &scanned, &n)
+		return tx.QueryRow(ctx, r.store.sql.Finish, pgx.StrictStructArgs(outboxsql.FinishParams{After: s.from, Limit: s.slice})).
+			Scan(&last, &scanned, &n)
 	})
 	if errors.Is(err, errPhaseChanging) {
 		r.log.Debug("cleanup: a change of the phase is being recorded: stranded rows wait for the next pass")

@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -55,7 +58,7 @@ func TestStrandedRowSweepGoesASliceAtATime(t *testing.T) {
 	ids := f.insert(35, "orders.created")
 	// Pending for JetStream but not due: the relay leaves them be.
 	testenv.SetState(t, f.pool, f.table, `nats_retry_at = now() + interval '1 hour'`, "true")
-	r, _, _ := f.startWith(Config{Sinks: []Sink{newFake(TargetNATS)}, CleanupInterval: time.Hour}, func(r *Relay) { r.sweep.slice = 10 })
+	r, _, _ := f.startWith(Config{Sinks: []Sink{newFake(TargetNATS)}, CleanupInterval: time.Hour}, func(r *Relay) { r.stranded.slice = 10 })
 
 	// Another instance, still in dual write, leaves the last row
 	// delivered to JetStream, owed to RabbitMQ.
@@ -186,7 +189,8 @@ func TestRetentionCleanupStartsWhereItStopped(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx) //nolint:errcheck // deletes nothing worth keeping
-		return planBlocks(t, tx, r.store.cleanupDeliveredSQL, r.cfg.Retention.Milliseconds(), 1000, from)
+		p := outboxsql.CleanupParams{RetentionMS: r.cfg.Retention.Milliseconds(), Limit: 1000, From: from}
+		return planBlocks(t, tx, r.store.sql.CleanupDelivered, pgx.StrictStructArgs(p))
 	}
 	fromStop, fromOldest := buffers(r.trimmed[0].Add(-trimMargin)), buffers(time.Time{})
 	t.Logf("the next pass reads %v blocks from where the last stopped, %v from the oldest", fromStop, fromOldest)

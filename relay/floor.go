@@ -6,11 +6,12 @@ import (
 	"time"
 )
 
-// claimFloor is where a relay's claims start their walks of the owed
-// table's unkeyed rows, so that during a backlog they skip the rows other
-// batches hold, and, in fresh, the outbox's; its lock lets one ordinary
-// claim run at a time (docs/design.md, "The claim floor").
+// claimFloor is where a relay's claims start their walks, so that during a
+// backlog they skip the rows other batches hold (docs/design.md, "The claim
+// floor"). Workers call begin, claimed and end around each claim.
 type claimFloor struct {
+	// An ordinary claim holds mu from begin to end, so one runs at a time; a
+	// sweep takes it only to start and to finish. It guards every field.
 	mu sync.Mutex
 
 	batchSize int
@@ -18,21 +19,22 @@ type claimFloor struct {
 	quickWalk time.Duration // ...and this often while that walk is cheap
 	cheapTook time.Duration // the longest a cheap walk from the oldest row takes
 
-	highWater int64            // the next walks start past it
-	fullWalk  int64            // unix ns of the last walk from the oldest row
-	cheapWalk bool             // the last walk from the oldest row was short and quick
-	safe      int64            // every row below it was taken
-	seenXmin  int64            // the newest claim snapshot's oldest running transaction
-	tops      []floorCandidate // short claims' tops, waiting for seenXmin
+	// The owed table's unkeyed walks: advance writes these after each
+	// ordinary claim, and start reads them before the next.
+	highWater       int64            // the next walks start past it
+	lastOldestWalk  int64            // unix ns of the last walk from the oldest row
+	oldestWalkCheap bool             // the last walk from the oldest row was short and quick
+	safe            int64            // every row below it was taken
+	seenXmin        int64            // the newest claim snapshot's oldest running transaction
+	tops            []floorCandidate // short claims' tops, each safe once seenXmin passes its xmax
 
-	fresh *freshFloor // the outbox's unkeyed walk
+	fresh *freshFloor // the outbox's unkeyed walks
 	keyed *keyedFloor // the outbox's keyed walks
 
-	// xmax is the newest ordinary claim's first unassigned transaction id:
-	// one lower is another history (reset). gen counts the resets: a sweep
-	// begun before one is forgotten.
+	// xmax is the newest ordinary claim's first unassigned transaction id: a
+	// lower one means the database went back in history (reset).
 	xmax int64
-	gen  int
+	gen  int // reset counts itself here; claimed ignores a sweep begun before
 }
 
 // quickWalkEvery is how often, at most, claims walk from the oldest row
@@ -65,8 +67,8 @@ type floorCandidate struct{ top, xmax int64 }
 const maxFloorCandidates = 64
 
 // begin returns where one claim's walks start. An ordinary claim holds the
-// floor's lock until end; a sweep (fl.fresh.sweep) does not: it walks only
-// the outbox, below where the ordinary claims start.
+// floor's lock until end; a sweep (fl.fresh.belowFloor) does not: it walks
+// only the outbox, below where the ordinary claims start.
 func (f *claimFloor) begin(now time.Time) floors {
 	f.mu.Lock()
 	if w, ok := f.fresh.startSweep(now); ok {
@@ -80,12 +82,12 @@ func (f *claimFloor) begin(now time.Time) floors {
 // and took rows in took. It reports a reset: the database's transaction ids
 // went back since the claim before.
 func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took time.Duration) (reset bool) {
-	full := len(rows) >= f.batchSize
-	if fl.fresh.sweep {
+	wholeBatch := len(rows) >= f.batchSize
+	if fl.fresh.belowFloor {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if fl.gen == f.gen {
-			f.fresh.swept(rows, fl.fresh, snap, full, took)
+			f.fresh.swept(rows, fl.fresh, snap, wholeBatch, took)
 		}
 		return false
 	}
@@ -97,14 +99,14 @@ func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took tim
 	}
 	f.xmax = snap.xmax
 	f.advance(rows, fl.owed, snap, took)
-	f.fresh.advance(rows, fl.fresh, snap, full, took)
+	f.fresh.advance(rows, fl.fresh, snap, wholeBatch, took)
 	f.keyed.advance(snap, f.fresh.safe)
 	return false
 }
 
 // end ends the claim begin started: claimed, or not (ok false).
 func (f *claimFloor) end(fl floors, ok bool) {
-	if !fl.fresh.sweep {
+	if !fl.fresh.belowFloor {
 		f.mu.Unlock()
 		return
 	}
@@ -122,7 +124,7 @@ func (f *claimFloor) end(fl floors, ok bool) {
 // the last transactions, a restore): its ids may come again, below the
 // floors.
 func (f *claimFloor) reset() {
-	f.highWater, f.fullWalk, f.cheapWalk, f.safe, f.seenXmin, f.tops = 0, 0, false, 0, 0, nil
+	f.highWater, f.lastOldestWalk, f.oldestWalkCheap, f.safe, f.seenXmin, f.tops = 0, 0, false, 0, 0, nil
 	f.fresh, f.keyed = newFreshFloor(f.poll, time.Now()), newKeyedFloor()
 	f.xmax = 0
 	f.gen++
@@ -156,11 +158,11 @@ func (f *claimFloor) lowestFresh() int64 {
 // is cheap, to take what the mark skips.
 func (f *claimFloor) start(now time.Time) int64 {
 	every := int64(f.poll)
-	if f.cheapWalk {
+	if f.oldestWalkCheap {
 		every = min(every, int64(f.quickWalk))
 	}
-	if now.UnixNano()-f.fullWalk >= every {
-		f.fullWalk = now.UnixNano()
+	if now.UnixNano()-f.lastOldestWalk >= every {
+		f.lastOldestWalk = now.UnixNano()
 		return 0
 	}
 	return f.highWater
@@ -170,9 +172,9 @@ func (f *claimFloor) start(now time.Time) int64 {
 // took rows (the owed table's unkeyed ones count) in took under snap: a full claim moves the high-water mark, a short one
 // proposes its top as the safe floor, taken once snap's transactions end.
 func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took time.Duration) {
-	full := len(rows) >= f.batchSize
+	wholeBatch := len(rows) >= f.batchSize
 	if floor == 0 {
-		f.cheapWalk = !full && took < f.cheapTook
+		f.oldestWalkCheap = !wholeBatch && took < f.cheapTook
 	}
 	var top int64
 	for _, c := range rows {
@@ -182,12 +184,12 @@ func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took t
 	}
 	f.seenXmin = max(f.seenXmin, snap.xmin)
 	switch {
-	case full && floor == 0:
+	case wholeBatch && floor == 0:
 		// More claimable rows below the mark than a batch (a target back
 		// from an outage, retries falling due): walk on from here.
 		f.highWater, f.safe, f.tops = top, min(f.safe, top), f.tops[:0]
 		return
-	case full:
+	case wholeBatch:
 		f.highWater = max(f.highWater, top)
 		return
 	}

@@ -33,12 +33,12 @@ func TestClaimFloorStart(t *testing.T) {
 		{"not cheap, quickWalk passed: the mark", false, 100 * time.Millisecond, 50, 50},
 	} {
 		f := newClaimFloor(10, time.Second)
-		f.cheapWalk, f.highWater = tc.cheap, tc.highWater
-		f.fullWalk = t0.Add(-tc.lastWalk).UnixNano()
+		f.oldestWalkCheap, f.highWater = tc.cheap, tc.highWater
+		f.lastOldestWalk = t0.Add(-tc.lastWalk).UnixNano()
 		if got := f.start(t0); got != tc.want {
 			t.Errorf("%s: start %d, want %d", tc.name, got, tc.want)
 		}
-		if tc.want == 0 && f.fullWalk != t0.UnixNano() {
+		if tc.want == 0 && f.lastOldestWalk != t0.UnixNano() {
 			t.Errorf("%s: a walk from the oldest row not noted", tc.name)
 		}
 	}
@@ -130,10 +130,10 @@ func TestClaimFloorCheapWalk(t *testing.T) {
 		{"from the mark: unchanged", unkeyed(1), 5, time.Second, true, true},
 	} {
 		f := newClaimFloor(2, time.Second)
-		f.cheapWalk = tc.was
+		f.oldestWalkCheap = tc.was
 		f.advance(tc.rows, tc.floor, snapshot{}, tc.took)
-		if f.cheapWalk != tc.want {
-			t.Errorf("%s: cheap %v, want %v", tc.name, f.cheapWalk, tc.want)
+		if f.oldestWalkCheap != tc.want {
+			t.Errorf("%s: cheap %v, want %v", tc.name, f.oldestWalkCheap, tc.want)
 		}
 	}
 }
@@ -171,7 +171,7 @@ func TestClaimFloorResetsWhenTransactionIDsGoBack(t *testing.T) {
 	f.fresh.gaps = []span{{10, 20}} // far below next: a sweep
 	f.mu.Unlock()
 	sweep := f.begin(now)
-	if !sweep.fresh.sweep {
+	if !sweep.fresh.belowFloor {
 		t.Fatalf("%+v, want a sweep", sweep)
 	}
 	if !claim(50, 30) {

@@ -34,14 +34,17 @@ type PhaseState struct {
 func (s PhaseState) Mismatch() bool { return s.Table != nil && !slices.Equal(s.Running, s.Table) }
 
 // phaseState is the relay's current phase and the table's, as last read.
-// Each batch reads the phase once, at its start, and finishes under it.
+// followPhase writes it; each batch reads the phase once, at its start, and
+// finishes under it. mu guards the fields after it.
 type phaseState struct {
-	read    chan struct{} // closed once the table's phase was read (pinned: tried)
+	// followPhase closes read once it has read the table's phase (pinned:
+	// tried to), New at once without Config.Phase; Run starts workers then.
+	read    chan struct{}
 	mu      sync.Mutex
-	running phase
-	table   []Target
-	warned  []Target      // the table's phase last warned about, so a warning is not repeated every read
-	batches map[phase]int // batches begun and not ended, by the phase they run
+	running phase         // takePhase switches it; batches, the cleanup and Phase read it
+	table   []Target      // takePhase writes the table's phase as read; nil before
+	warned  []Target      // the table's phase takePhase last warned about, so it warns once per phase
+	batches map[phase]int // runBatch counts itself in, by the phase it runs, until it ends
 }
 
 // now returns the phase new batches run in.

@@ -7,70 +7,48 @@ import (
 	"time"
 )
 
-// freshFloor is where claims walk the outbox's unkeyed rows (docs/design.md,
-// "The claim floor"). Below safe, every such row is taken, held by a batch,
-// or belongs to a transaction a claim's snapshot showed running; pending
-// keeps, for each of those, where its rows may start. The first claim that
-// sees one ended leaves a gap: its rows below where that claim started. So
-// a transaction that stays open holds back nothing but one walk over its
-// gap: the claims never wait for it, nor walk the rows deleted meanwhile,
-// which it keeps on disk.
-//
-// A gap close below next is walked by the next claim. A far one, the
-// recheck and the walk from the oldest row are sweeps: claims of their own,
-// bounded above, that run beside the ordinary claims instead of holding
-// them back while they step over a held horizon's dead rows.
-//
-// It relies on a row's id being taken once its transaction has a
-// transaction id (migration 00018): a row below the newest one a snapshot
-// sees, and not visible to it, is then a running transaction's.
+// freshFloor is where claims walk the outbox's unkeyed rows, so that they
+// pass a long transaction without waiting for it (docs/design.md, "The claim
+// floor"). claimFloor's methods read and write it, under claimFloor.mu.
 type freshFloor struct {
 	poll time.Duration // recheck at least this often while that walk is cheap
 
-	next     int64      // where the next claim's walk starts
-	safe     int64      // see above
-	pending  pendingTxs // a transaction that ran at a raise of safe: where its rows may start
-	gaps     []span     // below next: rows no walk has taken since they became claimable
-	sweeping *freshWalk // the sweep in flight, or nil
-	// Another relay's batch that rolls back after safe passed its rows
-	// leaves them below it. The recheck walks the rows from rechecked to
-	// where the claims start, and those it saw and did not take the time
-	// before (held).
+	next int64 // advance sets where the next ordinary claim's walk starts
+	// Every row below safe is taken, held by a batch, or belongs to a
+	// transaction in pending; advance raises it to a walk's top.
+	safe int64
+	// pending maps each transaction running when safe passed its rows to
+	// where those rows may start; a claim that sees it ended adds a gap there.
+	pending  pendingTxs
+	gaps     []span     // ranges below next no walk has taken since their rows became claimable
+	sweeping *freshWalk // startSweep sets the sweep in flight; swept and unsweep clear it
+	// The recheck walks from rechecked up to where the claims start, and
+	// again the rows in held, which it last saw held by other batches: one
+	// that rolls back after safe passed its rows leaves them below it.
 	rechecked int64
 	held      []int64
 
-	lastRecheck time.Time
-	recheckTook time.Duration // what a recheck took past an ordinary claim
-	claimTook   time.Duration // what the last ordinary claim took
-	lastFull    time.Time
-	fullTook    time.Duration
+	lastRecheck    time.Time
+	recheckTook    time.Duration // what a recheck took past an ordinary claim
+	claimTook      time.Duration // what the last ordinary claim took
+	lastFromOldest time.Time     // when the last walk from the oldest row started
+	fromOldestTook time.Duration // what that walk took
 }
 
 // span is the rows whose ids are in (from, to].
 type span struct{ from, to int64 }
 
-// Bounds of the walks below the floor. A gap that starts within foldSpan
-// ids of next is walked by the next claim (a few milliseconds at most, dead
-// rows and all); a farther one by sweeps of up to sweepSpan ids each, so
-// that the rows at its start, an ended transaction's first, go out after
-// one of them, not after the whole gap's dead rows. A recheck runs every poll while
-// it takes under cheapWalkTook more than an ordinary claim, else every
-// recheckShare times that; the walk from the oldest row (for a row whose
-// id its producer set) every fullWalkEvery at least, and fullShare times
-// what it took.
+// Bounds of the walks below the floor, and how often they run
+// (docs/design.md, "The claim floor").
 const (
-	foldSpan      = 4096
-	sweepSpan     = 1 << 16
-	recheckShare  = 100
-	fullWalkEvery = 5 * time.Minute
-	fullShare     = 200
-	// maxPending bounds the transactions remembered: with more running, the
-	// floor waits, as it did before the first claim. maxGaps bounds the
-	// gaps: with more, they become one. maxHeld bounds the rows a recheck
-	// keeps: with more, the next walks the same rows again.
-	maxPending = 4096
-	maxGaps    = 256
-	maxHeld    = 1 << 16
+	foldSpan      = 4096            // the next claim walks a gap that starts within this many ids of next
+	sweepSpan     = 1 << 16         // a sweep walks at most this many ids of a farther gap
+	recheckShare  = 100             // a recheck that is not cheap runs every this many times what it took
+	fullWalkEvery = 5 * time.Minute // the walk from the oldest row runs at least this often apart
+	fullShare     = 200             // ...and this many times what it took
+	maxPending    = 4096            // transactions remembered: with more running, safe waits
+	maxGaps       = 256             // gaps kept: with more, they merge into one
+	maxHeld       = 1 << 16         // rows a recheck keeps: with more, the next walks them again
 )
 
 // pendingTxs is, per transaction that ran when a floor passed rows, where
@@ -105,17 +83,20 @@ func (p pendingTxs) ended(snap snapshot) []int64 {
 }
 
 func newFreshFloor(poll time.Duration, now time.Time) *freshFloor {
-	return &freshFloor{poll: poll, pending: map[int64]int64{}, lastRecheck: now, lastFull: now}
+	return &freshFloor{poll: poll, pending: map[int64]int64{}, lastRecheck: now, lastFromOldest: now}
 }
 
 // freshWalk is the outbox rows a claim walks: those in (from, to], and why.
+// claimFloor.begin hands one to each claim; the claim passes it back.
 type freshWalk struct {
-	from, to int64   // to: a sweep's last row; an ordinary claim's walk has no end
-	sweep    bool    // below the floor, beside the claims
-	recheck  bool    // a sweep from rechecked, and of ids
-	ids      []int64 // the rows a recheck saw held before
-	full     bool    // a sweep from the oldest row
-	gaps     []span  // the gaps a sweep walks
+	from, to int64 // to: a sweep's last row; an ordinary claim's walk has no end
+	// belowFloor marks a sweep: it walks below where the ordinary claims
+	// start, beside them, without the claim floor's lock.
+	belowFloor bool
+	recheck    bool    // the sweep walks from freshFloor.rechecked, and the rows in ids
+	ids        []int64 // the rows the last recheck saw held by other batches
+	fromOldest bool    // the sweep walks from the oldest row
+	gaps       []span  // the gaps the sweep walks, which it gives back if it fails
 }
 
 // start is the next ordinary claim's walk: from next, or from below it to
@@ -137,11 +118,11 @@ func (f *freshFloor) startSweep(now time.Time) (freshWalk, bool) {
 	if f.sweeping != nil {
 		return freshWalk{}, false
 	}
-	w := freshWalk{to: max(f.next, f.safe), sweep: true}
+	w := freshWalk{to: max(f.next, f.safe), belowFloor: true}
 	switch {
-	case f.fullDue(now):
-		f.lastFull = now
-		w.full = true
+	case f.fromOldestDue(now):
+		f.lastFromOldest = now
+		w.fromOldest = true
 	case f.farGap(&w):
 		w.to = min(w.to, w.from+sweepSpan)
 	case f.recheckDue(now):
@@ -187,14 +168,14 @@ func (f *freshFloor) sweepDue(now time.Time) bool {
 	if f.sweeping != nil {
 		return false
 	}
-	return f.fullDue(now) || slices.ContainsFunc(f.gaps, f.far) || f.recheckDue(now)
+	return f.fromOldestDue(now) || slices.ContainsFunc(f.gaps, f.far) || f.recheckDue(now)
 }
 
 // far reports whether gap g is a sweep's, not the next claim's.
 func (f *freshFloor) far(g span) bool { return f.next-g.from > foldSpan }
 
-func (f *freshFloor) fullDue(now time.Time) bool {
-	return now.Sub(f.lastFull) >= max(fullWalkEvery, fullShare*f.fullTook)
+func (f *freshFloor) fromOldestDue(now time.Time) bool {
+	return now.Sub(f.lastFromOldest) >= max(fullWalkEvery, fullShare*f.fromOldestTook)
 }
 
 func (f *freshFloor) recheckDue(now time.Time) bool {
@@ -223,7 +204,7 @@ func topOf(rows []*claimed) int64 {
 // under snap and took rows (the outbox's unkeyed ones among them count) in
 // took. full says the claim took a whole batch: its walk may have stopped
 // short.
-func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full bool, took time.Duration) {
+func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, wholeBatch bool, took time.Duration) {
 	if w.from == f.next {
 		f.claimTook = took
 	}
@@ -239,7 +220,7 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, full b
 		}
 	}
 	f.raise(w, top, snap)
-	if full {
+	if wholeBatch {
 		// Rows may be left past its top (from its start, if it took none):
 		// the next walk goes on from there, below the mark if it started
 		// below it.
@@ -267,12 +248,12 @@ func (f *freshFloor) raise(w freshWalk, top int64, snap snapshot) {
 // took a whole batch, and stopped at its top: the rest is a gap. A recheck
 // goes on from its end next time, and walks again the rows it saw and did
 // not take (snap.left: held by other batches, or past its batch).
-func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, full bool, took time.Duration) {
+func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, wholeBatch bool, took time.Duration) {
 	left := snap.left
 	f.sweeping = nil
 	switch {
-	case w.full:
-		f.fullTook = took
+	case w.fromOldest:
+		f.fromOldestTook = took
 	case w.recheck:
 		// Its rows are passed: a transaction running at its snapshot may
 		// have rows among them, as at a raise of safe.
@@ -282,7 +263,7 @@ func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, full boo
 		}
 		return
 	}
-	if full {
+	if wholeBatch {
 		f.addGap(span{max(topOf(rows), w.from), w.to})
 	}
 }

@@ -31,7 +31,7 @@ func TestFreshFloorStart(t *testing.T) {
 	} {
 		f := newFreshFloor(time.Second, time.Unix(0, 0))
 		f.next, f.safe, f.gaps = 9000, 9000, tc.gaps
-		if got := f.start(); got.from != tc.want || got.sweep {
+		if got := f.start(); got.from != tc.want || got.belowFloor {
 			t.Errorf("%s: %+v, want from %d, unbounded, not a sweep", tc.name, got, tc.want)
 		}
 	}
@@ -60,18 +60,18 @@ func TestFreshFloorSweeps(t *testing.T) {
 		{"none due", []span{near}, time.Second, 100 * time.Millisecond, 0, false, freshWalk{}, true, []span{near}},
 		{"one in flight", []span{{100, 200}}, time.Hour, time.Hour, 0, true, freshWalk{}, true, []span{{100, 200}}},
 		{"the oldest row, every fullWalkEvery", []span{{100, 200}, near}, fullWalkEvery, 0, 0, false,
-			freshWalk{from: 0, to: 9000, sweep: true, full: true, gaps: []span{{100, 200}, near}}, false, nil},
+			freshWalk{from: 0, to: 9000, belowFloor: true, fromOldest: true, gaps: []span{{100, 200}, near}}, false, nil},
 		{"the lowest far gap and those it overlaps", []span{near, {3000, 5000}, {100, 2000}, {1500, 2500}}, time.Second, 0, 0, false,
-			freshWalk{from: 100, to: 2500, sweep: true, gaps: []span{{100, 2000}, {1500, 2500}}}, false, []span{{3000, 5000}, near}},
+			freshWalk{from: 100, to: 2500, belowFloor: true, gaps: []span{{100, 2000}, {1500, 2500}}}, false, []span{{3000, 5000}, near}},
 		{"at most sweepSpan ids of a gap; the rest stays", []span{{100, 100 + 3*sweepSpan}}, time.Second, 0, 0, false,
-			freshWalk{from: 100, to: 100 + sweepSpan, sweep: true, gaps: []span{{100, 100 + sweepSpan}}}, false,
+			freshWalk{from: 100, to: 100 + sweepSpan, belowFloor: true, gaps: []span{{100, 100 + sweepSpan}}}, false,
 			[]span{{100 + sweepSpan, 100 + 3*sweepSpan}}},
 		{"a recheck from where the last ended, and the rows it saw held", []span{near}, time.Second, time.Second, 0, false,
-			freshWalk{from: 8500, to: 9000, sweep: true, recheck: true, ids: []int64{300, 8200}, gaps: []span{near}}, false, nil},
+			freshWalk{from: 8500, to: 9000, belowFloor: true, recheck: true, ids: []int64{300, 8200}, gaps: []span{near}}, false, nil},
 		{"an expensive recheck waits recheckShare times what it took", nil, time.Second, 1500 * time.Millisecond, 20 * time.Millisecond, false,
 			freshWalk{}, true, nil},
 		{"...then runs", nil, time.Second, 2 * time.Second, 20 * time.Millisecond, false,
-			freshWalk{from: 8500, to: 9000, sweep: true, recheck: true, ids: []int64{300, 8200}}, false, nil},
+			freshWalk{from: 8500, to: 9000, belowFloor: true, recheck: true, ids: []int64{300, 8200}}, false, nil},
 	} {
 		f := newFreshFloor(time.Second, t0.Add(-time.Hour))
 		f.next, f.safe, f.gaps = 9000, 9000, slices.Clone(tc.gaps)
@@ -79,7 +79,7 @@ func TestFreshFloorSweeps(t *testing.T) {
 			f.sweeping = &freshWalk{}
 		}
 		f.rechecked, f.held = 8500, []int64{300, 8200}
-		f.lastFull, f.lastRecheck, f.recheckTook = t0.Add(-tc.sinceFull), t0.Add(-tc.sinceCheck), tc.recheckTook
+		f.lastFromOldest, f.lastRecheck, f.recheckTook = t0.Add(-tc.sinceFull), t0.Add(-tc.sinceCheck), tc.recheckTook
 		due := f.sweepDue(t0)
 		got, ok := f.startSweep(t0)
 		switch {
@@ -299,7 +299,7 @@ func TestFreshFloorRecheckCostIsWhatItAdds(t *testing.T) {
 	} {
 		f := newFreshFloor(time.Second, now)
 		f.advance(fresh(5), freshWalk{from: f.next}, snapshot{}, false, tc.claim)
-		f.swept(nil, freshWalk{from: 0, sweep: true, recheck: true}, snapshot{}, false, tc.recheck)
+		f.swept(nil, freshWalk{from: 0, belowFloor: true, recheck: true}, snapshot{}, false, tc.recheck)
 		if got := f.recheckEvery(); got != tc.wantEvery {
 			t.Errorf("%s: a recheck every %v, want %v", tc.name, got, tc.wantEvery)
 		}

@@ -3,7 +3,8 @@ package relay
 import "sync"
 
 // heldRows are the keyed rows this relay's batches in flight hold, from
-// their claim until their transaction ends. Claims do not try to lock them.
+// their claim until their transaction ends. runBatch adds and removes its
+// rows; each claim reads the list and does not try to lock them.
 type heldRows struct {
 	mu  sync.Mutex
 	ids map[int64]struct{}

@@ -1,15 +1,15 @@
 package relay
 
-// keyedFloor is where claims walk the outbox's keyed rows from. Below it,
-// every keyed row has left the outbox, or belongs to a transaction a
-// claim's snapshot showed running: pending keeps, for each of those, where
-// its rows may start. Each claim reads the lowest keyed row above the floor,
-// and the floor rises to just below it; so the walks pass the rows deleted
-// meanwhile, which a held horizon keeps on disk (docs/design.md, "The claim
-// floor"). A keyed row a claim skips (its key waits, or an earlier row of
-// its key is in flight) stays in the outbox, and holds the floor below it.
+// keyedFloor is where claims walk the outbox's keyed rows from, so that the
+// walks pass the rows deleted meanwhile (docs/design.md, "The claim floor").
+// claimFloor's methods read and write it, under claimFloor.mu.
 type keyedFloor struct {
-	floor   int64
+	// Every keyed row below floor has left the outbox or belongs to a
+	// transaction in pending; advance raises it to just below the lowest
+	// keyed row a claim saw above it.
+	floor int64
+	// pending maps each transaction running when floor rose to where its
+	// rows may start; a claim that sees it ended sends floor back there.
 	pending pendingTxs
 }
 

@@ -1,13 +1,13 @@
 package relay
 
-// kick wakes one idle worker: one claim takes every waiting row, so waking
-// all would add empty claims. A kick sent while no worker waits is kept
-// (kicks collapse into one) for the first worker that does.
-type kick chan struct{}
+// wakeSignal wakes one idle worker: one claim takes every waiting row, so
+// waking all would add empty claims. Signals sent while no worker waits
+// collapse into one, kept for the first worker that does.
+type wakeSignal chan struct{}
 
-func newKick() kick { return make(kick, 1) }
+func newWakeSignal() wakeSignal { return make(wakeSignal, 1) }
 
-func (k kick) signal() {
+func (k wakeSignal) signal() {
 	select {
 	case k <- struct{}{}:
 	default:

@@ -16,13 +16,13 @@ type lateConfirm struct {
 // lateBuffer is how many late confirms wait to be recorded at most.
 const lateBuffer = 1 << 14
 
-// onLateConfirm queues a late confirm of target t for recordLate. A full
-// queue drops it: this instance still knows (the sink does not publish it
-// again); only other instances may.
+// onLateConfirm returns the callback target t's sink calls, from its own
+// goroutine, with a late confirm: it queues the confirm for recordLate, or
+// drops it when the queue is full (only other instances may publish it again).
 func (r *Relay) onLateConfirm(t Target) func(msgID string) {
 	return func(msgID string) {
 		select {
-		case r.late <- lateConfirm{target: t, msgID: msgID}:
+		case r.lateConfirms <- lateConfirm{target: t, msgID: msgID}:
 		default:
 		}
 	}
@@ -40,7 +40,7 @@ func (r *Relay) recordLate(stop <-chan struct{}) {
 		select {
 		case <-stop:
 			stopping = true
-		case first = <-r.late:
+		case first = <-r.lateConfirms:
 		}
 		var byTarget perTarget[[]string]
 		add := func(c lateConfirm) { p := byTarget.Ptr(c.target); *p = append(*p, c.msgID) }
@@ -50,7 +50,7 @@ func (r *Relay) recordLate(stop <-chan struct{}) {
 	more:
 		for n := 1; n < 1000 || stopping; n++ {
 			select {
-			case c := <-r.late:
+			case c := <-r.lateConfirms:
 				add(c)
 			default:
 				break more

@@ -46,7 +46,7 @@ func listParked(ctx context.Context, db *pgxpool.Pool, sql string, targets []Tar
 	for _, t := range targets {
 		want[t] = true
 	}
-	rows, err := db.Query(ctx, sql, want[TargetAMQP], want[TargetNATS], limit)
+	rows, err := db.Query(ctx, sql, pgx.StrictStructArgs(outboxsql.ListParkedParams{AMQP: want[TargetAMQP], NATS: want[TargetNATS], Limit: limit}))
 	if err != nil {
 		return nil, fmt.Errorf("list parked: %w", err)
 	}
@@ -71,18 +71,30 @@ func listParked(ctx context.Context, db *pgxpool.Pool, sql string, targets []Tar
 	return out, rows.Err()
 }
 
-// RetryParked puts parked rows back in line for the given targets: the
-// rows with ids, or every parked row when all. Attempts start again from 0,
-// and a row no broker owes a publish of forgets its route (docs/routes.md,
-// "Changing routes").
+// ParkedRows says which parked rows RetryParked puts back: AllParked or
+// ParkedIDs.
+type ParkedRows struct {
+	ids []int64
+	all bool
+}
+
+// AllParked is every parked row.
+func AllParked() ParkedRows { return ParkedRows{all: true} }
+
+// ParkedIDs is the parked rows among ids.
+func ParkedIDs(ids ...int64) ParkedRows { return ParkedRows{ids: ids} }
+
+// RetryParked puts the parked rows that which selects back in line for
+// the given targets. Attempts start again from 0, and a row no broker owes
+// a publish of forgets its route (docs/routes.md, "Changing routes").
 // Safe while relays run (a relay holding one of the rows makes the update
 // wait for its batch); it wakes idle relays. It returns how many (row,
 // target) pairs were put back.
-func RetryParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, ids []int64, all bool) (int64, error) {
+func RetryParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, which ParkedRows) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		for _, t := range targets {
-			tag, err := tx.Exec(ctx, outboxsql.For(table).RetryParked.Get(string(t)), all, ids)
+			tag, err := tx.Exec(ctx, outboxsql.For(table).RetryParked.Get(string(t)), pgx.StrictStructArgs(outboxsql.RetryParkedParams{All: which.all, IDs: which.ids}))
 			if err != nil {
 				return err
 			}
@@ -92,7 +104,7 @@ func RetryParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targ
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, channel)
+		_, err = tx.Exec(ctx, outboxsql.Notify, pgx.StrictStructArgs(outboxsql.NotifyParams{Channel: channel}))
 		return err
 	})
 	if err != nil {

@@ -26,7 +26,7 @@ func TestRetryForgetsTheRouteOnlyWhenNothingIsOutstanding(t *testing.T) {
 		if err := f.pool.QueryRow(context.Background(), `SELECT id FROM `+f.table.Owed()+` WHERE message_id = $1`, id).Scan(&rowID); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := RetryParked(context.Background(), f.pool, f.table, []Target{TargetAMQP}, []int64{rowID}, false); err != nil {
+		if _, err := RetryParked(context.Background(), f.pool, f.table, []Target{TargetAMQP}, ParkedIDs(rowID)); err != nil {
 			t.Fatal(err)
 		}
 		var subject *string

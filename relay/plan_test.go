@@ -4,12 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -48,22 +53,114 @@ func planScans(t *testing.T, tx pgx.Tx, stmt string, rels ...string) (scans []st
 	return scans
 }
 
-// beginClaim begins a transaction as a batch does (batchBegin's settings)
-// with the claim prepared as c; the caller rolls it back.
-func beginClaim(t *testing.T, f *fixture) pgx.Tx {
+// prepared is PREPARE name AS the statement sql, its parameters typed by the
+// fields of p, its params struct, and EXECUTE name with p's values; pos is
+// the $n of each parameter by name, as pgx numbers them.
+func prepared(name, sql string, p any) (prepare, execute string, pos map[string]int) {
+	positional, names := outboxsql.Positional(sql)
+	v := reflect.ValueOf(p)
+	fields := map[string]reflect.Value{}
+	for i := range v.NumField() {
+		fields[v.Type().Field(i).Tag.Get("db")] = v.Field(i)
+	}
+	types, values, pos := make([]string, len(names)), make([]string, len(names)), map[string]int{}
+	for i, n := range names {
+		f, ok := fields[n]
+		if !ok {
+			panic(fmt.Sprintf("%T has no field for @%s", p, n))
+		}
+		types[i], values[i], pos[n] = pgType(f.Type()), pgLiteral(f), i+1
+	}
+	return "PREPARE " + name + "(" + strings.Join(types, ", ") + ") AS " + positional,
+		"EXECUTE " + name + "(" + strings.Join(values, ", ") + ")", pos
+}
+
+// pgType is the Postgres type pgx sends a params struct's field of type t as.
+func pgType(t reflect.Type) string {
+	switch {
+	case t == reflect.TypeFor[time.Time]():
+		return "timestamptz"
+	case t.Kind() == reflect.Bool:
+		return "boolean"
+	case t.Kind() == reflect.Int16:
+		return "smallint"
+	case t.Kind() == reflect.Int || t.Kind() == reflect.Int32:
+		return "int"
+	case t.Kind() == reflect.Int64:
+		return "bigint"
+	case t.Kind() == reflect.String:
+		return "text"
+	case t.Kind() == reflect.Slice:
+		return pgType(t.Elem()) + "[]"
+	case t.Kind() == reflect.Pointer:
+		return pgType(t.Elem())
+	}
+	panic("no Postgres type for " + t.String())
+}
+
+// pgLiteral is v as an SQL literal; pgArrayElem an element of an array's.
+func pgLiteral(v reflect.Value) string {
+	switch v.Kind() {
+	case reflect.Slice:
+		elems := make([]string, v.Len())
+		for i := range elems {
+			elems[i] = pgArrayElem(v.Index(i))
+		}
+		return "'{" + strings.ReplaceAll(strings.Join(elems, ","), "'", "''") + "}'"
+	case reflect.String:
+		return "'" + strings.ReplaceAll(v.String(), "'", "''") + "'"
+	case reflect.Pointer:
+		if v.IsNil() {
+			return "NULL"
+		}
+		return pgLiteral(v.Elem())
+	}
+	return fmt.Sprint(v.Interface())
+}
+
+func pgArrayElem(v reflect.Value) string {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if v.IsNil() {
+			return "NULL"
+		}
+		return pgArrayElem(v.Elem())
+	case reflect.String:
+		return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(v.String()) + `"`
+	}
+	return fmt.Sprint(v.Interface())
+}
+
+// claimParams are the claim's parameters in these tests: both targets, a
+// batch of 500, the first claim's floors; held the rows held.
+func claimParams(held []int64) outboxsql.ClaimParams {
+	return outboxsql.ClaimParams{AMQPActive: true, NATSActive: true, BatchSize: 500, KeyedWindow: 2000, KeyedRows: 250,
+		HeldIDs: held, FreshTo: math.MaxInt64}
+}
+
+// beginClaim begins a transaction as a batch does (outboxsql.BatchBegin's
+// settings) with the claim prepared as c; the caller rolls it back, and
+// executes c with exec(p).
+func beginClaim(t *testing.T, f *fixture) (tx pgx.Tx, exec func(p outboxsql.ClaimParams) string) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := f.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range append(batchBegin[1:], `PREPARE c(boolean, boolean, int, boolean, int, int, bigint, bigint[], bigint) AS `+newStore(f.table).claimSQL) {
+	claimSQL := newStore(f.table).sql.Claim
+	prepare, _, _ := prepared("c", claimSQL, outboxsql.ClaimParams{})
+	exec = func(p outboxsql.ClaimParams) string {
+		_, execute, _ := prepared("c", claimSQL, p)
+		return execute
+	}
+	for _, q := range append(outboxsql.BatchBegin[1:], prepare) {
 		if _, err := tx.Exec(ctx, q); err != nil {
 			tx.Rollback(ctx) //nolint:errcheck // failing anyway
 			t.Fatal(err)
 		}
 	}
-	return tx
+	return tx, exec
 }
 
 // explainPlan runs EXPLAIN (opts, FORMAT JSON) stmt on tx and calls visit on
@@ -102,10 +199,21 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	ctx := context.Background()
 	f.noAutovacuum()
 	st := newStore(f.table)
-	const (
-		claim  = `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{7,8}', 0, 9223372036854775807, 0)`
-		record = `EXECUTE r('{1,2}', '{1,2}', '{x,y}', '{0,0}', '{1,2}', '{x,y}', '{0,0}', '{3,4}', '{t,t}', '{t,t}', '{x,y}', '{k,k}', '{s.a,s.b}', '{S,S}')`
-	)
+	str := func(s ...string) []*string {
+		out := make([]*string, len(s))
+		for i := range s {
+			out[i] = &s[i]
+		}
+		return out
+	}
+	prepareClaim, claim, claimPos := prepared("c", st.sql.Claim, claimParams([]int64{7, 8}))
+	prepareRecord, record, _ := prepared("r", st.sql.Record, outboxsql.RecordParams{
+		IDs:          []int64{1, 2},
+		AMQPOutcomes: []outboxsql.Outcome{1, 2}, AMQPErrors: []string{"x", "y"}, AMQPBackoffsMS: []int64{0, 0},
+		NATSOutcomes: []outboxsql.Outcome{1, 2}, NATSErrors: []string{"x", "y"}, NATSBackoffsMS: []int64{0, 0},
+		DoneIDs: []int64{3, 4}, AMQPDoneNow: []bool{true, true}, NATSDoneNow: []bool{true, true},
+		RouteExchanges: str("x", "y"), RouteRoutingKeys: str("k", "k"), RouteSubjects: str("s.a", "s.b"), RouteStreams: str("S", "S"),
+	})
 	plans := func(opts pgx.TxOptions) (claimScans, recordScans []string) {
 		t.Helper()
 		tx, err := f.pool.BeginTx(ctx, opts)
@@ -117,10 +225,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 			tx.Exec(ctx, `DEALLOCATE c; DEALLOCATE r`) //nolint:errcheck // rolled back next
 			tx.Rollback(ctx)                           //nolint:errcheck // nothing to keep
 		}()
-		for _, q := range []string{
-			`PREPARE c(boolean, boolean, int, boolean, int, int, bigint, bigint[], bigint) AS ` + st.claimSQL,
-			`PREPARE r(bigint[], smallint[], text[], bigint[], smallint[], text[], bigint[], bigint[], boolean[], boolean[], text[], text[], text[], text[]) AS ` + st.recordSQL,
-		} {
+		for _, q := range []string{prepareClaim, prepareRecord} {
 			if _, err := tx.Exec(ctx, q); err != nil {
 				t.Fatal(err)
 			}
@@ -132,19 +237,20 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	f.fill(100)
 	// The small table misleads a generic plan without the batch's settings...
 	if _, rec := plans(pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"}); !seq(rec) {
-		t.Fatalf("record planned without sequential scans on a small table without batchBegin's settings (%v): the test does not reproduce the hazard", rec)
+		t.Fatalf("record planned without sequential scans on a small table without outboxsql.BatchBegin's settings (%v): the test does not reproduce the hazard", rec)
 	}
 	// ...not with them, on a small table or a large one.
 	for _, size := range []string{"small", "large"} {
 		if size == "large" {
 			f.fill(20_000)
 		}
-		claimScans, recordScans := plans(pgx.TxOptions{BeginQuery: strings.Join(batchBegin, "; ")})
+		claimScans, recordScans := plans(pgx.TxOptions{BeginQuery: strings.Join(outboxsql.BatchBegin, "; ")})
 		if seq(claimScans) {
 			t.Errorf("%s table: claim plans a sequential scan of the outbox: %v", size, claimScans)
 		}
 		// The outbox's unkeyed walk reads no keyed row: its index condition says so.
-		if !slices.ContainsFunc(claimScans, func(s string) bool { return strings.Contains(s, "[((key IS NULL) AND (id > $9) AND (id <= $10))]") }) {
+		unkeyed := fmt.Sprintf("[((key IS NULL) AND (id > $%d) AND (id <= $%d))]", claimPos["fresh_from"], claimPos["fresh_to"])
+		if !slices.ContainsFunc(claimScans, func(s string) bool { return strings.Contains(s, unkeyed) }) {
 			t.Errorf("%s table: no walk of the outbox's unkeyed rows by key_order: %v", size, claimScans)
 		}
 		for _, s := range recordScans {
@@ -158,7 +264,7 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 }
 
 // A keyed claim does not try to lock the rows this relay's other batches
-// hold ($8): with few keys most heads are in flight, and each claim tried
+// hold (@held_ids): with few keys most heads are in flight, and each claim tried
 // every one of them before reaching a free key. Here 60 of 100 keys' first
 // rows are locked by another transaction; the claim takes the 40 free heads
 // either way, and with the 60 passed as held it tries to lock only those.
@@ -182,14 +288,10 @@ func TestKeyedClaimDoesNotTryHeldRows(t *testing.T) {
 	// it returned.
 	claim := func(held []int64) (tried, claimed float64) {
 		t.Helper()
-		tx := beginClaim(t, f)
+		tx, exec := beginClaim(t, f)
 		defer tx.Rollback(ctx)             //nolint:errcheck // EXPLAIN ANALYZE locked rows: let them go
 		defer tx.Exec(ctx, `DEALLOCATE c`) //nolint:errcheck // rolled back next
-		ids := make([]string, len(held))
-		for i, id := range held {
-			ids[i] = fmt.Sprint(id)
-		}
-		root := explainPlan(t, tx, "ANALYZE, ", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{`+strings.Join(ids, ",")+`}', 0, 9223372036854775807, 0)`, func(n map[string]any) {
+		root := explainPlan(t, tx, "ANALYZE, ", exec(claimParams(held)), func(n map[string]any) {
 			if n["Node Type"] != "LockRows" {
 				return
 			}
@@ -219,7 +321,7 @@ func TestClaimReturnsRowsInIDOrder(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	tbl := f.table.Ident()
-	// ids 1–3: RabbitMQ has them (n_u); 4–6 unkeyed (f_u); 7–9 keyed (f_k).
+	// ids 1–3: RabbitMQ has them (nats_unkeyed); 4–6 unkeyed (fresh_unkeyed); 7–9 keyed (fresh_keyed).
 	for _, q := range []string{
 		`INSERT INTO ` + tbl + ` (topic, payload) SELECT 't', '\x00' FROM generate_series(1, 6)`,
 		`INSERT INTO ` + tbl + ` (topic, payload, key) SELECT 't', '\x00', 'k' || g FROM generate_series(1, 3) g`,
@@ -268,11 +370,11 @@ func TestKeyedHeadsAreNotSortedByKey(t *testing.T) {
 	ctx := context.Background()
 	f.noAutovacuum()
 	f.insertKeyed(100, 5)
-	tx := beginClaim(t, f)
+	tx, exec := beginClaim(t, f)
 	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
 	var sorts []string
 	hashed := 0
-	explainPlan(t, tx, "", `EXECUTE c(true, true, 500, false, 2000, 250, 0, '{}', 0, 9223372036854775807, 0)`, func(n map[string]any) {
+	explainPlan(t, tx, "", exec(claimParams([]int64{})), func(n map[string]any) {
 		if keys, ok := n["Sort Key"].([]any); ok {
 			sorts = append(sorts, fmt.Sprint(keys))
 		}

@@ -23,6 +23,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/relayd/relayd/schema"
 )
 
 // Observer is told what the relay does; the metrics package implements it.
@@ -32,11 +35,11 @@ type Observer interface {
 	Published(t Target, createdAt time.Time)
 	PublishFailed(t Target, err error)
 	Parked(t Target)
-	// LateConfirmed: n confirms of t that came after their batch gave up
-	// waiting were recorded as deliveries.
+	// LateConfirmed reports that the relay recorded as deliveries n confirms
+	// from t that came after their batch had stopped waiting.
 	LateConfirmed(t Target, n int)
-	// Phase: the phase the relay runs and the table's, after each read of
-	// the table's (Config.Phase).
+	// Phase reports the phase the relay runs and the table's phase; the
+	// relay calls it each time it has read the table's phase (Config.Phase).
 	Phase(s PhaseState)
 }
 
@@ -55,35 +58,45 @@ type Relay struct {
 	pool       *pgxpool.Pool
 	store      *store
 	sinks      perTarget[Sink]          // nil when the relay has no connection to the target
-	phase      phaseState               // the targets new batches run for, and the table's phase
+	phase      phaseState               // followPhase writes the phase; each batch reads it once, at its start
 	retryBound perTarget[time.Duration] // caps the backoff of a row with an unknown outcome (RetryBounder); 0: none
-	breaker    perTarget[*breaker]
+	breaker    perTarget[*breaker]      // workers feed it each batch's results and skip a target it pauses
 	log        *slog.Logger
 
-	wake  kick             // rows were committed (NOTIFY), or the listener reconnected
-	drain kick             // a worker's batch came back full: there may be more
-	back  *reconnected     // the listener connected again: stalled workers retry now
-	idle  *idleState       // whether the relay waits for rows: the listener holds the wake lock then
-	floor *claimFloor      // where claims start; one claim at a time
-	held  *heldRows        // keyed rows of batches in flight
-	full  fullSince        // per target and topic, since when the broker refuses rows for room
-	late  chan lateConfirm // confirms that came after their batch gave up, for recordLate
-	sweep strandedSweep    // finishStranded's place
+	// The listener signals wake on a NOTIFY, a reconnection or rows its
+	// wake-lock reads saw; followPhase and sweeping batches signal it too.
+	// One idle worker takes each signal.
+	wake wakeSignal
+	// A worker whose batch came back at least half full signals drain: an
+	// idle worker whose last claim found rows claims at once.
+	drain wakeSignal
+	// The listener signals reconnected each time it connects to Postgres;
+	// every stalled worker then ends its backoff and retries.
+	reconnected *reconnectSignal
+	// Workers write their state into idle; the listener reads it to take or
+	// release the wake lock (docs/design.md, "Waking the relay").
+	idle  *idleState
+	floor *claimFloor // workers read and advance it around each claim, under its lock
+	// A worker adds its batch's keyed rows to held when it claims them and
+	// removes them when the batch's transaction ends; claims skip them.
+	held *heldRows
+	// Workers record in outOfRoomSince, per target and topic, since when the
+	// broker refuses rows for want of room; roomBackoff grows with it.
+	outOfRoomSince roomRefusals
+	// Sinks send on lateConfirms each confirm that came after its batch
+	// gave up; the recordLate goroutine records them as deliveries.
+	lateConfirms chan lateConfirm
+	// stranded is the outbox id where finishStranded's next slice starts;
+	// CleanupOnce reads and moves it.
+	stranded strandedCursor
 	// trimmed is, for the delivered and the backfilled record, the newest
-	// row the cleanup deleted: its next pass starts there (CleanupOnce).
+	// row CleanupOnce deleted: its next pass starts there.
 	trimmed [2]time.Time
 
 	tracer *tracer // nil when tracing is off
 
 	hooks *testHooks // nil in production
-	// wakeRecheck is how often the listener reads the table's wake-up keys
-	// again while it has no wake lock.
-	wakeRecheck time.Duration
 }
-
-// wakeRecheckEvery is how soon a relay started before its table was
-// migrated to the wake lock (migration 00007) takes it.
-const wakeRecheckEvery = 10 * time.Second
 
 // New returns a relay for pool's database. pool should connect directly to
 // Postgres (LISTEN does not work through transaction pooling).
@@ -93,10 +106,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, pool: pool, store: newStore(cfg.Table), log: cfg.Logger,
-		wake: newKick(), drain: newKick(), back: newReconnected(), idle: newIdleState(),
+		wake: newWakeSignal(), drain: newWakeSignal(), reconnected: newReconnectSignal(), idle: newIdleState(),
 		floor: newClaimFloor(cfg.BatchSize, cfg.PollInterval), held: newHeldRows(),
-		late: make(chan lateConfirm, lateBuffer), sweep: strandedSweep{slice: sweepSliceRows},
-		wakeRecheck: wakeRecheckEvery, tracer: newTracer(cfg.TracerProvider, cfg.Sinks, cfg.Table.String())}
+		lateConfirms: make(chan lateConfirm, lateBuffer), stranded: strandedCursor{slice: strandedSliceRows},
+		tracer: newTracer(cfg.TracerProvider, cfg.Sinks, cfg.Table.String())}
 	for _, s := range cfg.Sinks {
 		t := s.Target()
 		r.sinks.Set(t, s)
@@ -118,8 +131,16 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 // Run relays until ctx is cancelled, then stops claiming, lets in-flight
 // batches finish (at most PublishTimeout plus a database round trip),
 // records the confirms that came late, and returns nil. Failures while it
-// runs are logged and retried, not returned.
+// runs are logged and retried, not returned. It first checks, once, that
+// the table is migrated to schema.Minimum, and returns that check's error
+// (a *schema.OutdatedError for an older table) without relaying.
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.requireSchema(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	stopLate, lateDone := make(chan struct{}), make(chan struct{})
 	go func() { defer close(lateDone); r.recordLate(stopLate) }()
 	var wg sync.WaitGroup
@@ -148,6 +169,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	<-lateDone
 	r.log.Info("relay stopped")
 	return nil
+}
+
+// requireSchema is schema.Require for the relay's table: the relay has no
+// code for a table older than schema.Minimum.
+func (r *Relay) requireSchema(ctx context.Context) error {
+	db := stdlib.OpenDBFromPool(r.pool)
+	defer db.Close()
+	return schema.Require(ctx, db, r.cfg.Table)
 }
 
 func (r *Relay) targetNames() []string {

@@ -2,13 +2,17 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
 
 	"github.com/relayd/relayd/internal/testenv"
+	"github.com/relayd/relayd/schema"
 )
 
 func TestMain(m *testing.M) {
@@ -92,5 +96,48 @@ func TestStopFinishesInFlightBatch(t *testing.T) {
 		if !f.state(id).amqpDelivered {
 			t.Fatalf("row %s published but not recorded at stop", id)
 		}
+	}
+}
+
+// A relay runs on no table older than schema.Minimum: Run refuses one a
+// migration behind, at once, with schema.Require's error, and relays nothing.
+func TestRunRefusesATableBeforeTheMinimum(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := schema.Table{Schema: testenv.Name("t"), Name: "outbox"}
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()+` CASCADE`) //nolint:errcheck // best effort
+	})
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := schema.NewProvider(db, table, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, schema.Minimum()-1); err != nil {
+		t.Fatal(err)
+	}
+	a := newFake(TargetAMQP)
+	r, err := New(pool, Config{Table: table, Sinks: []Sink{a}, PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case err := <-done:
+		var outdated *schema.OutdatedError
+		if !errors.As(err, &outdated) || outdated.Version != schema.Minimum()-1 || outdated.Minimum != schema.Minimum() {
+			t.Fatalf("Run on a table at %d: %v, want a schema.OutdatedError", schema.Minimum()-1, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run relays a table older than schema.Minimum")
+	}
+	if a.total() != 0 {
+		t.Fatalf("%d rows published from a table older than schema.Minimum", a.total())
 	}
 }

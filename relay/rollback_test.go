@@ -80,7 +80,8 @@ func TestRollbackLosesNoRow(t *testing.T) {
 		if _, err := tx.Exec(ctx, q.PhaseLock); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.Exec(ctx, q.PhaseSet, phase.Dual, "test", "rollback", false); err != nil {
+		set := outboxsql.PhaseSetParams{Phase: string(phase.Dual), ChangedBy: "test", Reason: "rollback"}
+		if _, err := tx.Exec(ctx, q.PhaseSet, pgx.StrictStructArgs(set)); err != nil {
 			t.Fatal(err)
 		}
 		if err := r.CleanupOnce(ctx); err != nil {

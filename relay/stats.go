@@ -101,7 +101,8 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 	var oldestAt *time.Time
 	var lagSec *float64
 	var minID, maxID *int64
-	err := tx.QueryRow(ctx, q[0], from).
+	floor := pgx.StrictStructArgs(outboxsql.StatsParams{Floor: from})
+	err := tx.QueryRow(ctx, q[0], floor).
 		Scan(&s.At, &s.Pending, &s.Retrying, &minID, &maxID, &oldestID, &oldestTopic, &oldestAt, &lagSec)
 	if err != nil {
 		return s, err
@@ -119,7 +120,7 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 		return s, err
 	}
 	var lastErr *string
-	err = tx.QueryRow(ctx, q[2], from).Scan(&lastErr)
+	err = tx.QueryRow(ctx, q[2], floor).Scan(&lastErr)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return s, err
 	}
@@ -145,9 +146,10 @@ func FinishedWithoutNATS(ctx context.Context, db *pgxpool.Pool, table schema.Tab
 	sql := outboxsql.For(table)
 	var f *time.Time
 	if since.IsZero() {
-		err = db.QueryRow(ctx, sql.FinishedWithoutNATS, fmt.Sprintf("%d milliseconds", lookback.Milliseconds())).Scan(&n, &at, &f)
+		p := outboxsql.FinishedWithoutNATSParams{Lookback: fmt.Sprintf("%d milliseconds", lookback.Milliseconds())}
+		err = db.QueryRow(ctx, sql.FinishedWithoutNATS, pgx.StrictStructArgs(p)).Scan(&n, &at, &f)
 	} else {
-		err = db.QueryRow(ctx, sql.FinishedWithoutNATSSince, since).Scan(&n, &at)
+		err = db.QueryRow(ctx, sql.FinishedWithoutNATSSince, pgx.StrictStructArgs(outboxsql.FinishedWithoutNATSSinceParams{Since: since})).Scan(&n, &at)
 	}
 	if f != nil {
 		first = *f

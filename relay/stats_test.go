@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -131,8 +132,8 @@ func TestStatsStayOnIndexesWithoutPlannerStatistics(t *testing.T) {
 				}
 				var plan string
 				var args []any
-				if strings.Contains(q, "$1") { // the outbox's floor
-					args = append(args, 0)
+				if strings.Contains(q, "@floor") { // the outbox's floor
+					args = append(args, pgx.StrictStructArgs(outboxsql.StatsParams{}))
 				}
 				err = tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q, args...).Scan(&plan)
 				tx.Rollback(ctx) //nolint:errcheck // read only
@@ -186,7 +187,7 @@ func TestStatsReadNothingAHeldHorizonKeeps(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx) //nolint:errcheck // read-only
-		return planBlocks(t, tx, statsQueries(f.table, TargetNATS)[0], from)
+		return planBlocks(t, tx, statsQueries(f.table, TargetNATS)[0], pgx.StrictStructArgs(outboxsql.StatsParams{Floor: from}))
 	}
 	fromFloor, fromOldest := buffers(floor), buffers(0)
 	t.Logf("the backlog figures read %v blocks from the floor, %v from the oldest, over 20,000 deleted rows", fromFloor, fromOldest)

@@ -19,41 +19,12 @@ import (
 
 // store holds the relay's SQL for one outbox table (package outboxsql).
 type store struct {
-	claimSQL   string
-	recheckSQL string
-	recordSQL  string
-	// lateSQL marks rows delivered to a target whose confirm came after
-	// their batch gave up waiting.
-	lateSQL              perTarget[string]
-	lateWaitSQL          string // first: waits for the batches holding them
-	lateRouteSQL         string // then: the moved rows' route
-	cleanupDeliveredSQL  string
-	cleanupBackfilledSQL string
-	// finishSQL moves out of the owed table rows JetStream has that no
-	// batch will, after phaseShareSQL: see finishStranded.
-	finishSQL     string
-	phaseShareSQL string
+	sql *outboxsql.Statements
 }
 
 func newStore(t schema.Table) *store {
-	s := outboxsql.For(t)
-	return &store{
-		claimSQL:             s.Claim,
-		recheckSQL:           s.Recheck,
-		recordSQL:            s.Record,
-		lateSQL:              perTarget[string]{AMQP: s.Late.AMQP, NATS: s.Late.NATS},
-		lateWaitSQL:          s.LateWait,
-		lateRouteSQL:         s.LateRoute,
-		cleanupDeliveredSQL:  s.CleanupDelivered,
-		cleanupBackfilledSQL: s.CleanupBackfilled,
-		finishSQL:            s.Finish,
-		phaseShareSQL:        s.PhaseShare,
-	}
+	return &store{sql: outboxsql.For(t)}
 }
-
-// batchBegin opens a batch's transaction with generic plans kept on the
-// outbox's indexes; it goes out in the claim's round trip (store.claim).
-var batchBegin = outboxsql.BatchBegin
 
 // keyWindow times the batch size is how many of the oldest keyed rows owed
 // to a target a claim looks at for keys it may advance.
@@ -61,13 +32,12 @@ const keyWindow = 4
 
 // claimed is one claimed row and what to do with it.
 type claimed struct {
-	msg      Message
-	want     perTarget[bool]
-	attempts perTarget[int32]
-	// delivered: the target had the row before this batch.
-	delivered perTarget[bool]
-	badRow    string // why the row can never be published (no topic, bad headers), or ""
-	fresh     bool   // from the outbox (else from the owed table)
+	msg       Message
+	want      perTarget[bool]
+	attempts  perTarget[int32]
+	delivered perTarget[bool] // the target had the row before this batch
+	badRow    string          // why the row can never be published (no topic, bad headers), or ""
+	fresh     bool            // from the outbox (else from the owed table)
 }
 
 // snapshot is the claim statement's snapshot: the oldest transaction still
@@ -92,28 +62,35 @@ type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// claim begins a batch's transaction (batchBegin) and claims up to limit
-// rows per target, at most half of them keyed, in one round trip. The
+// claim begins a batch's transaction (outboxsql.BatchBegin) and claims up to
+// limit rows per target, at most half of them keyed, in one round trip. The
 // unkeyed walks start past fl (see claimFloor), and a sweep walks nothing
 // else; held are keyed rows this relay's batches in flight hold, not tried.
 func (s *store) claim(ctx context.Context, db batchSender, active phase, limit int, skipParked bool, fl floors, held []int64) ([]*claimed, snapshot, error) {
 	var snap snapshot
 	b := &pgx.Batch{}
-	for _, q := range batchBegin {
+	for _, q := range outboxsql.BatchBegin {
 		b.Queue(q)
 	}
 	window, keyed, to := keyWindow*limit, max(1, limit/2), int64(math.MaxInt64)
-	if fl.fresh.sweep { // the outbox's unkeyed rows only
+	if fl.fresh.belowFloor { // the outbox's unkeyed rows only
 		window, keyed, to = 0, 0, fl.fresh.to
 	}
 	if fl.fresh.recheck {
-		b.Queue(s.recheckSQL, active.AMQP, active.NATS, fl.fresh.from, fl.fresh.to, fl.fresh.ids, limit)
+		b.Queue(s.sql.Recheck, pgx.StrictStructArgs(outboxsql.RecheckParams{
+			AMQPActive: active.AMQP, NATSActive: active.NATS,
+			From: fl.fresh.from, To: fl.fresh.to, HeldBefore: fl.fresh.ids, Limit: limit,
+		}))
 	} else {
-		b.Queue(s.claimSQL, active.AMQP, active.NATS, limit, skipParked, window, keyed, fl.owed, held, fl.fresh.from, to, fl.keyed)
+		b.Queue(s.sql.Claim, pgx.StrictStructArgs(outboxsql.ClaimParams{
+			AMQPActive: active.AMQP, NATSActive: active.NATS, BatchSize: limit, SkipParkedKeys: skipParked,
+			KeyedWindow: window, KeyedRows: keyed, OwedFloor: fl.owed, HeldIDs: held,
+			FreshFrom: fl.fresh.from, FreshTo: to, KeyedFloor: fl.keyed,
+		}))
 	}
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
-	for range batchBegin {
+	for range outboxsql.BatchBegin {
 		if _, err := br.Exec(); err != nil {
 			return nil, snap, fmt.Errorf("begin batch: %w", err)
 		}
@@ -196,23 +173,24 @@ func decodeHeaders(raw string) (map[string]string, string) {
 	return out, ""
 }
 
-// Outcomes of one target for one row, as recordSQL expects them (see
-// outboxsql's Record).
+// Outcomes of one target for one row, as the record statement takes them
+// (outboxsql.Outcome).
 const (
-	outcomeNone      = 0
-	outcomeDelivered = 1
-	outcomeRetry     = 2
-	outcomeParked    = 3
-	outcomeOutage    = 4
+	outcomeNone      = outboxsql.OutcomeNone
+	outcomeDelivered = outboxsql.OutcomeDelivered
+	outcomeRetry     = outboxsql.OutcomeRetry
+	outcomeParked    = outboxsql.OutcomeParked
+	outcomeOutage    = outboxsql.OutcomeOutage
 )
 
-// batchRecord collects a batch's outcomes column-wise for recordSQL: rows
+// batchRecord collects a batch's outcomes column-wise for the record
+// statement (outboxsql.RecordParams): rows
 // still owed to an enabled target, and rows every enabled target now has.
 type batchRecord struct {
 	enabled phase // the targets a row must reach to be done
 
 	ids     []int64
-	outcome perTarget[[]int16]
+	outcome perTarget[[]outboxsql.Outcome]
 	errText perTarget[[]string]
 	backoff perTarget[[]int64] // milliseconds
 	// the route each row went by (NULL: a sink's defaults): exchange,
@@ -228,7 +206,7 @@ func newBatchRecord(n int, enabled phase) *batchRecord {
 }
 
 // add records one claimed row's outcomes.
-func (b *batchRecord) add(c *claimed, outcome perTarget[int16], errText perTarget[string], backoff perTarget[time.Duration]) {
+func (b *batchRecord) add(c *claimed, outcome perTarget[outboxsql.Outcome], errText perTarget[string], backoff perTarget[time.Duration]) {
 	done := true
 	for _, t := range Targets {
 		if b.enabled.Has(t) && !c.delivered.Get(t) && outcome.Get(t) != outcomeDelivered {
@@ -264,13 +242,15 @@ func (b *batchRecord) addRoute(d *route.Dest) {
 	}
 }
 
-// args are recordSQL's parameters for b.
-func (b *batchRecord) args() []any {
-	return []any{b.ids,
-		b.outcome.AMQP, b.errText.AMQP, b.backoff.AMQP,
-		b.outcome.NATS, b.errText.NATS, b.backoff.NATS,
-		b.doneIDs, b.doneNow.AMQP, b.doneNow.NATS,
-		b.route[0], b.route[1], b.route[2], b.route[3]}
+// params are the record statement's parameters for b.
+func (b *batchRecord) params() outboxsql.RecordParams {
+	return outboxsql.RecordParams{
+		IDs:          b.ids,
+		AMQPOutcomes: b.outcome.AMQP, AMQPErrors: b.errText.AMQP, AMQPBackoffsMS: b.backoff.AMQP,
+		NATSOutcomes: b.outcome.NATS, NATSErrors: b.errText.NATS, NATSBackoffsMS: b.backoff.NATS,
+		RouteExchanges: b.route[0], RouteRoutingKeys: b.route[1], RouteSubjects: b.route[2], RouteStreams: b.route[3],
+		DoneIDs: b.doneIDs, AMQPDoneNow: b.doneNow.AMQP, NATSDoneNow: b.doneNow.NATS,
+	}
 }
 
 // recordLate records that target t has the rows of msgIDs (their confirms
@@ -289,13 +269,15 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, ms
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	if _, err := tx.Exec(ctx, outboxsql.SetLockTimeout, fmt.Sprintf("%dms", lockWait.Milliseconds())); err != nil {
+	lockTimeout := outboxsql.LockTimeoutParams{LockTimeout: fmt.Sprintf("%dms", lockWait.Milliseconds())}
+	if _, err := tx.Exec(ctx, outboxsql.LockTimeout, pgx.StrictStructArgs(lockTimeout)); err != nil {
 		return 0, err
 	}
-	if _, err := tx.Exec(ctx, s.lateWaitSQL, msgIDs); err != nil {
+	late := outboxsql.LateParams{MessageIDs: msgIDs}
+	if _, err := tx.Exec(ctx, s.sql.LateWait, pgx.StrictStructArgs(late)); err != nil {
 		return 0, err
 	}
-	rows, err := tx.Query(ctx, s.lateSQL.Get(t), msgIDs)
+	rows, err := tx.Query(ctx, s.sql.Late.Get(string(t)), pgx.StrictStructArgs(late))
 	if err != nil {
 		return 0, err
 	}
@@ -331,12 +313,15 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, ms
 		return 0, err
 	}
 	if len(routed.ids) > 0 {
-		if _, err := tx.Exec(ctx, s.lateRouteSQL, routed.ids, routed.route[0], routed.route[1], routed.route[2], routed.route[3]); err != nil {
+		if _, err := tx.Exec(ctx, s.sql.LateRoute, pgx.StrictStructArgs(outboxsql.LateRouteParams{
+			IDs: routed.ids, RouteExchanges: routed.route[0], RouteRoutingKeys: routed.route[1],
+			RouteSubjects: routed.route[2], RouteStreams: routed.route[3],
+		})); err != nil {
 			return 0, err
 		}
 	}
 	if len(done.doneIDs) > 0 {
-		if _, err := tx.Exec(ctx, s.recordSQL, done.args()...); err != nil {
+		if _, err := tx.Exec(ctx, s.sql.Record, pgx.StrictStructArgs(done.params())); err != nil {
 			return 0, err
 		}
 	}
@@ -347,7 +332,7 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, ms
 // round trip.
 func (s *store) record(ctx context.Context, db batchSender, b *batchRecord) error {
 	q := &pgx.Batch{}
-	q.Queue(s.recordSQL, b.args()...)
+	q.Queue(s.sql.Record, pgx.StrictStructArgs(b.params()))
 	q.Queue("COMMIT")
 	br := db.SendBatch(ctx, q)
 	defer br.Close()

@@ -10,6 +10,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
 // tracerName is the instrumentation scope of the relay's spans.
@@ -194,7 +196,7 @@ func (b *batchTrace) sent(tg Target, at time.Time) {
 // end ends row i's send span on tg, if any, at done (when the broker
 // answered), with the outcome recorded and, unless delivered, an error
 // status with the reason.
-func (b *batchTrace) end(i int, tg Target, outcome int16, errText string, err error, done time.Time) {
+func (b *batchTrace) end(i int, tg Target, outcome outboxsql.Outcome, errText string, err error, done time.Time) {
 	if b == nil {
 		return
 	}
@@ -225,7 +227,7 @@ func (b *batchTrace) record(rows int, f func() error) error {
 	return err
 }
 
-func outcomeName(o int16) string {
+func outcomeName(o outboxsql.Outcome) string {
 	switch o {
 	case outcomeDelivered:
 		return "delivered"
@@ -240,7 +242,7 @@ func outcomeName(o int16) string {
 }
 
 // errorType is the span's error.type: a short class, not the message.
-func errorType(outcome int16, err error) string {
+func errorType(outcome outboxsql.Outcome, err error) string {
 	switch {
 	case outcome == outcomeParked:
 		return "parked"

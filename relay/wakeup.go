@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -25,10 +24,11 @@ import (
 // so producers notify only then (docs/design.md, "Waking the relay").
 type idleState struct {
 	mu      sync.Mutex
-	n       [3]int // workers in each workerState
-	changed kick   // n changed: the listener looks again
-	// top is the highest row id any claim of this relay returned.
-	top atomic.Int64
+	n       [3]int     // workers in each workerState; each worker moves itself, under mu
+	changed wakeSignal // workers signal it when n changes; the listener then looks again
+	// Workers raise claimedTop to the highest row id a claim of theirs
+	// returned; the listener wakes a worker only for rows above it.
+	claimedTop atomic.Int64
 }
 
 type workerState int
@@ -39,7 +39,7 @@ const (
 	workerStalled                    // waiting for a target or after an error
 )
 
-func newIdleState() *idleState { return &idleState{changed: newKick()} }
+func newIdleState() *idleState { return &idleState{changed: newWakeSignal()} }
 
 func (s *idleState) idle() bool {
 	s.mu.Lock()
@@ -60,7 +60,7 @@ func (s *idleState) claimed(rows []*claimed) {
 		return
 	}
 	id := rows[len(rows)-1].msg.ID
-	for top := s.top.Load(); id > top && !s.top.CompareAndSwap(top, id); top = s.top.Load() {
+	for top := s.claimedTop.Load(); id > top && !s.claimedTop.CompareAndSwap(top, id); top = s.claimedTop.Load() {
 	}
 }
 
@@ -91,12 +91,12 @@ func (w *worker) leave() { w.s.add(w.state, -1) }
 
 // listenRetry is the listener's backoff between connections. Its cap bounds
 // how long after a failover the relay finds the new primary: the listener's
-// reconnection wakes the stalled workers (Relay.back).
+// reconnection wakes the stalled workers (Relay.reconnected).
 var listenRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: time.Second, Jitter: 0.5}
 
-// listen LISTENs on the table's channel on a connection of its own and kicks
+// listen LISTENs on the table's channel on a connection of its own and wakes
 // a worker on every notification; after an error it reconnects with backoff
-// and kicks once more, as notifications sent meanwhile are lost.
+// and wakes one once more, as notifications sent meanwhile are lost.
 func (r *Relay) listen(ctx context.Context) {
 	errs := errlog.New(r.log, "listen")
 	wait := time.Duration(0)
@@ -142,30 +142,14 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 		return false, fmt.Errorf("listen: %w", err)
 	}
 	errs.OK()
-	r.back.signal() // Postgres may be back: workers stalled after its errors retry now
-	r.wake.signal() // rows may have arrived while not listening
-	lock := wakeLock{conn: conn, key: keys.lock, maxID: outboxsql.For(r.cfg.Table).MaxID}
-	recheck := time.Now().Add(r.wakeRecheck)
+	r.reconnected.signal() // Postgres may be back: workers stalled after its errors retry now
+	r.wake.signal()        // rows may have arrived while not listening
+	sql := outboxsql.For(r.cfg.Table)
+	lock := wakeLock{conn: conn, key: keys.lock, maxID: sql.MaxID, state: sql.WakeLockState}
 	for {
 		retry, err := r.syncWakeLock(ctx, &lock)
 		if err != nil {
 			return true, fmt.Errorf("listen: wake lock: %w", err)
-		}
-		if keys.lock == 0 {
-			// A table not migrated to the wake lock yet: once it is, its
-			// producers notify only a relay that holds the lock.
-			if time.Until(recheck) <= 0 {
-				now, err := readWakeKeys(ctx, conn, r.cfg.Table)
-				if err != nil {
-					return true, fmt.Errorf("listen: %w", err)
-				}
-				if now != keys {
-					r.log.Info("the outbox's wake-up changed: listening again", "channel", now.channel)
-					return true, nil
-				}
-				recheck = time.Now().Add(r.wakeRecheck)
-			}
-			retry = time.Until(recheck)
 		}
 		notified, err := r.waitNotification(ctx, conn, retry)
 		if err != nil {
@@ -177,19 +161,21 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 	}
 }
 
-// wakeLock is the table's wake lock on the listening connection.
+// wakeLock is the table's wake lock on the listening connection. Only the
+// listener's goroutine reads and writes it.
 type wakeLock struct {
 	conn  *pgx.Conn
-	key   int64 // 0: the table's trigger notifies on every insert
-	maxID string
+	key   int64
+	maxID string // outboxsql's MaxID, for the table
+	state string // and its WakeLockState
 	held  bool
-	retry time.Duration // after a failed try
-	next  time.Time     // of the next try, after a failed one
-	// watch: only producers held the lock at the last failed try, so no
-	// one notifies; the listener reads the top id every wakeLockWait
-	// until the next try, and wakes a worker for ids above seen.
+	retry time.Duration // the wait after the last failed try
+	next  time.Time     // when to try again after a failed try
+	// watch is set when only producers held the lock at the last failed
+	// try, so no one notifies: until the next try the listener reads the
+	// top id every wakeLockWait, and wakes a worker for ids above seen.
 	watch bool
-	seen  int64
+	seen  int64 // the highest id those reads returned
 }
 
 // wakeLockWait is how long a relay waits for the wake lock: for the
@@ -201,14 +187,11 @@ const wakeLockWait = 20 * time.Millisecond
 // releases it when a worker has rows. It returns how soon to try again
 // when the lock was wanted but could not be had (0: no need).
 func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, error) {
-	if l.key == 0 {
-		return 0, nil
-	}
 	want := r.idle.idle()
 	if until := time.Until(l.next); want && !l.held && l.watch && until > 0 {
 		r.hooks.onWatch()
 		var top int64
-		if err := l.conn.QueryRow(ctx, l.maxID, max(l.seen, r.idle.top.Load())).Scan(&top); err != nil {
+		if err := l.conn.QueryRow(ctx, l.maxID, pgx.StrictStructArgs(outboxsql.MaxIDParams{Above: max(l.seen, r.idle.claimedTop.Load())})).Scan(&top); err != nil {
 			return 0, err
 		}
 		l.wakeFor(r, top)
@@ -217,7 +200,7 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 	switch {
 	case want && !l.held:
 		r.hooks.onWakeLock()
-		top, relayHolds, err := l.take(ctx, r.idle.top.Load())
+		top, relayHolds, err := l.take(ctx, r.idle.claimedTop.Load())
 		if err != nil {
 			return 0, err
 		}
@@ -236,7 +219,7 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 		}
 		return l.retry, nil
 	case !want && l.held:
-		if _, err := l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", l.key); err != nil {
+		if _, err := l.conn.Exec(ctx, outboxsql.WakeUnlock, pgx.StrictStructArgs(outboxsql.WakeLockParams{Key: l.key})); err != nil {
 			return 0, err
 		}
 		l.held, l.retry, l.watch = false, 0, false
@@ -247,7 +230,7 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 // wakeFor wakes a worker when top, the outbox's highest id, is a row no
 // claim of this relay returned and the lock's reads had not seen.
 func (l *wakeLock) wakeFor(r *Relay, top int64) {
-	if top > max(l.seen, r.idle.top.Load()) {
+	if top > max(l.seen, r.idle.claimedTop.Load()) {
 		r.wake.signal() // rows committed since the last claim, unannounced
 	}
 	l.seen = max(l.seen, top)
@@ -260,9 +243,9 @@ func (l *wakeLock) wakeFor(r *Relay, top int64) {
 // exclusively: a relay, which producers notify.
 func (l *wakeLock) take(ctx context.Context, claimed int64) (top int64, relayHolds bool, err error) {
 	b := &pgx.Batch{}
-	b.Queue(outboxsql.SetLockTimeout, strconv.Itoa(int(wakeLockWait.Milliseconds()))+"ms")
-	b.Queue(`SELECT pg_advisory_lock($1)`, l.key)
-	b.Queue(l.maxID, claimed)
+	b.Queue(outboxsql.LockTimeout, pgx.StrictStructArgs(outboxsql.LockTimeoutParams{LockTimeout: strconv.Itoa(int(wakeLockWait.Milliseconds())) + "ms"}))
+	b.Queue(outboxsql.WakeLock, pgx.StrictStructArgs(outboxsql.WakeLockParams{Key: l.key}))
+	b.Queue(l.maxID, pgx.StrictStructArgs(outboxsql.MaxIDParams{Above: claimed}))
 	br := l.conn.SendBatch(ctx, b)
 	_, err = br.Exec()
 	if err == nil {
@@ -280,7 +263,8 @@ func (l *wakeLock) take(ctx context.Context, claimed int64) (top int64, relayHol
 	}
 	// A long producer transaction holds it shared, or another relay holds
 	// it: still, rows may have committed.
-	err = l.conn.QueryRow(ctx, `SELECT (`+l.maxID+`), EXISTS (`+schema.WakeLockHolderSQL(l.key)+`)`, claimed).Scan(&top, &relayHolds)
+	p := outboxsql.WakeLockStateParams{Above: claimed, LockClass: uint32(uint64(l.key) >> 32), LockObject: uint32(l.key)}
+	err = l.conn.QueryRow(ctx, l.state, pgx.StrictStructArgs(p)).Scan(&top, &relayHolds)
 	return top, relayHolds, err
 }
 
@@ -314,7 +298,7 @@ func (r *Relay) waitNotification(ctx context.Context, conn *pgx.Conn, retry time
 // wakeKeys are the channel a producer notifies and the wake lock it tests.
 type wakeKeys struct {
 	channel string
-	lock    int64 // 0: no wake lock (a table not yet migrated to 00007)
+	lock    int64
 }
 
 // rowQuerier is a connection or transaction that runs a query for one row.
@@ -341,36 +325,23 @@ func parseWakeDefault(dflt string) (keys wakeKeys, ok bool) {
 	return wakeKeys{channel: m[2], lock: lock}, true
 }
 
-// readWakeKeys reads the channel and wake lock the table's producers use:
-// from created_at's default (00016), else from the insert trigger's
-// arguments. They follow the spelling the migration was given ("outbox" and
-// "public.outbox" are two channels). With neither, the relay's own channel.
+// readWakeKeys reads the channel and wake lock the table's producers use
+// from created_at's default (00016; the relay runs on no older table,
+// schema.Minimum). They follow the spelling the migration was given
+// ("outbox" and "public.outbox" are two channels).
 func readWakeKeys(ctx context.Context, db rowQuerier, t schema.Table) (wakeKeys, error) {
-	def := wakeKeys{channel: t.Channel()}
-	var dflt *string
-	var args []byte
-	if err := db.QueryRow(ctx, outboxsql.WakeKeys, t.Ident(), t.Name+"_notify").Scan(&dflt, &args); err != nil {
-		return def, fmt.Errorf("read the table's wake-up: %w", err)
+	var dflt string
+	switch err := db.QueryRow(ctx, outboxsql.WakeDefault, pgx.StrictStructArgs(outboxsql.WakeDefaultParams{Table: t.Ident()})).Scan(&dflt); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return wakeKeys{}, fmt.Errorf("read the table's wake-up: %s has no created_at default (migration 00016)", t)
+	case err != nil:
+		return wakeKeys{}, fmt.Errorf("read the table's wake-up: %w", err)
 	}
-	if dflt != nil {
-		if keys, ok := parseWakeDefault(*dflt); ok {
-			return keys, nil
-		}
+	keys, ok := parseWakeDefault(dflt)
+	if !ok {
+		return wakeKeys{}, fmt.Errorf("read the table's wake-up: created_at's default in %s is %q, not the wake-up of migration 00016", t, dflt)
 	}
-	if args == nil {
-		return def, nil
-	}
-	parts := bytes.Split(bytes.TrimSuffix(args, []byte{0}), []byte{0}) // each argument ends in a NUL
-	if len(parts[0]) > 0 {
-		def.channel = string(parts[0])
-	}
-	if len(parts) > 1 {
-		var err error
-		if def.lock, err = strconv.ParseInt(string(parts[1]), 10, 64); err != nil {
-			return def, fmt.Errorf("read the table's notify trigger: wake lock %q: %w", parts[1], err)
-		}
-	}
-	return def, nil
+	return keys, nil
 }
 
 // notifyChannel is the channel the table's producers notify.

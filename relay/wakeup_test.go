@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -140,99 +139,6 @@ func TestRowCommittedAsTheRelayGoesToSleep(t *testing.T) {
 			testenv.Eventually(t, 2*poll+5*time.Second, func() bool { return f.countDone() == 2 }, "row inserted as the relay went to sleep not delivered")
 			if took := time.Since(start); took > poll/2 {
 				t.Fatalf("row claimed %v after it committed, want at once (poll interval %v)", took, poll)
-			}
-		})
-	}
-}
-
-// A table migrated while a relay runs on it, to the wake lock (from 6) or to
-// the wake-up in created_at's default (from 15): rows owed to each target and
-// a parked row come through as before, and the relay is woken for the rows
-// after the migration (the poll interval is an hour). From 6 it takes the lock
-// once the trigger has one; from 15 it keeps the keys it read from the trigger.
-func TestMigrationOfTheWakeUpUnderARunningRelay(t *testing.T) {
-	for _, tc := range []struct {
-		from int64
-		// state sets a row's delivery state as the table at from holds it.
-		state func(f *fixture, id, set string)
-	}{
-		{6, func(f *fixture, id, set string) {
-			// Before 00013 the state is in the outbox's own columns.
-			if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.table.Ident()+` SET `+set+` WHERE message_id = $1`, id); err != nil {
-				f.t.Fatal(err)
-			}
-		}},
-		{15, (*fixture).setRow},
-	} {
-		t.Run(fmt.Sprint("from ", tc.from), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			pool := testenv.Pool(t)
-			table := schema.Table{Schema: testenv.Name("t"), Name: "outbox"}
-			if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{table.Schema}.Sanitize()+` CASCADE`)
-			}) //nolint:errcheck // best effort
-			db := stdlib.OpenDBFromPool(pool)
-			t.Cleanup(func() { db.Close() })
-			p, err := schema.NewProvider(db, table, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := p.UpTo(ctx, tc.from); err != nil {
-				t.Fatal(err)
-			}
-			f := &fixture{t: t, pool: pool, table: table}
-			ids := f.insert(5, "orders.created")
-			for i, set := range []string{
-				`nats_delivered_at = now()`, // owed to amqp
-				`amqp_delivered_at = now()`, // owed to nats
-				`amqp_parked_at = now(), amqp_attempts = 20, amqp_last_error = 'refused'`, // parked for amqp
-			} {
-				tc.state(f, ids[i], set)
-			}
-
-			a, n := newFake(TargetAMQP), newFake(TargetNATS)
-			f.startWith(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour}, func(r *Relay) { r.wakeRecheck = 50 * time.Millisecond })
-			if tc.from >= 19 {
-				// A relay of this build claims nothing from a table before
-				// 00019 (its statements name the owed table's route): it is
-				// never idle there.
-				testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 4 }, "rows before the migration not delivered")
-				testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, pool, table) != 0 }, "idle relay holds no wake lock")
-			}
-			if _, err := p.Up(ctx); err != nil {
-				t.Fatal(err)
-			}
-			var triggers int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`, table.Ident()).Scan(&triggers); err != nil || triggers != 0 {
-				t.Fatalf("%d triggers on the migrated outbox (%v), want none", triggers, err)
-			}
-			testenv.Eventually(t, 10*time.Second, func() bool { return wakeLockHolder(t, pool, table) != 0 }, "relay took no wake lock after the migration")
-			ids = append(ids, f.insert(5, "orders.created")...)
-			testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == 9 }, "rows after the migration not delivered (poll interval 1h)")
-
-			for i, id := range ids {
-				wantA, wantN := 1, 1
-				switch i {
-				case 0:
-					wantN = 0 // JetStream had it
-				case 1:
-					wantA = 0 // RabbitMQ had it
-				case 2:
-					wantA = 0 // parked
-				}
-				if gotA, _ := a.count(id); gotA != wantA {
-					t.Errorf("row %d: %d copies in RabbitMQ, want %d", i, gotA, wantA)
-				}
-				if gotN, _ := n.count(id); gotN != wantN {
-					t.Errorf("row %d: %d copies in JetStream, want %d", i, gotN, wantN)
-				}
-			}
-			if s := f.state(ids[2]); !s.amqpParked || !s.natsDelivered {
-				t.Fatalf("parked row after the migration: %+v, want still parked for amqp, delivered to nats", s)
 			}
 		})
 	}

@@ -13,7 +13,7 @@ import (
 var batchRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: 30 * time.Second, Jitter: 0.5}
 
 // work is one worker's loop: batches back to back while they come back
-// full, else wait for a kick or the poll interval (docs/design.md, "The
+// full, else wait for a wake-up or the poll interval (docs/design.md, "The
 // worker loop and kicks").
 func (r *Relay) work(ctx context.Context, id int) {
 	log := r.log.With("worker", id)
@@ -24,7 +24,7 @@ func (r *Relay) work(ctx context.Context, id int) {
 	for ctx.Err() == nil {
 		// Taken before the batch: a reconnection while it fails still
 		// ends the stall after it.
-		back := r.back.wait()
+		reconnected := r.reconnected.wait()
 		start := time.Now()
 		res, err := r.runBatch(ctx, w)
 		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
@@ -37,12 +37,12 @@ func (r *Relay) work(ctx context.Context, id int) {
 			wait = 0
 		case errors.Is(err, errNoTarget):
 			// Every enabled broker is down: wait for the first to come back.
-			r.stall(ctx, w, back, r.nextTargetCheck())
+			r.stall(ctx, w, reconnected, r.nextTargetCheck())
 			continue
 		default:
 			errs.Error(err)
 			wait = batchRetry.Next(wait)
-			r.stall(ctx, w, back, batchRetry.Wait(wait))
+			r.stall(ctx, w, reconnected, batchRetry.Wait(wait))
 			continue
 		}
 		if res.n >= max(1, r.cfg.BatchSize/2) {
@@ -58,7 +58,7 @@ func (r *Relay) work(ctx context.Context, id int) {
 		if r.floor.sweepDue(time.Now()) {
 			continue // rows below the floor are owed a walk now, not at the poll
 		}
-		if res.n == 0 && took > 5*time.Millisecond && !res.sweep {
+		if res.n == 0 && took > 5*time.Millisecond && !res.belowFloor {
 			// An empty claim that took long walked past rows it may not
 			// take: do not repeat that walk on every NOTIFY.
 			backoff.Sleep(ctx, 2*took)
@@ -67,16 +67,16 @@ func (r *Relay) work(ctx context.Context, id int) {
 	}
 }
 
-// stall waits d, or until back is closed (the listener reconnected to
-// Postgres), with w stalled: the listener does not count it as waiting for
-// rows.
-func (r *Relay) stall(ctx context.Context, w *worker, back <-chan struct{}, d time.Duration) {
+// stall waits d, or until reconnected is closed (the listener reconnected
+// to Postgres), with w stalled: the listener does not count it as waiting
+// for rows.
+func (r *Relay) stall(ctx context.Context, w *worker, reconnected <-chan struct{}, d time.Duration) {
 	w.set(workerStalled)
 	t := time.NewTimer(d)
 	select {
 	case <-ctx.Done():
 	case <-t.C:
-	case <-back:
+	case <-reconnected:
 	}
 	t.Stop()
 	w.set(workerFree)

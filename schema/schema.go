@@ -224,9 +224,9 @@ func (m Migrations) list(t Table) (rendered, error) {
 		if !strings.HasSuffix(name, ".up.sql") {
 			continue
 		}
-		var version int64
-		if _, err := fmt.Sscanf(name, "%05d_", &version); err != nil {
-			return r, fmt.Errorf("migration %s: no version prefix", name)
+		version, err := versionOf(name)
+		if err != nil {
+			return r, err
 		}
 		up, err := m.render(name, t)
 		if err != nil {
@@ -247,6 +247,37 @@ func (m Migrations) list(t Table) (rendered, error) {
 		}
 	}
 	return r, nil
+}
+
+// versionOf is the version in a migration file's name, NNNNN_name...
+func versionOf(file string) (int64, error) {
+	var version int64
+	if _, err := fmt.Sscanf(file, "%05d_", &version); err != nil {
+		return 0, fmt.Errorf("migration %s: no version prefix", file)
+	}
+	return version, nil
+}
+
+// newest is the highest version of m's migrations.
+func (m Migrations) newest() (int64, error) {
+	entries, err := fs.ReadDir(m.FS, "migrations")
+	if err != nil {
+		return 0, err
+	}
+	var newest int64
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".up.sql") {
+			v, err := versionOf(e.Name())
+			if err != nil {
+				return 0, err
+			}
+			newest = max(newest, v)
+		}
+	}
+	if newest == 0 {
+		return 0, errors.New("no migrations")
+	}
+	return newest, nil
 }
 
 // noTxMarker, as a migration's first line, runs it outside a transaction,
@@ -374,4 +405,53 @@ func Pending(ctx context.Context, db *sql.DB, t Table) (bool, error) {
 		return false, err
 	}
 	return p.HasPending(ctx)
+}
+
+// minimum is Minimum's value, read once from the embedded migrations.
+var minimum = func() int64 {
+	v, err := outbox.newest()
+	if err != nil {
+		panic("schema: the embedded migrations: " + err.Error())
+	}
+	return v
+}()
+
+// Minimum is the oldest schema this relayd runs on, as a migration version:
+// its newest migration, read from the embedded ones, so a new migration
+// raises it. Its statements use what every migration made (the owed table's
+// route columns of 00019, the wake-up in created_at's default of 00016), and
+// it keeps no code for a table before them: `relayd migrate` first. A table
+// rolled back (RollBack, down to [RollBackFloor]) is for the relayd of an
+// earlier release.
+func Minimum() int64 { return minimum }
+
+// OutdatedError is [Require]'s error for a table older than [Minimum].
+type OutdatedError struct {
+	Table   Table
+	Version int64 // the newest migration applied to the table; 0: none
+	Minimum int64
+}
+
+func (e *OutdatedError) Error() string {
+	return fmt.Sprintf("outbox table %s is not migrated: it is at migration %d, this relayd needs %d: run `relayd migrate`",
+		e.Table, e.Version, e.Minimum)
+}
+
+// Require checks, once at start, that t is migrated to [Minimum] at least;
+// for a table older than that it returns an *[OutdatedError]. Like
+// [Pending], it reads t's version table without the migration lock, so it
+// answers at once while another instance migrates.
+func Require(ctx context.Context, db *sql.DB, t Table) error {
+	p, err := NewProvider(db, t, nil)
+	if err != nil {
+		return err
+	}
+	version, _, err := p.GetVersions(ctx)
+	if err != nil {
+		return fmt.Errorf("check migrations of %s: %w", t, err)
+	}
+	if version < Minimum() {
+		return &OutdatedError{Table: t, Version: version, Minimum: Minimum()}
+	}
+	return nil
 }

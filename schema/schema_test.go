@@ -276,6 +276,45 @@ func at12(t *testing.T, name string) (*pgxpool.Pool, schema.Table, *goose.Provid
 	return pool, table, p
 }
 
+// Require passes a table at the newest migration, the minimum, and refuses
+// one a migration behind it, or never migrated, saying what it is at, what
+// is needed and what to run.
+func TestRequireTheMinimum(t *testing.T) {
+	t.Parallel()
+	pool, table, p := at12(t, "outbox")
+	ctx := context.Background()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	sources := p.ListSources()
+	if newest := sources[len(sources)-1].Version; schema.Minimum() != newest {
+		t.Fatalf("Minimum() = %d, want the newest migration, %d", schema.Minimum(), newest)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := schema.Require(ctx, db, table); err != nil {
+		t.Fatalf("Require at the newest migration: %v", err)
+	}
+	if _, err := p.DownTo(ctx, schema.Minimum()-1); err != nil {
+		t.Fatal(err)
+	}
+	never := schema.Table{Schema: table.Schema, Name: "never"}
+	for _, c := range []struct {
+		table   schema.Table
+		version int64
+	}{{table, schema.Minimum() - 1}, {never, 0}} {
+		err := schema.Require(ctx, db, c.table)
+		var outdated *schema.OutdatedError
+		if !errors.As(err, &outdated) || *outdated != (schema.OutdatedError{Table: c.table, Version: c.version, Minimum: schema.Minimum()}) {
+			t.Fatalf("Require of %s at %d: %v, want an OutdatedError", c.table, c.version, err)
+		}
+		want := fmt.Sprintf("outbox table %s is not migrated: it is at migration %d, this relayd needs %d: run `relayd migrate`", c.table, c.version, schema.Minimum())
+		if err.Error() != want {
+			t.Errorf("Require's error: %q, want %q", err, want)
+		}
+	}
+}
+
 // userTriggersSQL counts the triggers of the table $1 not made by Postgres.
 const userTriggersSQL = `SELECT count(*)::text FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal`
 

@@ -106,7 +106,7 @@ func (b *bench) replayRun(ctx context.Context, res *Results) error {
 }
 
 // setPhase records phase to as the table's, from phase from (fromSet false:
-// none set yet), as `relayd phase set` does.
+// none set yet), as `relayd phase set --force` does: no cutover check here.
 func (c *corner) setPhase(ctx context.Context, to, from phase.Name, fromSet bool) error {
 	before, set, err := phase.Read(ctx, c.b.pool, c.table)
 	if err != nil {
@@ -115,7 +115,7 @@ func (c *corner) setPhase(ctx context.Context, to, from phase.Name, fromSet bool
 	if set != fromSet || before.Phase != from {
 		return fmt.Errorf("set the phase to %s: it is %q (set %v), want %q", to, before.Phase, set, from)
 	}
-	_, err = phase.Set(ctx, c.b.pool, c.table, phase.Change{Phase: to, ChangedBy: "relayd-bench", Reason: "bench: replay"}, before, set)
+	_, err = phase.Set(ctx, c.b.pool, c.table, phase.Change{Phase: to, ChangedBy: "relayd-bench", Reason: "bench: replay", Forced: to == phase.NATS}, before, set)
 	return err
 }
 

@@ -64,43 +64,19 @@ type backfillFlags struct {
 	allowOthers, follow, dryRun, asJSON bool
 }
 
-func cmdBackfill(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	f, code, ok := parseBackfillFlags(args, stdout, stderr, env)
-	if !ok {
-		return code
-	}
-	if !amqpURLOK(env, stderr) {
-		return exitUsage
-	}
-	ss, code := connectSession("backfill", stderr, env, 4, true, 0)
-	if ss == nil {
-		return code
-	}
-	defer ss.close()
-	tp, stopTracing, err := setupTracing(context.Background(), env, ss.log)
-	if err != nil {
-		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
-		return exitUsage
-	}
-	defer stopTracing()
-	return runBackfill(ss, f, tp, stdout, stderr)
+// backfillCommand is relayd backfill.
+type backfillCommand struct {
+	*cli
+	backfillFlags
 }
 
-// parseBackfillFlags reads the RELAY_BACKFILL_* defaults and the flags, and
-// checks them; when not ok, the command exits with code.
-func parseBackfillFlags(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) (f backfillFlags, code int, ok bool) {
-	var be backfillEnv
-	if err := noEmpty[backfillEnv](env); err != nil {
-		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
-		return f, exitUsage, false
-	}
-	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &be, Lookuper: env}); err != nil {
-		fmt.Fprintf(stderr, "relayd: config: %v\n", envError[backfillEnv](err, env))
-		return f, exitUsage, false
-	}
+// flags is backfill's flag set, into c, its defaults the RELAY_BACKFILL_*
+// variables' (be); it returns --subject-map.
+func (c *backfillCommand) flags(be backfillEnv) (*flag.FlagSet, *string) {
 	if be.Prefetch == 0 {
 		be.Prefetch = backfill.DefaultPrefetch
 	}
+	f := &c.backfillFlags
 	fs := flag.NewFlagSet("backfill", flag.ContinueOnError)
 	fs.StringVar(&f.queue, "queue", be.Queue, "the legacy queue to drain (required)")
 	fs.StringVar(&f.dlq, "dead-letter-queue", be.DeadLetter, "queue for messages JetStream refuses for good (must exist)")
@@ -113,25 +89,71 @@ func parseBackfillFlags(args []string, stdout, stderr io.Writer, env envconfig.L
 	fs.BoolVar(&f.dryRun, "dry-run", be.DryRun, "report what would happen; change nothing")
 	fs.BoolVar(&f.asJSON, "json", be.JSON, "print the summary as JSON")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", be.MetricsAddr, "serve /metrics on host:port (unset: no listener)")
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, backfillHelp)); done {
-		return f, code, false
-	}
-	if !f.valid(stderr) {
-		return f, exitUsage, false
-	}
-	var err error
-	if f.subjectMap, err = parseSubjectMap(*subjectMap); err != nil {
-		fmt.Fprintf(stderr, "relayd backfill: --subject-map: %v\n", err)
-		return f, exitUsage, false
-	}
-	return f, 0, true
+	return fs, subjectMap
 }
 
-// valid checks the flags' values, saying on stderr what is wrong.
-func (f backfillFlags) valid(stderr io.Writer) bool {
+// env reads the RELAY_BACKFILL_* defaults of the flags.
+func (c *backfillCommand) backfillEnv() (backfillEnv, error) {
+	var be backfillEnv
+	if err := noEmpty[backfillEnv](c.env); err != nil {
+		return be, err
+	}
+	if err := envconfig.ProcessWith(context.Background(), &envconfig.Config{Target: &be, Lookuper: c.env}); err != nil {
+		return be, envError[backfillEnv](err, c.env)
+	}
+	return be, nil
+}
+
+// Usage lists the flags with the defaults the environment gives them.
+func (c *backfillCommand) Usage() string {
+	be, _ := c.backfillEnv()
+	fs, _ := c.flags(be)
+	return withFlagDefaults(fs, backfillHelp)
+}
+
+func (c *backfillCommand) Run(ctx context.Context, args []string) error {
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := amqpURLVar(c.env); err != nil {
+		return err
+	}
+	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: workerConns, NATS: true, Migrates: true})
+	if err != nil {
+		return err
+	}
+	defer ss.close()
+	tp, stopTracing, err := setupTracing(ctx, c.env, ss.log)
+	if err != nil {
+		return asConfigError(err)
+	}
+	defer stopTracing()
+	return runBackfill(ss, c.backfillFlags, tp, c.stdout, c.stderr)
+}
+
+// parse reads the RELAY_BACKFILL_* defaults and the flags, and checks them.
+func (c *backfillCommand) parse(args []string) error {
+	be, err := c.backfillEnv()
+	if err != nil {
+		return asConfigError(err)
+	}
+	fs, subjectMap := c.flags(be)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := c.valid(); err != nil {
+		return err
+	}
+	if c.subjectMap, err = parseSubjectMap(*subjectMap); err != nil {
+		return usagef("--subject-map: %v", err)
+	}
+	return nil
+}
+
+// valid checks the flags' values.
+func (f backfillFlags) valid() error {
 	if f.queue == "" {
-		fmt.Fprintln(stderr, "relayd backfill: --queue (or RELAY_BACKFILL_QUEUE) is required")
-		return false
+		return usagef("--queue (or RELAY_BACKFILL_QUEUE) is required")
 	}
 	for _, c := range []struct {
 		bad  bool
@@ -144,29 +166,25 @@ func (f backfillFlags) valid(stderr io.Writer) bool {
 		{f.rate < 0, "--rate (or RELAY_BACKFILL_RATE)", "0 (no cap) or more", f.rate},
 	} {
 		if c.bad {
-			fmt.Fprintf(stderr, "relayd backfill: %s: %v is out of range: want %s\n", c.name, c.val, c.want)
-			return false
+			return usagef("%s: %v is out of range: want %s", c.name, c.val, c.want)
 		}
 	}
 	if f.metricsAddr != "" && !validListenAddr(f.metricsAddr) {
-		fmt.Fprintf(stderr, "relayd backfill: --metrics-addr (or RELAY_BACKFILL_METRICS_ADDR): %q is not host:port with a port of 0..65535\n", f.metricsAddr)
-		return false
+		return usagef("--metrics-addr (or RELAY_BACKFILL_METRICS_ADDR): %q is not host:port with a port of 0..65535", f.metricsAddr)
 	}
-	return true
+	return nil
 }
 
-// runBackfill runs the backfill on ss with its progress reported, prints
-// the summary, and returns the exit code.
-func runBackfill(ss *session, f backfillFlags, tp trace.TracerProvider, stdout, stderr io.Writer) int {
+// runBackfill runs the backfill on ss with its progress reported, and
+// prints the summary.
+func runBackfill(ss *session, f backfillFlags, tp trace.TracerProvider, stdout, stderr io.Writer) error {
 	cfg, log, ctx, pool, nc := ss.cfg, ss.log, ss.ctx, ss.pool, ss.nc
 	if err := checkSchema(ctx, cfg, pool, log); err != nil {
-		log.Error("backfill", "error", err.Error())
-		return exitFailure
+		return logged("backfill", err)
 	}
 	tlsCfg, err := cfg.amqpTLS()
 	if err != nil {
-		log.Error("backfill", "error", err.Error())
-		return exitFailure
+		return logged("backfill", err)
 	}
 	rep := newReporter(stderr, log)
 	if f.metricsAddr != "" {
@@ -174,8 +192,7 @@ func runBackfill(ss *session, f backfillFlags, tp trace.TracerProvider, stdout, 
 		rep.register(reg)
 		srv, err := startHTTP(f.metricsAddr, cfg.PProf, served, noProbe, nil, log)
 		if err != nil {
-			log.Error("backfill: --metrics-addr", "error", err.Error())
-			return exitFailure
+			return logged("backfill: --metrics-addr", err)
 		}
 		defer srv.Close()
 	}
@@ -189,18 +206,14 @@ func runBackfill(ss *session, f backfillFlags, tp trace.TracerProvider, stdout, 
 	rep.finish()
 	interrupted := errors.Is(err, context.Canceled)
 	if err != nil && !interrupted {
-		log.Error("backfill failed", "error", err.Error())
 		printSummary(stdout, sum, f.asJSON)
-		if errors.Is(err, backfill.ErrOtherConsumers) {
-			return exitUsage
-		}
-		return exitFailure
+		return logged("backfill failed", err) // backfill.ErrOtherConsumers: exit 2
 	}
 	if interrupted {
 		log.Info("backfill interrupted: rerun to continue where it stopped")
 	}
 	printSummary(stdout, sum, f.asJSON)
-	return exitOK
+	return nil
 }
 
 func parseSubjectMap(s string) (map[string]string, error) {

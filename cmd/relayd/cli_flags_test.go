@@ -377,7 +377,7 @@ func TestListFlagsRepeat(t *testing.T) {
 		fs.Func("one", "", func(string) error { return nil })
 		fs.Int("n", 0, "")
 		var stdout, stderr strings.Builder
-		code, _ := parseFlags(fs, tc.args, &stdout, &stderr, "")
+		code := (&cli{stdout: &stdout, stderr: &stderr}).exitCode(parseFlags(fs, tc.args))
 		if code != tc.code {
 			t.Errorf("%q: exit %d (%s), want %d", tc.args, code, stderr.String(), tc.code)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/relayd/relayd/internal/cutover"
+	"github.com/relayd/relayd/internal/pghealth"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
 )
@@ -43,7 +44,7 @@ type consoleConfig struct {
 	// Health is the Postgres health the metrics poll read last, with the
 	// holders' ages metrics.Postgres works out, and when
 	// ((*metrics.Postgres).Last).
-	Health func() (relay.PostgresHealth, time.Time)
+	Health func() (pghealth.Health, time.Time)
 	// Load reads what only the page shows (pageLoader).
 	Load func(context.Context) (pageData, error)
 	// Groups are RELAY_CONSOLE_CUTOVER's; Check checks them

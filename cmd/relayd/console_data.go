@@ -101,14 +101,13 @@ func (f *consoleFigures) snapshot() figuresSnapshot {
 // pageData is what only the page reads from Postgres. A part that could not
 // be read has its error in errs, by section, and is empty.
 type pageData struct {
-	phase        phaseState
-	phaseMissing bool // the outbox has no phase tables
-	parked       []relay.ParkedRow
-	replay       *replay.Record // the latest run; nil when none was ever recorded
-	pace         *replayPace    // the unfinished replay run's, since the last read; nil with one read yet
-	moved        []backfill.Moved
-	readAt       time.Time
-	errs         map[string]error
+	phase  phaseState
+	parked []relay.ParkedRow
+	replay *replay.Record // the latest run; nil when none was ever recorded
+	pace   *replayPace    // the unfinished replay run's, since the last read; nil with one read yet
+	moved  []backfill.Moved
+	readAt time.Time
+	errs   map[string]error
 }
 
 // parkedShown is how many parked rows the page lists: the highest ids, the
@@ -125,9 +124,7 @@ func pageLoader(pool *pgxpool.Pool, table schema.Table, now func() time.Time) fu
 		d := pageData{readAt: now(), errs: map[string]error{}}
 		var err error
 		if d.phase, err = readPhaseState(ctx, pool, table, true); err != nil {
-			if d.phaseMissing = notMigrated(err); !d.phaseMissing {
-				d.errs["phase"] = err
-			}
+			d.errs["phase"] = err
 		}
 		if d.parked, err = relay.ListParkedLast(ctx, pool, table, relay.Targets, parkedShown); err != nil {
 			d.errs["parked"] = err

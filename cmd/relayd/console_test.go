@@ -24,6 +24,7 @@ import (
 	"github.com/relayd/relayd/internal/headers"
 	"github.com/relayd/relayd/internal/headers/amqpprop"
 	"github.com/relayd/relayd/internal/metrics"
+	"github.com/relayd/relayd/internal/pghealth"
 	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/replay"
 	"github.com/relayd/relayd/internal/testenv"
@@ -66,7 +67,7 @@ type consoleFixture struct {
 	relay    fakeRelay
 	data     pageData
 	stats    []relay.TargetStats
-	health   *relay.PostgresHealth
+	health   *pghealth.Health
 	groups   []cutover.Group
 	check    cutover.Result
 	checkErr error
@@ -93,7 +94,7 @@ func setupConsole(t *testing.T, f consoleFixture) (*console, *fakeClock) {
 	}
 	if f.health != nil {
 		at := clock.now()
-		cc.Health = func() (relay.PostgresHealth, time.Time) { return *f.health, at }
+		cc.Health = func() (pghealth.Health, time.Time) { return *f.health, at }
 	}
 	if f.groups != nil {
 		cc.Check = func(context.Context) (cutover.Result, error) { return f.check, f.checkErr }
@@ -151,9 +152,9 @@ func fullFixture() consoleFixture {
 			{Target: relay.TargetAMQP, Pending: 3, PendingExact: true, Lag: 2 * time.Second},
 			{Target: relay.TargetNATS, Pending: 20000, Lag: 90 * time.Second, Retrying: 5, Parked: 2, HeldKeys: 1, LastError: "nats: RECONNECTING"},
 		},
-		health: &relay.PostgresHealth{
-			Horizon: []relay.HorizonHolder{{Kind: "snapshot", PID: 4242, Name: "pg_dump", State: "active", XIDs: 1200, Age: 2 * time.Hour, AgeKnown: true}},
-			Tables:  []relay.TableHealth{{Table: "outbox", DeadTuples: 10, LiveTuples: 5, Bytes: 98304}},
+		health: &pghealth.Health{
+			Horizon: []pghealth.Holder{{Kind: "snapshot", PID: 4242, Name: "pg_dump", State: "active", XIDs: 1200, Age: 2 * time.Hour, AgeKnown: true}},
+			Tables:  []pghealth.Table{{Table: "outbox", DeadTuples: 10, LiveTuples: 5, Bytes: 98304}},
 		},
 		groups: []cutover.Group{{Stream: "ORDERS", Consumer: "billing", Queue: "q_billing", Path: cutover.DualRead, Label: "ORDERS/billing"}},
 	}
@@ -217,7 +218,7 @@ func TestConsoleRenders(t *testing.T) {
 			f.relay.phase = relay.PhaseState{Running: []relay.Target{relay.TargetAMQP}, Table: []relay.Target{relay.TargetAMQP}}
 			f.data.phase.Phase = &phaseJSON{Change: phase.Change{Phase: phase.AMQP, ChangedAt: consoleT0, ChangedBy: "bob"}}
 			f.stats = []relay.TargetStats{{Target: relay.TargetAMQP, PendingExact: true}}
-			f.health = &relay.PostgresHealth{Horizon: []relay.HorizonHolder{{Kind: "transaction", Name: "psql", Age: time.Second, AgeKnown: true}}}
+			f.health = &pghealth.Health{Horizon: []pghealth.Holder{{Kind: "transaction", Name: "psql", Age: time.Second, AgeKnown: true}}}
 			return f
 		}(), []string{
 			`<span id="table-phase" class="phase-amqp">amqp</span>`,
@@ -359,27 +360,27 @@ func TestConsoleCutoverCheckedAt(t *testing.T) {
 // metrics.Postgres works out where Postgres gives none: a standby or a slot
 // that always holds some horizon is no warning.
 func TestConsoleHorizon(t *testing.T) {
-	standby := relay.HorizonHolder{Kind: "standby", PID: 77, Name: "walreceiver", State: "streaming", XIDs: 3}
-	aged := func(x relay.HorizonHolder, age time.Duration, known bool) relay.HorizonHolder {
+	standby := pghealth.Holder{Kind: "standby", PID: 77, Name: "walreceiver", State: "streaming", XIDs: 3}
+	aged := func(x pghealth.Holder, age time.Duration, known bool) pghealth.Holder {
 		x.Age, x.AgeKnown = age, known
 		return x
 	}
 	for _, tc := range []struct {
 		name   string
-		holder relay.HorizonHolder
+		holder pghealth.Holder
 		held   string // "": nothing held
 	}{
 		{"a standby just seen", aged(standby, 0, false), ""},
 		{"a standby seen for less than HolderInfoAfter", aged(standby, metrics.HolderInfoAfter-time.Second, false), ""},
 		{"a standby seen for HolderInfoAfter", aged(standby, 2*time.Minute, false),
 			"held by a standby (walreceiver, pid 77, streaming) for at least 2m0s (since relayd first saw it), 3 transaction ids back"},
-		{"a short transaction", relay.HorizonHolder{Kind: "transaction", Name: "app", Age: 30 * time.Second, AgeKnown: true}, ""},
-		{"a long snapshot", relay.HorizonHolder{Kind: "snapshot", Name: "pg_dump", Age: time.Hour, AgeKnown: true, XIDs: 9},
+		{"a short transaction", pghealth.Holder{Kind: "transaction", Name: "app", Age: 30 * time.Second, AgeKnown: true}, ""},
+		{"a long snapshot", pghealth.Holder{Kind: "snapshot", Name: "pg_dump", Age: time.Hour, AgeKnown: true, XIDs: 9},
 			"held by a snapshot (pg_dump) for 1h0m0s, 9 transaction ids back"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := emptyFixture()
-			f.health = &relay.PostgresHealth{Horizon: []relay.HorizonHolder{tc.holder}}
+			f.health = &pghealth.Health{Horizon: []pghealth.Holder{tc.holder}}
 			c, _ := setupConsole(t, f)
 			_, page := get(t, c, "/")
 			want, not := "Nothing holds VACUUM&#39;s horizon back for long.", "held by"
@@ -395,7 +396,7 @@ func TestConsoleHorizon(t *testing.T) {
 		pg := metrics.NewPostgres(prometheus.NewRegistry())
 		c, _ := setupConsole(t, emptyFixture())
 		c.cfg.Health = pg.Last
-		pg.Set(relay.PostgresHealth{Horizon: []relay.HorizonHolder{standby}})
+		pg.Set(pghealth.Health{Horizon: []pghealth.Holder{standby}})
 		if _, page := get(t, c, "/"); !strings.Contains(page, "Nothing holds VACUUM&#39;s horizon back for long.") {
 			t.Errorf("a standby metrics.Postgres first saw just now shows as held:\n%s", page)
 		}

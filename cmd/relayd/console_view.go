@@ -11,6 +11,7 @@ import (
 
 	"github.com/relayd/relayd/internal/cutover"
 	"github.com/relayd/relayd/internal/metrics"
+	"github.com/relayd/relayd/internal/pghealth"
 	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/internal/replay"
 	"github.com/relayd/relayd/relay"
@@ -102,8 +103,8 @@ type consoleInput struct {
 	self     string // this relay's instance name
 	data     pageData
 	figures  figuresSnapshot
-	health   relay.PostgresHealth // with the ages metrics.Postgres works out
-	healthAt time.Time            // zero: not read yet
+	health   pghealth.Health // with the ages metrics.Postgres works out
+	healthAt time.Time       // zero: not read yet
 	phase    relay.PhaseState
 	unready  []string
 	groups   []cutover.Group
@@ -162,8 +163,6 @@ func phaseSection(in consoleInput, unready []string) phaseView {
 		if p.Reason != "" {
 			v.Set += ": " + p.Reason
 		}
-	case in.data.phaseMissing:
-		v.Notes = append(v.Notes, "The outbox has no phase tables yet: relayd migrate adds them.")
 	case in.data.errs["phase"] != nil && in.phase.Table != nil:
 		// Not read now: the table's phase as this relay last read it.
 		n := phase.Of(in.phase.Table)
@@ -269,8 +268,6 @@ func instanceRows(in consoleInput) ([]instanceView, string) {
 		})
 	}
 	switch {
-	case in.data.phaseMissing:
-		return out, "The outbox has no instances table yet: relayd migrate adds it."
 	case in.data.errs["phase"] != nil:
 		return out, "Could not read the relays' reports."
 	case len(out) == 0:

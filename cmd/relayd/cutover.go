@@ -75,58 +75,96 @@ type cutoverArgs struct {
 	conservative, wait, asJSON bool
 }
 
-func cmdCutover(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	a, code, done := parseCutoverArgs(args, stdout, stderr, env)
-	if done {
-		return code
+// cutoverCommand is relayd cutover: its one action is check.
+type cutoverCommand struct{ *cli }
+
+func (c *cutoverCommand) Usage() string { return (&cutoverCheckCommand{}).Usage() }
+
+func (c *cutoverCommand) action(name string) (command, bool) {
+	if name == "check" {
+		return &cutoverCheckCommand{cli: c.cli}, true
 	}
-	ss, code := connectSession("cutover check", stderr, env, 2, true, a.connect)
-	if ss == nil {
-		return code
-	}
-	defer ss.close()
-	ccfg, tty, err := cutoverConfig(ss, a, stderr)
-	if err != nil {
-		ss.log.Error("cutover check", "error", err.Error())
-		return exitFailure
-	}
-	return checkCutover(ss, ccfg, a, tty, stdout, stderr)
+	return nil, false
 }
 
-// parseCutoverArgs reads and checks the flags; done says to exit with code.
-func parseCutoverArgs(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) (a cutoverArgs, code int, done bool) {
-	fs := flag.NewFlagSet("cutover check", flag.ContinueOnError)
-	connect := addCutoverFlags(fs, &a)
-	fs.BoolVar(&a.asJSON, "json", false, "print the verdict as JSON")
-	fs.BoolVar(&a.allConsumers, "all-consumers", false, "every durable consumer of the groups' streams must be a group or --exclude'd (as phase set nats requires)")
-	help := withFlagDefaults(fs, cutoverHelp)
+func (c *cutoverCommand) Run(ctx context.Context, args []string) error {
+	check := &cutoverCheckCommand{cli: c.cli}
+	fs, _ := check.flags()
 	action, args := takeAction(args, fs)
-	if action != "check" {
-		if action == "" {
-			// The help, or a usage error for a flag.
-			if code, done := parseFlags(fs, args, stdout, stderr, help); done {
-				return a, code, true
-			}
+	switch action {
+	case "check":
+		return within("cutover check", check, check.Run(ctx, args))
+	case "":
+		// The help, or a usage error for a flag.
+		if err := parseFlags(fs, args); err != nil {
+			return within("cutover check", check, err)
 		}
-		fmt.Fprintln(stderr, "relayd cutover: want `relayd cutover check --dual-read DURABLE` (see relayd cutover check --help)")
-		return a, exitUsage, true
 	}
-	if code, done := parseFlags(fs, args, stdout, stderr, help); done {
-		return a, code, true
+	return usagef("want `relayd cutover check --dual-read DURABLE` (see relayd cutover check --help)")
+}
+
+// cutoverCheckCommand is relayd cutover check.
+type cutoverCheckCommand struct {
+	*cli
+	cutoverArgs
+}
+
+// flags is the check's flag set, into c; it returns --connect-timeout.
+func (c *cutoverCheckCommand) flags() (*flag.FlagSet, *time.Duration) {
+	fs := flag.NewFlagSet("cutover check", flag.ContinueOnError)
+	connect := addCutoverFlags(fs, &c.cutoverArgs)
+	fs.BoolVar(&c.asJSON, "json", false, "print the verdict as JSON")
+	fs.BoolVar(&c.allConsumers, "all-consumers", false, "every durable consumer of the groups' streams must be a group or --exclude'd (as phase set nats requires)")
+	return fs, connect
+}
+
+func (c *cutoverCheckCommand) Usage() string {
+	fs, _ := c.flags()
+	return withFlagDefaults(fs, cutoverHelp)
+}
+
+func (c *cutoverCheckCommand) Run(ctx context.Context, args []string) error {
+	if err := c.parse(args); err != nil {
+		return err
 	}
-	a.connect = *connect
-	if !validCutoverArgs(fs, &a, env, stderr) {
-		return a, exitUsage, true
+	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: readerConns, NATS: true, ConnectTimeout: c.connect})
+	if err != nil {
+		return err
 	}
-	if len(a.exclude) > 0 && !a.allConsumers {
-		fmt.Fprintln(stderr, "relayd cutover check: --exclude goes with --all-consumers (see relayd cutover check --help)")
-		return a, exitUsage, true
+	defer ss.close()
+	ccfg, tty, err := cutoverConfig(ss, c.cutoverArgs, c.stderr)
+	if err != nil {
+		return logged("cutover check", err)
 	}
-	if len(a.groups) == 0 {
-		fmt.Fprintln(stderr, "relayd cutover check: name a group: --dual-read, --rolling-upgrade or --consumer (see relayd cutover check --help)")
-		return a, exitUsage, true
+	// Once, or with --wait until every condition passes or --timeout.
+	res, err := awaitCutover(ss, ccfg, c.cutoverArgs, tty, c.stderr)
+	if err != nil {
+		return err
 	}
-	return a, exitOK, false
+	printVerdict(c.stdout, res, c.asJSON)
+	if !res.OK {
+		return errReported
+	}
+	return nil
+}
+
+// parse reads and checks the flags.
+func (c *cutoverCheckCommand) parse(args []string) error {
+	fs, connect := c.flags()
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	c.connect = *connect
+	if err := validCutoverArgs(&c.cutoverArgs, c.env); err != nil {
+		return err
+	}
+	if len(c.exclude) > 0 && !c.allConsumers {
+		return usagef("--exclude goes with --all-consumers (see relayd cutover check --help)")
+	}
+	if len(c.groups) == 0 {
+		return usagef("name a group: --dual-read, --rolling-upgrade or --consumer (see relayd cutover check --help)")
+	}
+	return nil
 }
 
 // addCutoverFlags adds the check's flags to fs, into a: cutover check's,
@@ -147,39 +185,36 @@ func addCutoverFlags(fs *flag.FlagSet, a *cutoverArgs) *time.Duration {
 }
 
 // validCutoverArgs checks the flags addCutoverFlags read and folds
-// --consumer/--queue into the groups; false: it has printed why (exit 2).
-func validCutoverArgs(fs *flag.FlagSet, a *cutoverArgs, env envconfig.Lookuper, stderr io.Writer) bool {
-	name := fs.Name()
+// --consumer/--queue into the groups.
+func validCutoverArgs(a *cutoverArgs, env envconfig.Lookuper) error {
 	if a.stream != "" && !validNATSName(a.stream) {
-		fmt.Fprintf(stderr, "relayd %s: --stream %q is not a valid stream name\n", name, a.stream)
-		return false
+		return usagef("--stream %q is not a valid stream name", a.stream)
 	}
 	switch {
 	case a.queue != "" && a.consumer == "":
-		fmt.Fprintf(stderr, "relayd %s: --queue goes with --consumer; for several groups, --dual-read or --rolling-upgrade DURABLE:QUEUE\n", name)
-		return false
+		return usagef("--queue goes with --consumer; for several groups, --dual-read or --rolling-upgrade DURABLE:QUEUE")
 	case a.consumer != "":
 		spec := a.consumer
 		if a.queue != "" {
 			spec += ":" + a.queue
 		}
 		if err := (groupPath{&a.groups, cutover.RollingUpgrade}).Set(spec); err != nil {
-			fmt.Fprintf(stderr, "relayd %s: --consumer: %v\n", name, err)
-			return false
+			return usagef("--consumer: %v", err)
 		}
 	}
 	if err := a.groups.unique(); err != nil {
-		fmt.Fprintf(stderr, "relayd %s: %v\n", name, err)
-		return false
+		return usagef("%v", err)
 	}
 	if a.quiet < 0 || a.timeout <= 0 {
-		fmt.Fprintf(stderr, "relayd %s: --quiet-period and --timeout must be positive\n", name)
-		return false
+		return usagef("--quiet-period and --timeout must be positive")
 	}
-	if !checkConnectTimeout(name, a.connect, stderr) {
-		return false
+	if err := checkConnectTimeout(a.connect); err != nil {
+		return err
 	}
-	return !a.groups.withQueue() || amqpURLOK(env, stderr)
+	if a.groups.withQueue() {
+		return amqpURLVar(env)
+	}
+	return nil
 }
 
 // cutoverConfig is cutover.Config for the session and flags; on a
@@ -213,23 +248,10 @@ func cutoverConfig(ss *session, a cutoverArgs, stderr io.Writer) (ccfg cutover.C
 	return ccfg, tty, nil
 }
 
-// checkCutover checks once, or with --wait until every condition passes or
-// --timeout, and prints the verdict; it returns the exit code.
-func checkCutover(ss *session, ccfg cutover.Config, a cutoverArgs, tty bool, stdout, stderr io.Writer) int {
-	res, ok := awaitCutover(ss, ccfg, a, tty, stderr)
-	if !ok {
-		return exitFailure
-	}
-	printVerdict(stdout, res, a.asJSON)
-	if res.OK {
-		return exitOK
-	}
-	return exitFailure
-}
-
 // awaitCutover checks once, or with --wait until every condition passes or
-// --timeout; ok is false when the check could not be made (logged).
-func awaitCutover(ss *session, ccfg cutover.Config, a cutoverArgs, tty bool, stderr io.Writer) (res cutover.Result, ok bool) {
+// --timeout. Its error is a check that could not be made (logged), or a
+// signal (silent).
+func awaitCutover(ss *session, ccfg cutover.Config, a cutoverArgs, tty bool, stderr io.Writer) (cutover.Result, error) {
 	deadline := time.Now().Add(a.timeout)
 	for attempt := 1; ; attempt++ {
 		res, err := cutover.Check(ss.ctx, ccfg)
@@ -239,20 +261,19 @@ func awaitCutover(ss *session, ccfg cutover.Config, a cutoverArgs, tty bool, std
 		var cfgErr *cutover.ConfigError
 		switch {
 		case errors.Is(err, context.Canceled):
-			return res, false
+			return res, &silentError{err}
 		case err != nil && (!a.wait || errors.As(err, &cfgErr) || time.Now().After(deadline)):
-			ss.log.Error("cutover check", "error", err.Error())
-			return res, false
+			return res, logged("cutover check", err)
 		case err != nil:
 			// Postgres or a broker did not answer (a failover): --wait rides it out.
 			ss.log.Warn("cutover check could not be made; trying again", "attempt", attempt, "error", err.Error())
 		case res.OK || !a.wait || time.Now().After(deadline):
-			return res, true
+			return res, nil
 		case tty:
 			printWaitingOn(stderr, attempt, res)
 		}
 		if !backoff.Sleep(ss.ctx, 2*time.Second) {
-			return res, false
+			return res, &silentError{ss.ctx.Err()}
 		}
 	}
 }

@@ -184,7 +184,7 @@ func docDefault(v docVar) string {
 
 // Every variable relayd reads is in docs/configuration.md, once, with the
 // default the code gives it; the page names no variable the code does not
-// read. The README's short table of settings says the same.
+// read. No other page has a table of them (docs_once_test.go).
 func TestConfigurationDocumentsEveryVariable(t *testing.T) {
 	vars := docReadVars(t, docSourceFiles(t))
 	for _, name := range []string{"RELAY_DATABASE_URL", "RELAY_TARGETS", "RELAY_SHUTDOWN_TIMEOUT", "RELAY_BACKFILL_QUEUE", "GOMAXPROCS"} {
@@ -192,7 +192,7 @@ func TestConfigurationDocumentsEveryVariable(t *testing.T) {
 			t.Fatalf("the source scan missed %s: found %v", name, slices.Sorted(maps.Keys(vars)))
 		}
 	}
-	for _, page := range []string{"docs/configuration.md", "README.md"} {
+	for _, page := range []string{"docs/configuration.md"} {
 		rows := docTableRows(t, page, docEnvName)
 		if len(rows) < 5 {
 			t.Fatalf("%s: found %d variables in its tables", page, len(rows))
@@ -424,28 +424,6 @@ func TestContributingDocumentsTestVariables(t *testing.T) {
 		if !strings.Contains(string(b), "`"+v+"`") {
 			t.Errorf("%s reads %s, which CONTRIBUTING.md does not document", path, v)
 		}
-	}
-}
-
-// The README's table of the three phases is docs/migration.md's, row for
-// row: the front door may not say something else.
-func TestReadmePhasesAreMigrations(t *testing.T) {
-	phases := func(page string) []string {
-		b, err := os.ReadFile(filepath.Join(docRoot, page))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rows []string
-		for line := range strings.Lines(string(b)) {
-			if regexp.MustCompile(`^\| [0-9] — `).MatchString(line) {
-				rows = append(rows, strings.TrimSpace(line))
-			}
-		}
-		return rows
-	}
-	readme, migration := phases("README.md"), phases("docs/migration.md")
-	if len(readme) != 3 || !slices.Equal(readme, migration) {
-		t.Errorf("README.md's phases:\n%s\ndocs/migration.md's:\n%s", strings.Join(readme, "\n"), strings.Join(migration, "\n"))
 	}
 }
 

@@ -9,18 +9,17 @@ import (
 	"time"
 )
 
-// parseFlags parses a subcommand's flags and refuses positional arguments;
-// done reports that the command should exit with code (help printed, or a
-// usage error).
-func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help string) (code int, done bool) {
-	if code, done := parseFlagsArgs(fs, args, stdout, stderr, help); done {
-		return code, done
+// parseFlags parses a command's flags and refuses positional arguments.
+// --help returns flag.ErrHelp (exitCode prints the command's Usage); a
+// usage error names the command by fs's name.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := parseFlagsArgs(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "relayd %s: unexpected argument %q (see relayd %s --help)\n", fs.Name(), fs.Arg(0), fs.Name())
-		return exitUsage, true
+		return within(fs.Name(), nil, usagef("unexpected argument %q (see relayd %s --help)", fs.Arg(0), fs.Name()))
 	}
-	return 0, false
+	return nil
 }
 
 // parseFlagsArgs is parseFlags for a command that takes positional
@@ -28,7 +27,7 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help 
 // arguments may come in any order: Go's flag package stops at the first
 // positional one, and `relayd migrate status --json` would refuse --json.
 // "--" ends the flags. A flag given twice is a usage error (see onceValue).
-func parseFlagsArgs(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help string) (code int, done bool) {
+func parseFlagsArgs(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard)
 	flags, pos := splitArgs(args, fs)
 	twice := ""
@@ -40,16 +39,15 @@ func parseFlagsArgs(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, h
 	}
 	switch {
 	case err == nil:
-		return 0, false
+		return nil
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, help)
-		return exitOK, true
+		return flag.ErrHelp
 	case twice != "":
-		fmt.Fprintf(stderr, "relayd %s: --%s given twice: give it once (see relayd %s --help)\n", fs.Name(), twice, fs.Name())
+		err = usagef("--%s given twice: give it once (see relayd %s --help)", twice, fs.Name())
 	default:
-		fmt.Fprintf(stderr, "relayd %s: %s (see relayd %s --help)\n", fs.Name(), doubleDash(err.Error()), fs.Name())
+		err = usagef("%s (see relayd %s --help)", doubleDash(err.Error()), fs.Name())
 	}
-	return exitUsage, true
+	return within(fs.Name(), nil, err)
 }
 
 // takeAction finds a command's action — its first positional argument —
@@ -228,10 +226,9 @@ func connectTimeoutFlag(fs *flag.FlagSet) *time.Duration {
 }
 
 // checkConnectTimeout refuses a timeout that is not positive.
-func checkConnectTimeout(name string, d time.Duration, stderr io.Writer) bool {
+func checkConnectTimeout(d time.Duration) error {
 	if d <= 0 {
-		fmt.Fprintf(stderr, "relayd %s: --connect-timeout must be a positive duration, like 5s\n", name)
-		return false
+		return usagef("--connect-timeout must be a positive duration, like 5s")
 	}
-	return true
+	return nil
 }

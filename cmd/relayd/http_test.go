@@ -18,6 +18,7 @@ import (
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/metrics"
+	"github.com/relayd/relayd/internal/pghealth"
 	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/relay"
 )
@@ -104,9 +105,9 @@ func TestMetricsCarryTheOutbox(t *testing.T) {
 		m.Parked(relay.TargetNATS)
 		m.Phase(relay.PhaseState{Running: relay.Targets, Table: relay.Targets})
 		metrics.NewOutbox(reg).Set([]relay.TargetStats{{Target: relay.TargetAMQP, Pending: 1}})
-		metrics.NewPostgres(reg).Set(relay.PostgresHealth{
-			Horizon: []relay.HorizonHolder{{Kind: "snapshot", Age: time.Hour, AgeKnown: true}},
-			Tables:  []relay.TableHealth{{Table: "delivered", Bytes: 8192}}})
+		metrics.NewPostgres(reg).Set(pghealth.Health{
+			Horizon: []pghealth.Holder{{Kind: "snapshot", Age: time.Hour, AgeKnown: true}},
+			Tables:  []pghealth.Table{{Table: "delivered", Bytes: 8192}}})
 		// What backfill registers.
 		backfillServed, reg := newMetricsRegistry(cfg.table)
 		(&reporter{}).register(reg)

@@ -6,12 +6,13 @@ import (
 )
 
 // printJSON writes v as one indented JSON document: what every command's
-// --json prints. Durations are float seconds in fields named *_seconds.
-func printJSON(w io.Writer, v any) int {
+// --json prints. Durations are float seconds in fields named *_seconds. It
+// fails silently (exit 1): stdout is gone.
+func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(v); err != nil {
-		return exitFailure
+		return &silentError{err}
 	}
-	return exitOK
+	return nil
 }

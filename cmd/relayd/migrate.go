@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/inbox"
 	"github.com/relayd/relayd/schema"
@@ -38,12 +38,26 @@ with it).
 Flags:
 `
 
-func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+// migrateCommand is relayd migrate: the outbox's migrations, or an inbox's.
+type migrateCommand struct {
+	*cli
+	inbox  string
+	asJSON bool
+}
+
+func (c *migrateCommand) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	inboxTable := fs.String("inbox", "", "migrate this inbox table (name or schema.name) instead of the outbox")
-	asJSON := fs.Bool("json", false, "print what was applied, or the status, as JSON")
-	if code, done := parseFlagsArgs(fs, args, stdout, stderr, withFlagDefaults(fs, migrateHelp)); done {
-		return code
+	fs.StringVar(&c.inbox, "inbox", "", "migrate this inbox table (name or schema.name) instead of the outbox")
+	fs.BoolVar(&c.asJSON, "json", false, "print what was applied, or the status, as JSON")
+	return fs
+}
+
+func (c *migrateCommand) Usage() string { return withFlagDefaults(c.flags(), migrateHelp) }
+
+func (c *migrateCommand) Run(ctx context.Context, args []string) error {
+	fs := c.flags()
+	if err := parseFlagsArgs(fs, args); err != nil {
+		return err
 	}
 	action := actions["migrate"][0]
 	if fs.NArg() > 0 {
@@ -52,76 +66,67 @@ func cmdMigrate(args []string, stdout, stderr io.Writer, env envconfig.Lookuper)
 	var downTo int64
 	switch {
 	case !isAction("migrate", action):
-		fmt.Fprintf(stderr, "relayd migrate: unknown action %q: want up, status or (outbox only) down-to (see relayd migrate --help)\n", action)
-		return exitUsage
-	case action == "down-to" && *inboxTable != "":
-		fmt.Fprintln(stderr, "relayd migrate: down-to is for the outbox only, not --inbox (see relayd migrate --help)")
-		return exitUsage
+		return usagef("unknown action %q: want up, status or (outbox only) down-to (see relayd migrate --help)", action)
+	case action == "down-to" && c.inbox != "":
+		return usagef("down-to is for the outbox only, not --inbox (see relayd migrate --help)")
 	case action == "down-to":
 		v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
 		if fs.NArg() != 2 || err != nil || v < schema.RollBackFloor {
-			fmt.Fprintf(stderr, "relayd migrate: down-to wants one version, %d or later: earlier downs drop the delivered record\n", schema.RollBackFloor)
-			return exitUsage
+			return usagef("down-to wants one version, %d or later: earlier downs drop the delivered record", schema.RollBackFloor)
 		}
 		downTo = v
 	case fs.NArg() > 1:
-		fmt.Fprintf(stderr, "relayd migrate: unexpected argument %q: one action at most (see relayd migrate --help)\n", fs.Arg(1))
-		return exitUsage
+		return usagef("unexpected argument %q: one action at most (see relayd migrate --help)", fs.Arg(1))
 	}
-	if *inboxTable != "" {
-		if _, err := schema.ParseTable(*inboxTable); err != nil {
-			fmt.Fprintf(stderr, "relayd migrate: --inbox %q is not a valid table name: want name or schema.name, lower-case letters, digits and _\n", *inboxTable)
-			return exitUsage
+	if c.inbox != "" {
+		if _, err := schema.ParseTable(c.inbox); err != nil {
+			return usagef("--inbox %q is not a valid table name: want name or schema.name, lower-case letters, digits and _", c.inbox)
 		}
 	}
-	cfg, code := configOrExit(stderr, env)
-	if cfg == nil {
-		return code
+	cfg, err := c.config(c.env)
+	if err != nil {
+		return err
 	}
-	log := newLogger(cfg, stderr)
-	ctx, stop := signalContext(log)
+	log := c.log
+	ctx, stop := signalContext(ctx, log)
 	defer stop()
 	db, closeDB, err := openDB(ctx, cfg)
 	if err != nil {
-		fmt.Fprintln(stderr, commandPrefix("migrate")+postgresFailure(cfg, err))
-		return exitFailure
+		return errors.New(postgresFailure(cfg, err))
 	}
 	defer closeDB()
 
-	if *inboxTable != "" {
-		return migrateInbox(ctx, db, *inboxTable, action, *asJSON, stdout, log)
+	if c.inbox != "" {
+		return migrateInbox(ctx, db, c.inbox, action, c.asJSON, c.stdout, log)
 	}
-	if action == "down-to" {
+	table := cfg.table.String()
+	switch action {
+	case "down-to":
 		res, err := schema.RollBack(ctx, db, cfg.table, downTo, log)
 		if err != nil {
-			log.Error("migrate down", "table", cfg.table.String(), "error", err.Error())
-			return exitFailure
+			return logged("migrate down", err, "table", table)
 		}
-		if *asJSON {
-			return printJSON(stdout, map[string]any{"table": cfg.table.String(), "undone": versions(res)})
+		if c.asJSON {
+			return printJSON(c.stdout, map[string]any{"table": table, "undone": versions(res)})
 		}
-		fmt.Fprintf(stdout, "%s: %d migration(s) undone\n", cfg.table, len(res))
-		return exitOK
-	}
-	if action == "status" {
+		fmt.Fprintf(c.stdout, "%s: %d migration(s) undone\n", cfg.table, len(res))
+	case "status":
 		st, err := schema.Status(ctx, db, cfg.table)
 		if err != nil {
-			log.Error("migration status", "error", err.Error())
-			return exitFailure
+			return logged("migration status", err)
 		}
-		printMigrationStatus(stdout, st, *asJSON)
-		return exitOK
+		printMigrationStatus(c.stdout, st, c.asJSON)
+	default:
+		res, err := schema.Up(ctx, db, cfg.table, log)
+		if err != nil {
+			return logged("migrate", err, "table", table)
+		}
+		if c.asJSON {
+			return printJSON(c.stdout, map[string]any{"table": table, "applied": versions(res)})
+		}
+		fmt.Fprintf(c.stdout, "%s: %d migration(s) applied\n", cfg.table, len(res))
 	}
-	res, err := schema.Up(ctx, db, cfg.table, log)
-	if err != nil {
-		log.Error("migrate", "table", cfg.table.String(), "error", err.Error())
-		return exitFailure
-	}
-	if *asJSON {
-		return printJSON(stdout, map[string]any{"table": cfg.table.String(), "applied": versions(res)})
-	}
-	fmt.Fprintf(stdout, "%s: %d migration(s) applied\n", cfg.table, len(res))
-	return exitOK
+	return nil
 }
 
 // versions is the versions of the migrations in res.
@@ -167,35 +172,37 @@ func printMigrationStatus(w io.Writer, st []*goose.MigrationStatus, asJSON bool)
 }
 
 // migrateInbox applies (or reports) a consumer inbox table's migrations.
-func migrateInbox(ctx context.Context, db *sql.DB, table, action string, asJSON bool, stdout io.Writer, log *slog.Logger) int {
+func migrateInbox(ctx context.Context, db *sql.DB, table, action string, asJSON bool, stdout io.Writer, log *slog.Logger) error {
 	if action == "status" {
 		p, err := inbox.NewProvider(db, table, log)
 		if err == nil {
 			var st []*goose.MigrationStatus
 			if st, err = p.Status(ctx); err == nil {
 				printMigrationStatus(stdout, st, asJSON)
-				return exitOK
+				return nil
 			}
 		}
-		log.Error("inbox migration status", "table", table, "error", err.Error())
-		return exitFailure
+		return logged("inbox migration status", err, "table", table)
 	}
 	if err := inbox.Migrate(ctx, db, table); err != nil {
-		log.Error("migrate inbox", "table", table, "error", err.Error())
-		return exitFailure
+		return logged("migrate inbox", err, "table", table)
 	}
 	if asJSON {
 		return printJSON(stdout, map[string]any{"inbox": table, "migrated": true})
 	}
 	fmt.Fprintf(stdout, "inbox %s: migrated\n", table)
-	return exitOK
+	return nil
 }
+
+// migrateConns is migrate's pool: goose holds its advisory lock on one
+// connection while it migrates on the other.
+const migrateConns = 2
 
 // openDB opens database/sql over a small pgx pool, for goose. It does not
 // log the wait: migrate prints the outcome only, on one line, as the other
 // one-shot commands do.
 func openDB(ctx context.Context, cfg *config) (*sql.DB, func(), error) {
-	pool, err := newPool(ctx, cfg, 2)
+	pool, err := newPool(ctx, cfg, migrateConns)
 	if err != nil {
 		return nil, nil, err
 	}

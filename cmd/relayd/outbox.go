@@ -1,16 +1,14 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
-	"io"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/relay"
 )
@@ -45,25 +43,37 @@ cause is fixed. Safe while relays run.
 Flags:
 `
 
-func cmdOutbox(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	parked, parkedArgs := outboxParkedFlags()
-	retry, retryArgs := outboxRetryFlags()
-	action, args := takeAction(args, parked, retry)
+// outboxCommand is relayd outbox: its actions parked and retry are
+// commands of their own.
+type outboxCommand struct{ *cli }
+
+func (c *outboxCommand) Usage() string { return outboxHelp }
+
+func (c *outboxCommand) action(name string) (command, bool) {
+	switch name {
+	case "parked":
+		return &outboxParkedCommand{cli: c.cli}, true
+	case "retry":
+		return &outboxRetryCommand{cli: c.cli}, true
+	}
+	return nil, false
+}
+
+func (c *outboxCommand) Run(ctx context.Context, args []string) error {
+	parked, retry := &outboxParkedCommand{cli: c.cli}, &outboxRetryCommand{cli: c.cli}
+	action, args := takeAction(args, parked.flags(), retry.flags())
 	switch action {
 	case "parked":
-		return cmdOutboxParked(parked, parkedArgs, args, stdout, stderr, env)
+		return within("outbox parked", parked, parked.Run(ctx, args))
 	case "retry":
-		return cmdOutboxRetry(retry, retryArgs, args, stdout, stderr, env)
+		return within("outbox retry", retry, retry.Run(ctx, args))
 	case "":
-		if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
-			fmt.Fprint(stdout, outboxHelp)
-			return exitOK
+		if len(args) == 1 && aliases[args[0]] == "help" {
+			return flag.ErrHelp
 		}
-		fmt.Fprint(stderr, outboxHelp)
-	default:
-		fmt.Fprintf(stderr, "relayd outbox: unknown action %q: want parked or retry (see relayd outbox --help)\n", action)
+		return errNoAction
 	}
-	return exitUsage
+	return usagef("unknown action %q: want parked or retry (see relayd outbox --help)", action)
 }
 
 // outboxFlags are the flags outbox parked and outbox retry share, and
@@ -75,69 +85,85 @@ type outboxFlags struct {
 	connectTimeout time.Duration
 }
 
-func outboxParkedFlags() (*flag.FlagSet, *outboxFlags) {
-	var f outboxFlags
+// outboxParkedCommand is relayd outbox parked.
+type outboxParkedCommand struct {
+	*cli
+	outboxFlags
+}
+
+func (c *outboxParkedCommand) flags() *flag.FlagSet {
+	f := &c.outboxFlags
 	fs := flag.NewFlagSet("outbox parked", flag.ContinueOnError)
 	fs.StringVar(&f.target, "target", "", "amqp or nats (default: every target)")
 	fs.IntVar(&f.limit, "limit", 1000, "list at most N rows")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
-	return fs, &f
+	return fs
 }
 
-func outboxRetryFlags() (*flag.FlagSet, *outboxFlags) {
-	var f outboxFlags
+func (c *outboxParkedCommand) Usage() string { return withFlagDefaults(c.flags(), outboxParkedHelp) }
+
+// outboxRetryCommand is relayd outbox retry.
+type outboxRetryCommand struct {
+	*cli
+	outboxFlags
+}
+
+func (c *outboxRetryCommand) flags() *flag.FlagSet {
+	f := &c.outboxFlags
 	fs := flag.NewFlagSet("outbox retry", flag.ContinueOnError)
 	fs.StringVar(&f.idList, "id", "", "the rows to retry, by id: N[,N...]")
 	fs.BoolVar(&f.all, "all", false, "retry every parked row")
 	fs.StringVar(&f.target, "target", "", "amqp or nats (default: every target)")
 	fs.BoolVar(&f.asJSON, "json", false, `print {"retried": N}`)
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
-	return fs, &f
+	return fs
 }
 
+func (c *outboxRetryCommand) Usage() string { return withFlagDefaults(c.flags(), outboxRetryHelp) }
+
 // parseTarget reads --target: one target, or every one when not given.
-func parseTarget(name, s string, stderr io.Writer) ([]relay.Target, bool) {
+func parseTarget(s string) ([]relay.Target, error) {
 	if s == "" {
-		return slices.Clone(relay.Targets), true
+		return slices.Clone(relay.Targets), nil
 	}
 	t, err := relay.ParseTargets(s)
 	if err != nil || len(t) != 1 {
-		fmt.Fprintf(stderr, "relayd %s: --target: want amqp or nats\n", name)
-		return nil, false
+		return nil, usagef("--target: want amqp or nats")
 	}
-	return t, true
+	return t, nil
 }
 
-func cmdOutboxParked(fs *flag.FlagSet, f *outboxFlags, args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, outboxParkedHelp)); done {
-		return code
+func (c *outboxParkedCommand) Run(ctx context.Context, args []string) error {
+	if err := parseFlags(c.flags(), args); err != nil {
+		return err
 	}
-	if f.limit < 1 {
-		fmt.Fprintln(stderr, "relayd outbox parked: --limit must be positive")
-		return exitUsage
+	if c.limit < 1 {
+		return usagef("--limit must be positive")
 	}
-	targets, ok := parseTarget(fs.Name(), f.target, stderr)
-	if !ok || !checkConnectTimeout(fs.Name(), f.connectTimeout, stderr) {
-		return exitUsage
+	targets, err := parseTarget(c.target)
+	if err != nil {
+		return err
 	}
-	ss, code := connectSession(fs.Name(), stderr, env, 2, false, f.connectTimeout)
-	if ss == nil {
-		return code
+	if err := checkConnectTimeout(c.connectTimeout); err != nil {
+		return err
+	}
+	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: readerConns, ConnectTimeout: c.connectTimeout})
+	if err != nil {
+		return err
 	}
 	defer ss.close()
-	rows, err := relay.ListParked(ss.ctx, ss.pool, ss.cfg.table, targets, f.limit)
+	rows, err := relay.ListParked(ss.ctx, ss.pool, ss.cfg.table, targets, c.limit)
 	if err != nil {
-		ss.log.Error("outbox parked", "error", err.Error())
-		return exitFailure
+		return logged("outbox parked", err)
 	}
-	if f.asJSON {
+	if c.asJSON {
 		if rows == nil {
 			rows = []relay.ParkedRow{}
 		}
-		return printJSON(stdout, rows)
+		return printJSON(c.stdout, rows)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tMESSAGE ID\tTOPIC\tTARGET\tPARKED AT\tATTEMPTS\tREASON")
 	for _, r := range rows {
 		for _, pt := range r.Targets {
@@ -145,48 +171,52 @@ func cmdOutboxParked(fs *flag.FlagSet, f *outboxFlags, args []string, stdout, st
 		}
 	}
 	tw.Flush()
-	if len(rows) == f.limit {
-		fmt.Fprintf(stdout, "(first %d rows; --limit for more)\n", f.limit)
+	if len(rows) == c.limit {
+		fmt.Fprintf(c.stdout, "(first %d rows; --limit for more)\n", c.limit)
 	}
-	return exitOK
+	return nil
 }
 
-func cmdOutboxRetry(fs *flag.FlagSet, f *outboxFlags, args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, outboxRetryHelp)); done {
-		return code
+func (c *outboxRetryCommand) Run(ctx context.Context, args []string) error {
+	if err := parseFlags(c.flags(), args); err != nil {
+		return err
 	}
 	var ids []int64
-	if f.idList != "" {
-		for _, s := range strings.Split(f.idList, ",") {
+	if c.idList != "" {
+		for _, s := range strings.Split(c.idList, ",") {
 			id, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 			if err != nil {
-				fmt.Fprintf(stderr, "relayd outbox retry: --id: %q is not a row id\n", s)
-				return exitUsage
+				return usagef("--id: %q is not a row id", s)
 			}
 			ids = append(ids, id)
 		}
 	}
-	if (len(ids) == 0) == !f.all {
-		fmt.Fprintln(stderr, "relayd outbox retry: give --id N[,N...] or --all (one of them)")
-		return exitUsage
+	if (len(ids) == 0) == !c.all {
+		return usagef("give --id N[,N...] or --all (one of them)")
 	}
-	targets, ok := parseTarget(fs.Name(), f.target, stderr)
-	if !ok || !checkConnectTimeout(fs.Name(), f.connectTimeout, stderr) {
-		return exitUsage
+	targets, err := parseTarget(c.target)
+	if err != nil {
+		return err
 	}
-	ss, code := connectSession(fs.Name(), stderr, env, 2, false, f.connectTimeout)
-	if ss == nil {
-		return code
+	if err := checkConnectTimeout(c.connectTimeout); err != nil {
+		return err
+	}
+	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: readerConns, ConnectTimeout: c.connectTimeout})
+	if err != nil {
+		return err
 	}
 	defer ss.close()
-	n, err := relay.RetryParked(ss.ctx, ss.pool, ss.cfg.table, targets, ids, f.all)
+	which := relay.ParkedIDs(ids...)
+	if c.all {
+		which = relay.AllParked()
+	}
+	n, err := relay.RetryParked(ss.ctx, ss.pool, ss.cfg.table, targets, which)
 	if err != nil {
-		ss.log.Error("outbox retry", "error", err.Error())
-		return exitFailure
+		return logged("outbox retry", err)
 	}
-	if f.asJSON {
-		return printJSON(stdout, map[string]int64{"retried": n})
+	if c.asJSON {
+		return printJSON(c.stdout, map[string]int64{"retried": n})
 	}
-	fmt.Fprintf(stdout, "%d parked delivery(ies) put back in line\n", n)
-	return exitOK
+	fmt.Fprintf(c.stdout, "%d parked delivery(ies) put back in line\n", n)
+	return nil
 }

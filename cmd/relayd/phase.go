@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,9 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/schema"
@@ -103,58 +100,68 @@ func readPhaseState(ctx context.Context, db *pgxpool.Pool, table schema.Table, h
 	return st, nil
 }
 
-// notMigrated says whether err is a missing table: an outbox migrated
-// before the phase tables (relayd migrate adds them).
-func notMigrated(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+// phaseCommand is relayd phase [show], and relayd phase set's parent.
+type phaseCommand struct {
+	*cli
+	history, asJSON bool
+	connectTimeout  time.Duration
 }
 
-func cmdPhase(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+func (c *phaseCommand) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("phase", flag.ContinueOnError)
-	history := fs.Bool("history", false, "list every change of the phase, oldest first")
-	asJSON := fs.Bool("json", false, "one JSON document, for scripts")
-	connectTimeout := connectTimeoutFlag(fs)
-	set, _ := newPhaseSetFlags(&phaseSetArgs{})
-	action, args := takeAction(args, fs, set)
+	fs.BoolVar(&c.history, "history", false, "list every change of the phase, oldest first")
+	fs.BoolVar(&c.asJSON, "json", false, "one JSON document, for scripts")
+	fs.DurationVar(&c.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
+	return fs
+}
+
+func (c *phaseCommand) Usage() string { return withFlagDefaults(c.flags(), phaseHelp) }
+
+func (c *phaseCommand) action(name string) (command, bool) {
+	if name == "set" {
+		return &phaseSetCommand{cli: c.cli}, true
+	}
+	return nil, false
+}
+
+func (c *phaseCommand) Run(ctx context.Context, args []string) error {
+	fs := c.flags()
+	set := &phaseSetCommand{cli: c.cli}
+	setFlags, _ := newPhaseSetFlags(&set.phaseSetArgs)
+	action, args := takeAction(args, fs, setFlags)
 	switch {
 	case action == "set":
-		return cmdPhaseSet(args, stdout, stderr, env)
+		return within("phase set", set, set.Run(ctx, args))
 	case action != "" && !isAction("phase", action):
-		fmt.Fprintf(stderr, "relayd phase: unknown action %q: want show or set (see relayd phase --help)\n", action)
-		return exitUsage
+		return usagef("unknown action %q: want show or set (see relayd phase --help)", action)
 	}
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, phaseHelp)); done {
-		return code
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
-	if !checkConnectTimeout("phase", *connectTimeout, stderr) {
-		return exitUsage
+	if err := checkConnectTimeout(c.connectTimeout); err != nil {
+		return err
 	}
-	ss, code := connectSession("phase", stderr, env, 2, false, *connectTimeout)
-	if ss == nil {
-		return code
+	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: readerConns, ConnectTimeout: c.connectTimeout})
+	if err != nil {
+		return err
 	}
 	defer ss.close()
-	st, err := readPhaseState(ss.ctx, ss.pool, ss.cfg.table, *history)
+	st, err := readPhaseState(ss.ctx, ss.pool, ss.cfg.table, c.history)
 	if err != nil {
-		if notMigrated(err) {
-			err = fmt.Errorf("%w (the outbox has no phase tables yet: run relayd migrate)", err)
-		}
-		ss.log.Error("read the phase", "error", err.Error())
-		return exitFailure
+		return logged("read the phase", err)
 	}
-	if *asJSON {
-		return printJSON(stdout, struct {
+	if c.asJSON {
+		return printJSON(c.stdout, struct {
 			Table string `json:"table"`
 			phaseState
 		}{ss.cfg.table.String(), st})
 	}
-	fmt.Fprintf(stdout, "outbox %s\n", ss.cfg.table)
-	printPhase(stdout, st)
-	if *history {
-		printHistory(stdout, st.History)
+	fmt.Fprintf(c.stdout, "outbox %s\n", ss.cfg.table)
+	printPhase(c.stdout, st)
+	if c.history {
+		printHistory(c.stdout, st.History)
 	}
-	return exitOK
+	return nil
 }
 
 // printPhase writes the table's phase and the running relays.

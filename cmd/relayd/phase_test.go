@@ -189,12 +189,13 @@ func TestPhaseSetConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	var errBuf, outBuf strings.Builder
-	ss, code := connectSession("phase", &errBuf, envconfig.MapLookuper(env), 2, false, 0)
+	c := &cli{stdout: &outBuf, stderr: &errBuf, env: envconfig.MapLookuper(env)}
+	ss, err := openSession(context.Background(), c, sessionOptions{Conns: readerConns})
 	if ss == nil {
-		t.Fatalf("session: exit %d: %s", code, errBuf.String())
+		t.Fatalf("session: exit %d: %s", c.exitCode(err), errBuf.String())
 	}
 	defer ss.close()
-	code = recordPhase(ss, phaseSetArgs{to: phase.NATS, force: true, by: "b@h"}, read, true, &outBuf, &errBuf)
+	code := c.exitCode((&phaseSetCommand{cli: c, phaseSetArgs: phaseSetArgs{to: phase.NATS, force: true, by: "b@h"}}).record(ss, read, true))
 	out, errOut := outBuf.String(), errBuf.String()
 	if code != exitFailure || !strings.Contains(errOut, "not recorded: ") || !strings.Contains(errOut, "it is amqp now") || strings.Contains(out, "recorded at") {
 		t.Errorf("phase set with a change meanwhile: exit %d, %q, %q; want 1 saying it is amqp now", code, out, errOut)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,8 +10,6 @@ import (
 	"os/user"
 	"strings"
 	"time"
-
-	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/cutover"
 	"github.com/relayd/relayd/internal/phase"
@@ -46,59 +45,81 @@ type phaseSetArgs struct {
 	cutoverArgs // for a move to nats
 }
 
-func cmdPhaseSet(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	a, code, done := parsePhaseSetArgs(args, stdout, stderr, env)
-	if done {
-		return code
-	}
-	check := a.to == phase.NATS && !a.force
-	ss, code := connectSession("phase set", stderr, env, 2, check, a.connect)
-	if ss == nil {
-		return code
-	}
-	defer ss.close()
-	ctx, pool, table := ss.ctx, ss.pool, ss.cfg.table
-	before, set, err := phase.Read(ctx, pool, table)
-	if err != nil {
-		if notMigrated(err) {
-			err = fmt.Errorf("%w (the outbox has no phase tables yet: run relayd migrate)", err)
-		}
-		ss.log.Error("read the phase", "error", err.Error())
-		return exitFailure
-	}
-	if set && before.Phase == a.to {
-		fmt.Fprintf(stdout, "already %s: nothing recorded\n", a.to)
-		return exitOK
-	}
-	if check && !cutoverHolds(ss, a.cutoverArgs, stdout, stderr) {
-		return exitFailure
-	}
-	return recordPhase(ss, a, before, set, stdout, stderr)
+// phaseSetCommand is relayd phase set.
+type phaseSetCommand struct {
+	*cli
+	phaseSetArgs
 }
 
-// recordPhase records the move from before (set: a phase was set), unless
-// another change came since, and says what follows from it.
-func recordPhase(ss *session, a phaseSetArgs, before phase.Change, set bool, stdout, stderr io.Writer) int {
-	ctx, pool, table := ss.ctx, ss.pool, ss.cfg.table
-	change := phase.Change{Phase: a.to, ChangedBy: a.by, Reason: a.reason, Forced: a.to == phase.NATS && a.force}
-	at, err := phase.Set(ctx, pool, table, change, before, set)
-	if errors.Is(err, phase.ErrChanged) {
-		fmt.Fprintf(stderr, "relayd phase set: not recorded: %v. Another change came first: see relayd phase --history, and run again if the move still stands.\n", err)
-		return exitFailure
+func (c *phaseSetCommand) Usage() string {
+	fs, _ := newPhaseSetFlags(&phaseSetArgs{})
+	return withFlagDefaults(fs, phaseSetHelp)
+}
+
+func (c *phaseSetCommand) Run(ctx context.Context, args []string) error {
+	if err := c.parse(args); err != nil {
+		return err
 	}
-	if errors.Is(err, phase.ErrUnknown) {
-		fmt.Fprintf(stderr, "relayd phase set: the move to %s may or may not be recorded (%v). See relayd phase --history, and run again if the phase is not %s.\n", a.to, err, a.to)
-		return exitFailure
-	}
+	check := c.to == phase.NATS && !c.force
+	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: readerConns, NATS: check, ConnectTimeout: c.connect})
 	if err != nil {
-		ss.log.Error("set the phase", "error", err.Error())
-		return exitFailure
+		return err
 	}
+	defer ss.close()
+	before, set, err := phase.Read(ss.ctx, ss.pool, ss.cfg.table)
+	if err != nil {
+		return logged("read the phase", err)
+	}
+	if set && before.Phase == c.to {
+		fmt.Fprintf(c.stdout, "already %s: nothing recorded\n", c.to)
+		return nil
+	}
+	return c.record(ss, before, set)
+}
+
+// record records the move from before (set: a phase was set) through
+// cutover.SetPhase — to nats only once the cutover check passes, unless
+// forced — unless another change came since, and says what follows from it.
+func (c *phaseSetCommand) record(ss *session, before phase.Change, set bool) error {
+	ctx, pool, table := ss.ctx, ss.pool, ss.cfg.table
+	change := phase.Change{Phase: c.to, ChangedBy: c.by, Reason: c.reason, Forced: c.to == phase.NATS && c.force}
+	ccfg := cutover.Config{DB: pool, Table: table}
+	var check cutover.Checker // runs only for a move to nats, not forced
+	var checkErr error
+	if c.to == phase.NATS && !c.force {
+		var tty bool
+		var err error
+		if ccfg, tty, err = cutoverConfig(ss, c.cutoverArgs, c.stderr); err != nil {
+			return logged("cutover check", err)
+		}
+		check = func(_ context.Context, cfg cutover.Config) (cutover.Result, error) {
+			// As cutover check does, --wait included; the verdict printed.
+			res, err := awaitCutover(ss, cfg, c.cutoverArgs, tty, c.stderr)
+			if checkErr = err; err == nil {
+				printVerdict(c.stdout, res, false)
+			}
+			return res, err
+		}
+	}
+	at, res, err := cutover.SetPhase(ctx, ccfg, change, before, set, check)
+	switch {
+	case checkErr != nil:
+		return checkErr
+	case errors.Is(err, cutover.ErrNotReady):
+		return within("phase set nats", nil, errors.New(refusal(res)))
+	case errors.Is(err, phase.ErrChanged):
+		return advicef("not recorded: %v. Another change came first: see relayd phase --history, and run again if the move still stands.", err)
+	case errors.Is(err, phase.ErrUnknown):
+		return advicef("the move to %s may or may not be recorded (%v). See relayd phase --history, and run again if the phase is not %s.", c.to, err, c.to)
+	case err != nil:
+		return logged("set the phase", err)
+	}
+	stdout := c.stdout
 	from := "not set"
 	if set {
 		from = string(before.Phase)
 	}
-	fmt.Fprintf(stdout, "phase %s -> %s, recorded at %s by %s\n", from, describe(a.to), at.UTC().Format(time.RFC3339), a.by)
+	fmt.Fprintf(stdout, "phase %s -> %s, recorded at %s by %s\n", from, describe(c.to), at.UTC().Format(time.RFC3339), c.by)
 	if change.Forced {
 		fmt.Fprintf(stdout, "forced: the cutover check was not run (%s not checked); the history records the change as forced\n",
 			strings.Join([]string{cutover.CondOutbox, cutover.CondPhases, cutover.CondQueue, cutover.CondConsumer, cutover.CondQuiet}, ", "))
@@ -114,36 +135,17 @@ func recordPhase(ss *session, a phaseSetArgs, before phase.Change, set bool, std
 	if running, err := phase.Running(ctx, pool, table); err != nil {
 		ss.log.Warn("read the running relays", "error", err.Error())
 	} else {
-		printFollowing(stdout, running, a.to)
+		printFollowing(stdout, running, c.to)
 	}
-	return exitOK
+	return nil
 }
 
-// cutoverHolds runs the cutover check as cutover check does and prints its
-// verdict; when a condition fails it prints why the move is refused.
-func cutoverHolds(ss *session, a cutoverArgs, stdout, stderr io.Writer) bool {
-	ccfg, tty, err := cutoverConfig(ss, a, stderr)
-	if err != nil {
-		ss.log.Error("cutover check", "error", err.Error())
-		return false
-	}
-	res, ok := awaitCutover(ss, ccfg, a, tty, stderr)
-	if !ok {
-		return false
-	}
-	printVerdict(stdout, res, false)
-	if !res.OK {
-		fmt.Fprintln(stderr, refusal(res))
-	}
-	return res.OK
-}
-
-// parsePhaseSetArgs reads the phase and the flags; done says to exit with
-// code. The phase may come before the flags, among them or after them.
-func parsePhaseSetArgs(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) (a phaseSetArgs, code int, done bool) {
-	fs, connect := newPhaseSetFlags(&a)
-	if code, done := parseFlagsArgs(fs, args, stdout, stderr, withFlagDefaults(fs, phaseSetHelp)); done {
-		return a, code, true
+// parse reads the phase and the flags. The phase may come before the
+// flags, among them or after them.
+func (c *phaseSetCommand) parse(args []string) error {
+	fs, connect := newPhaseSetFlags(&c.phaseSetArgs)
+	if err := parseFlagsArgs(fs, args); err != nil {
+		return err
 	}
 	var arg string
 	rest := fs.Args()
@@ -151,45 +153,40 @@ func parsePhaseSetArgs(args []string, stdout, stderr io.Writer, env envconfig.Lo
 		arg, rest = rest[0], rest[1:]
 	}
 	if len(rest) > 0 {
-		fmt.Fprintf(stderr, "relayd phase set: unexpected argument %q (see relayd phase set --help)\n", rest[0])
-		return a, exitUsage, true
+		return usagef("unexpected argument %q (see relayd phase set --help)", rest[0])
 	}
 	if arg == "" {
-		fmt.Fprintln(stderr, "relayd phase set: want the phase: amqp, dual or nats (see relayd phase set --help)")
-		return a, exitUsage, true
+		return usagef("want the phase: amqp, dual or nats (see relayd phase set --help)")
 	}
 	to, err := phase.Parse(arg)
 	if err != nil {
-		fmt.Fprintf(stderr, "relayd phase set: argument %q: want amqp, dual or nats (see relayd phase set --help)\n", arg)
-		return a, exitUsage, true
+		return usagef("argument %q: want amqp, dual or nats (see relayd phase set --help)", arg)
 	}
-	a.to, a.connect = to, *connect
+	c.to, c.connect = to, *connect
 	// The check's flags mean something only where the check runs.
 	var stray string
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "reason", "by", "force", "connect-timeout":
 		default:
-			if stray == "" && (to != phase.NATS || a.force) {
+			if stray == "" && (to != phase.NATS || c.force) {
 				stray = f.Name
 			}
 		}
 	})
-	switch {
-	case stray != "":
-		fmt.Fprintf(stderr, "relayd phase set: --%s is for the cutover check, which only phase set nats without --force runs (see relayd phase set --help)\n", stray)
-		return a, exitUsage, true
-	case !validCutoverArgs(fs, &a.cutoverArgs, env, stderr):
-		return a, exitUsage, true
-	case to == phase.NATS && !a.force && len(a.groups) == 0:
-		fmt.Fprintln(stderr, "relayd phase set: name the consumer groups (--dual-read, --rolling-upgrade or --consumer): moving to nats runs the cutover check for each (or --force skips the check; see relayd phase set --help)")
-		return a, exitUsage, true
+	if stray != "" {
+		return usagef("--%s is for the cutover check, which only phase set nats without --force runs (see relayd phase set --help)", stray)
 	}
-	if a.by == "" {
-		a.by = whoami()
+	if err := validCutoverArgs(&c.cutoverArgs, c.env); err != nil {
+		return err
 	}
-	a.allConsumers = true // phase 4 leaves no group unchecked
-	return a, exitOK, false
+	if to == phase.NATS && !c.force && len(c.groups) == 0 {
+		return usagef("name the consumer groups (--dual-read, --rolling-upgrade or --consumer): moving to nats runs the cutover check for each (or --force skips the check; see relayd phase set --help)")
+	}
+	if c.by == "" {
+		c.by = whoami()
+	}
+	return nil
 }
 
 // whoami is user@host, for the history.
@@ -205,7 +202,8 @@ func whoami() string {
 	return name + "@" + host
 }
 
-// refusal is the paragraph saying why phase set nats did not move.
+// refusal is the paragraph saying why phase set nats did not move (its
+// line starts "relayd phase set nats: ").
 func refusal(res cutover.Result) string {
 	var failed []string
 	for _, c := range res.Failed() {
@@ -219,7 +217,7 @@ func refusal(res cutover.Result) string {
 	if len(failed) > 1 {
 		what = strings.Join(failed, " and ") + " do not hold"
 	}
-	return "relayd phase set nats: refused, nothing recorded: the cutover check's " + what + ". " +
+	return "refused, nothing recorded: the cutover check's " + what + ". " +
 		"Phase nats sends new rows to JetStream only, and the check says when no consumer group would be left behind on the legacy side. " +
 		"Wait until it holds (add --wait, or run relayd cutover check), or move anyway with --force (the history records the change as forced)."
 }

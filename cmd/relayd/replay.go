@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,8 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/replay"
 )
@@ -60,25 +59,17 @@ type replayFlags struct {
 	stream                  string // "": RELAY_NATS_STREAM
 }
 
-func cmdReplay(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	f, code, ok := parseReplayFlags(args, stdout, stderr)
-	if !ok {
-		return code
-	}
-	if !amqpURLOK(env, stderr) {
-		return exitUsage
-	}
-	ss, code := connectSession("replay", stderr, env, 4, true, f.connectTimeout)
-	if ss == nil {
-		return code
-	}
-	defer ss.close()
-	return runReplay(ss, f, stdout, stderr)
+// replayCommand is relayd replay: the rollback.
+type replayCommand struct {
+	*cli
+	replayFlags
+	since string
 }
 
-func parseReplayFlags(args []string, stdout, stderr io.Writer) (f replayFlags, code int, ok bool) {
+func (c *replayCommand) flags() *flag.FlagSet {
+	f := &c.replayFlags
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	since := fs.String("since", "", "replay from this time: RFC 3339, or a duration meaning that long ago (default: the latest nats-only period)")
+	fs.StringVar(&c.since, "since", "", "replay from this time: RFC 3339, or a duration meaning that long ago (default: the latest nats-only period)")
 	fs.Uint64Var(&f.req.FromSeq, "from-seq", 0, "replay from this stream sequence")
 	fs.Uint64Var(&f.req.ToSeq, "to-seq", 0, "replay up to this stream sequence (default: the period's end, or the stream's last)")
 	fs.Float64Var(&f.rate, "rate", replay.DefaultRate, "at most R messages per second")
@@ -86,40 +77,57 @@ func parseReplayFlags(args []string, stdout, stderr io.Writer) (f replayFlags, c
 	fs.BoolVar(&f.dryRun, "dry-run", false, "count what would be sent and skipped; publish and record nothing")
 	fs.BoolVar(&f.asJSON, "json", false, "print the summary as JSON")
 	fs.StringVar(&f.stream, "stream", "", "replay this stream, one a route names (default RELAY_NATS_STREAM)")
-	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, replayHelp)); done {
-		return f, code, false
+	fs.DurationVar(&f.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
+	return fs
+}
+
+func (c *replayCommand) Usage() string { return withFlagDefaults(c.flags(), replayHelp) }
+
+func (c *replayCommand) Run(ctx context.Context, args []string) error {
+	if err := c.parse(args); err != nil {
+		return err
 	}
-	f.connectTimeout = *connectTimeout
-	if *since != "" {
-		t, err := parseWhen(*since, time.Now())
+	if err := amqpURLVar(c.env); err != nil {
+		return err
+	}
+	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: workerConns, NATS: true, Migrates: true, ConnectTimeout: c.connectTimeout})
+	if err != nil {
+		return err
+	}
+	defer ss.close()
+	return runReplay(ss, c.replayFlags, c.stdout, c.stderr)
+}
+
+// parse reads and checks the flags.
+func (c *replayCommand) parse(args []string) error {
+	if err := parseFlags(c.flags(), args); err != nil {
+		return err
+	}
+	f := &c.replayFlags
+	if c.since != "" {
+		t, err := parseWhen(c.since, time.Now())
 		if err != nil {
-			fmt.Fprintf(stderr, "relayd replay: --since: %v\n", err)
-			return f, exitUsage, false
+			return usagef("--since: %v", err)
 		}
 		f.req.Since = t
 	}
 	switch {
 	case !f.req.Since.IsZero() && f.req.FromSeq > 0:
-		fmt.Fprintln(stderr, "relayd replay: --since and --from-seq exclude each other: give one")
+		return usagef("--since and --from-seq exclude each other: give one")
 	case f.req.ToSeq > 0 && f.req.FromSeq > f.req.ToSeq:
-		fmt.Fprintf(stderr, "relayd replay: --from-seq %d is past --to-seq %d\n", f.req.FromSeq, f.req.ToSeq)
+		return usagef("--from-seq %d is past --to-seq %d", f.req.FromSeq, f.req.ToSeq)
 	case strings.ContainsAny(f.stream, " \t.*>"):
-		fmt.Fprintf(stderr, "relayd replay: --stream %q is not a valid stream name\n", f.stream)
+		return usagef("--stream %q is not a valid stream name", f.stream)
 	case !(f.rate > 0):
-		fmt.Fprintf(stderr, "relayd replay: --rate %v is out of range: want more than 0\n", f.rate)
-	case !checkConnectTimeout("replay", f.connectTimeout, stderr):
-	default:
-		return f, 0, true
+		return usagef("--rate %v is out of range: want more than 0", f.rate)
 	}
-	return f, exitUsage, false
+	return checkConnectTimeout(f.connectTimeout)
 }
 
-func runReplay(ss *session, f replayFlags, stdout, stderr io.Writer) int {
+func runReplay(ss *session, f replayFlags, stdout, stderr io.Writer) error {
 	cfg, log, ctx := ss.cfg, ss.log, ss.ctx
 	if err := checkSchema(ctx, cfg, ss.pool, log); err != nil {
-		log.Error("replay", "error", err.Error())
-		return exitFailure
+		return logged("replay", err)
 	}
 	rc := replay.Config{
 		DB: ss.pool, Table: cfg.table, JS: ss.js, Stream: cmp.Or(f.stream, cfg.NATSStream), SubjectPrefix: cfg.NATSSubjectPrefix, Routes: cfg.routes,
@@ -130,11 +138,9 @@ func runReplay(ss *session, f replayFlags, stdout, stderr io.Writer) int {
 		sink, closeSink, err := openAMQPSink(ctx, cfg, log)
 		if err != nil {
 			if unreachableErr(err) {
-				fmt.Fprintln(stderr, commandPrefix("replay")+amqpFailure(cfg, cfg.StartupTimeout, err))
-			} else {
-				log.Error("replay: connect to rabbitmq", "error", err.Error())
+				return errors.New(amqpFailure(cfg, cfg.StartupTimeout, err))
 			}
-			return exitFailure
+			return logged("replay: connect to rabbitmq", err)
 		}
 		defer closeSink()
 		rc.Sink = sink
@@ -145,17 +151,16 @@ func runReplay(ss *session, f replayFlags, stdout, stderr io.Writer) int {
 	rep.finish()
 	interrupted := errors.Is(err, ctx.Err()) && ctx.Err() != nil
 	if err != nil && !interrupted {
-		log.Error("replay failed", "error", err.Error())
 		if sum.Record.ID != 0 || sum.Read > 0 {
 			printReplay(stdout, sum, f.asJSON)
 		}
-		return exitFailure
+		return logged("replay failed", err)
 	}
 	if interrupted {
 		log.Info("replay interrupted: rerun to continue where it stopped")
 	}
 	printReplay(stdout, sum, f.asJSON)
-	return exitOK
+	return nil
 }
 
 func printReplay(w io.Writer, s replay.Summary, asJSON bool) {

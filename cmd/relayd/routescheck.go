@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,8 +11,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/internal/route"
@@ -41,36 +40,65 @@ type routesReport struct {
 	Problems []routeProblem `json:"problems"`
 }
 
-func cmdRoutes(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	fs := flag.NewFlagSet("routes check", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "one JSON document, for scripts")
-	connectTimeout := connectTimeoutFlag(fs)
-	help := withFlagDefaults(fs, routesHelp)
+// routesCommand is relayd routes: its one action is check.
+type routesCommand struct{ *cli }
+
+func (c *routesCommand) Usage() string { return (&routesCheckCommand{}).Usage() }
+
+func (c *routesCommand) action(name string) (command, bool) {
+	if name == "check" {
+		return &routesCheckCommand{cli: c.cli}, true
+	}
+	return nil, false
+}
+
+func (c *routesCommand) Run(ctx context.Context, args []string) error {
+	check := &routesCheckCommand{cli: c.cli}
+	fs := check.flags()
 	action, args := takeAction(args, fs)
-	if action != "check" {
-		if action == "" {
-			// The help, or a usage error for a flag.
-			if code, done := parseFlags(fs, args, stdout, stderr, help); done {
-				return code
-			}
+	switch action {
+	case "check":
+		return within("routes check", check, check.Run(ctx, args))
+	case "":
+		// The help, or a usage error for a flag.
+		if err := parseFlags(fs, args); err != nil {
+			return within("routes check", check, err)
 		}
-		fmt.Fprintf(stderr, "relayd routes: want check (see relayd routes --help)\n")
-		return exitUsage
 	}
-	if code, done := parseFlags(fs, args, stdout, stderr, help); done {
-		return code
+	return usagef("want check (see relayd routes --help)")
+}
+
+// routesCheckCommand is relayd routes check.
+type routesCheckCommand struct {
+	*cli
+	asJSON         bool
+	connectTimeout time.Duration
+}
+
+func (c *routesCheckCommand) flags() *flag.FlagSet {
+	fs := flag.NewFlagSet("routes check", flag.ContinueOnError)
+	fs.BoolVar(&c.asJSON, "json", false, "one JSON document, for scripts")
+	fs.DurationVar(&c.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
+	return fs
+}
+
+func (c *routesCheckCommand) Usage() string { return withFlagDefaults(c.flags(), routesHelp) }
+
+func (c *routesCheckCommand) Run(ctx context.Context, args []string) error {
+	if err := parseFlags(c.flags(), args); err != nil {
+		return err
 	}
-	if !checkConnectTimeout("routes check", *connectTimeout, stderr) {
-		return exitUsage
+	if err := checkConnectTimeout(c.connectTimeout); err != nil {
+		return err
 	}
-	cfg, code := configOrExit(stderr, noDatabase{env})
-	if cfg == nil {
-		return code
+	cfg, err := c.config(noDatabase{c.env})
+	if err != nil {
+		return err
 	}
-	log := newLogger(cfg, stderr)
+	log := c.log
 	// Each broker gets the connect timeout, and then a few seconds to answer.
-	cfg.StartupTimeout = *connectTimeout
-	ctx, cancel := context.WithTimeout(context.Background(), 2*(*connectTimeout)+10*time.Second)
+	cfg.StartupTimeout = c.connectTimeout
+	ctx, cancel := context.WithTimeout(ctx, 2*c.connectTimeout+10*time.Second)
 	defer cancel()
 
 	report := routesReport{Problems: []routeProblem{}}
@@ -78,21 +106,25 @@ func cmdRoutes(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 		report.Routes = append(report.Routes, r.Spec())
 	}
 	report.Routes = append(report.Routes, cfg.routes.DefaultSpec())
-	failed := false
+	// A broker that could not be checked: failed, and a line that says why
+	// when it did not answer (other failures are logged).
+	failed, down := false, []error{}
 	if cfg.wants(relay.TargetAMQP) {
 		tlsCfg, err := cfg.amqpTLS()
-		if err == nil && !amqpAnswers(cfg, tlsCfg, *connectTimeout, stderr) {
-			failed = true
-		} else if err == nil {
-			var problems []routeProblem
-			problems, err = amqpRouteProblems(ctx, cfg, tlsCfg)
-			report.Problems = append(report.Problems, problems...)
-			if err == nil { // the default route's, which relayd run checks apart
-				var missing []string
-				missing, err = amqpsink.MissingExchanges(ctx, cfg.AMQPURL, tlsCfg, []string{cfg.AMQPExchange})
-				if len(missing) > 0 {
-					report.Problems = append(report.Problems, routeProblem{Route: "(default)", Broker: "amqp",
-						Problem: "RabbitMQ has no exchange " + cfg.AMQPExchange + " (RELAY_AMQP_EXCHANGE): relayd run refuses to start"})
+		if err == nil {
+			if downErr := amqpAnswers(cfg, tlsCfg, c.connectTimeout); downErr != nil {
+				failed, down = true, append(down, downErr)
+			} else {
+				var problems []routeProblem
+				problems, err = amqpRouteProblems(ctx, cfg, tlsCfg)
+				report.Problems = append(report.Problems, problems...)
+				if err == nil { // the default route's, which relayd run checks apart
+					var missing []string
+					missing, err = amqpsink.MissingExchanges(ctx, cfg.AMQPURL, tlsCfg, []string{cfg.AMQPExchange})
+					if len(missing) > 0 {
+						report.Problems = append(report.Problems, routeProblem{Route: "(default)", Broker: "amqp",
+							Problem: "RabbitMQ has no exchange " + cfg.AMQPExchange + " (RELAY_AMQP_EXCHANGE): relayd run refuses to start"})
+					}
 				}
 			}
 		}
@@ -104,8 +136,7 @@ func cmdRoutes(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 	if cfg.wants(relay.TargetNATS) {
 		nc, err := dialNATS(ctx, cfg, log, slog.New(slog.DiscardHandler))
 		if err != nil {
-			fmt.Fprintln(stderr, commandPrefix("routes check")+natsFailure(cfg, err))
-			failed, err = true, nil
+			failed, down, err = true, append(down, errors.New(natsFailure(cfg, err))), nil
 		} else {
 			var problems []routeProblem
 			problems, _, err = natsRouteProblems(ctx, cfg, nc)
@@ -129,27 +160,29 @@ func cmdRoutes(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 			failed = true
 		}
 	}
-	if *asJSON {
-		printJSON(stdout, report)
+	if c.asJSON {
+		printJSON(c.stdout, report) //nolint:errcheck // the exit status says what the report does
 	} else {
-		printRoutes(stdout, report, failed)
+		printRoutes(c.stdout, report, failed)
 	}
-	if failed || len(report.Problems) > 0 {
-		return exitFailure
+	switch {
+	case len(down) > 0:
+		return errors.Join(down...) // a line each
+	case failed || len(report.Problems) > 0:
+		return errReported
 	}
-	return exitOK
+	return nil
 }
 
-// amqpAnswers says whether RabbitMQ takes a connection, within timeout;
-// when not, it has printed the one line that says so.
-func amqpAnswers(cfg *config, tlsCfg *tls.Config, timeout time.Duration, stderr io.Writer) bool {
+// amqpAnswers says whether RabbitMQ takes a connection, within timeout:
+// nil, or the one line that says it did not.
+func amqpAnswers(cfg *config, tlsCfg *tls.Config, timeout time.Duration) error {
 	conn, err := amqpio.DialURL(cfg.AMQPURL, amqpio.DialOptions{TLS: tlsCfg, Name: "relayd routes check", Timeout: timeout})
 	if err != nil {
-		fmt.Fprintln(stderr, commandPrefix("routes check")+amqpFailure(cfg, 0, err))
-		return false
+		return errors.New(amqpFailure(cfg, 0, err))
 	}
 	conn.Close()
-	return true
+	return nil
 }
 
 // printRoutes writes the routes and their problems; failed: a broker could

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -13,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sethvargo/go-envconfig"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayd/relayd/internal/metrics"
+	"github.com/relayd/relayd/internal/pghealth"
 	"github.com/relayd/relayd/internal/phase"
 	"github.com/relayd/relayd/relay"
 	"github.com/relayd/relayd/schema"
@@ -42,39 +41,42 @@ RELAY_STARTUP_TIMEOUT.
 Flags: none; relayd run reads the RELAY_* variables (docs/configuration.md).
 `
 
-func cmdRun(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, runHelp)); done {
-		return code
+// runCommand is relayd run: the relay.
+type runCommand struct{ *cli }
+
+func (c *runCommand) Usage() string {
+	return withFlagDefaults(flag.NewFlagSet("run", flag.ContinueOnError), runHelp)
+}
+
+func (c *runCommand) Run(ctx context.Context, args []string) error {
+	if err := parseFlags(flag.NewFlagSet("run", flag.ContinueOnError), args); err != nil {
+		return err
 	}
-	cfg, code := configOrExit(stderr, env)
-	if cfg == nil {
-		return code
+	cfg, err := c.config(c.env)
+	if err != nil {
+		return err
 	}
 	if err := cfg.validateRun(); err != nil {
-		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
-		return exitUsage
+		return asConfigError(err)
 	}
-	log := newLogger(cfg, stderr)
-	tp, stopTracing, err := setupTracing(context.Background(), env, log)
+	log := c.log
+	tp, stopTracing, err := setupTracing(ctx, c.env, log)
 	if err != nil {
-		fmt.Fprintf(stderr, "relayd: config: %v\n", err)
-		return exitUsage
+		return asConfigError(err)
 	}
 	defer stopTracing() // after serve: the last batches' spans
-	ctx, stop := signalContext(log)
+	ctx, stop := signalContext(ctx, log)
 	defer stop()
 	if err := serve(ctx, cfg, log, tp); err != nil {
 		if ctx.Err() != nil && !errors.Is(err, errShutdownTimeout) {
 			// A signal while starting (waiting for Postgres or a broker):
 			// nothing was claimed, so nothing is left to finish.
 			log.Info("relayd stopped before it had started", "error", err.Error())
-			return exitOK
+			return nil
 		}
-		log.Error("relayd failed", "error", err.Error())
-		return exitFailure
+		return logged("relayd failed", err)
 	}
-	return exitOK
+	return nil
 }
 
 // poolCloseWait bounds the wait for the Postgres connections to close at
@@ -118,8 +120,8 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerPr
 	}
 	m.WatchPaused(r.Paused)
 	pg := metrics.NewPostgres(reg)
-	go pg.Run(ctx, cfg.StatsInterval, func(ctx context.Context) (relay.PostgresHealth, error) {
-		return relay.ReadPostgres(ctx, pool, cfg.table)
+	go pg.Run(ctx, cfg.StatsInterval, func(ctx context.Context) (pghealth.Health, error) {
+		return pghealth.Read(ctx, pool, cfg.table)
 	}, log)
 	readStats, routes := withConsole(cfg, pool, r, pg, reg)
 	ob := metrics.NewOutbox(reg)
@@ -250,12 +252,17 @@ func checkSchema(ctx context.Context, cfg *config, pool *pgxpool.Pool, log *slog
 		_, err := schema.Up(ctx, db, cfg.table, log)
 		return err
 	}
-	pending, err := schema.Pending(ctx, db, cfg.table)
-	if err != nil {
-		return fmt.Errorf("check migrations of %s: %w", cfg.table, err)
+	err := schema.Require(ctx, db, cfg.table)
+	if _, ok := errors.AsType[*schema.OutdatedError](err); ok {
+		return fmt.Errorf("%w (or set RELAY_PROVISION=true)", err)
 	}
-	if pending {
-		return fmt.Errorf("outbox table %s is not migrated: run `relayd migrate` (or set RELAY_PROVISION=true)", cfg.table)
-	}
-	return nil
+	return err
+}
+
+// requireSchema is schema.Require for a command that reads the table and
+// never migrates it: it runs on schema.Minimum and no older table.
+func requireSchema(ctx context.Context, cfg *config, pool *pgxpool.Pool) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return schema.Require(ctx, db, cfg.table)
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -8,8 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sethvargo/go-envconfig"
-
+	"github.com/relayd/relayd/internal/pghealth"
 	"github.com/relayd/relayd/relay"
 )
 
@@ -56,24 +57,39 @@ func (c statusCheck) breaches(stats []relay.TargetStats) []string {
 	return out
 }
 
-func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+// statusCommand is relayd status: how far behind each target is.
+type statusCommand struct {
+	*cli
+	targets        string
+	check          bool
+	th             statusCheck
+	asJSON         bool
+	connectTimeout time.Duration
+}
+
+func (c *statusCommand) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	targetList := fs.String("targets", "", "amqp, nats or amqp,nats (default: those the outbox has rows for)")
-	check := fs.Bool("check", false, "exit 1 when a target's lag or parked rows exceed --max-lag or --max-parked")
-	var th statusCheck
-	fs.DurationVar(&th.maxLag, "max-lag", time.Minute, "with --check, the most lag a target may have")
-	fs.Int64Var(&th.maxParked, "max-parked", 0, "with --check, the most parked rows a target may have")
-	asJSON := fs.Bool("json", false, "one JSON document, for scripts")
-	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, statusHelp)); done {
-		return code
+	fs.StringVar(&c.targets, "targets", "", "amqp, nats or amqp,nats (default: those the outbox has rows for)")
+	fs.BoolVar(&c.check, "check", false, "exit 1 when a target's lag or parked rows exceed --max-lag or --max-parked")
+	fs.DurationVar(&c.th.maxLag, "max-lag", time.Minute, "with --check, the most lag a target may have")
+	fs.Int64Var(&c.th.maxParked, "max-parked", 0, "with --check, the most parked rows a target may have")
+	fs.BoolVar(&c.asJSON, "json", false, "one JSON document, for scripts")
+	fs.DurationVar(&c.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
+	return fs
+}
+
+func (c *statusCommand) Usage() string { return withFlagDefaults(c.flags(), statusHelp) }
+
+func (c *statusCommand) Run(ctx context.Context, args []string) error {
+	fs := c.flags()
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	var targets []relay.Target
-	if *targetList != "" {
-		t, err := relay.ParseTargets(*targetList)
+	if c.targets != "" {
+		t, err := relay.ParseTargets(c.targets)
 		if err != nil {
-			fmt.Fprintf(stderr, "relayd status: --targets: %v\n", err)
-			return exitUsage
+			return usagef("--targets: %v", err)
 		}
 		targets = t
 	}
@@ -83,68 +99,59 @@ func cmdStatus(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) 
 			stray = f.Name
 		}
 	})
+	th := c.th
 	switch {
-	case stray != "" && !*check:
-		fmt.Fprintf(stderr, "relayd status: --%s is a threshold of --check: give --check too (see relayd status --help)\n", stray)
-		return exitUsage
+	case stray != "" && !c.check:
+		return usagef("--%s is a threshold of --check: give --check too (see relayd status --help)", stray)
 	case th.maxLag < 0 || th.maxParked < 0:
-		fmt.Fprintln(stderr, "relayd status: --max-lag and --max-parked must be 0 or more")
-		return exitUsage
-	case !checkConnectTimeout("status", *connectTimeout, stderr):
-		return exitUsage
+		return usagef("--max-lag and --max-parked must be 0 or more")
 	}
-	ss, code := connectSession("status", stderr, env, 2, false, *connectTimeout)
-	if ss == nil {
-		return code
+	if err := checkConnectTimeout(c.connectTimeout); err != nil {
+		return err
+	}
+	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: readerConns, ConnectTimeout: c.connectTimeout})
+	if err != nil {
+		return err
 	}
 	defer ss.close()
-	cfg, log, ctx, pool := ss.cfg, ss.log, ss.ctx, ss.pool
+	cfg, ctx, pool := ss.cfg, ss.ctx, ss.pool
 	if targets == nil {
-		var err error
 		if targets, err = relay.ActiveTargets(ctx, pool, cfg.table); err != nil {
-			log.Error("read status", "error", err.Error())
-			return exitFailure
+			return logged("read status", err)
 		}
 	}
 	stats, err := relay.ReadStats(ctx, pool, cfg.table, targets)
 	if err != nil {
-		log.Error("read status", "error", err.Error())
-		return exitFailure
+		return logged("read status", err)
 	}
-	// An outbox not migrated to the phase tables still gets its figures.
 	ps, err := readPhaseState(ctx, pool, cfg.table, false)
-	if err != nil && !notMigrated(err) {
-		log.Error("read status", "error", err.Error())
-		return exitFailure
-	}
-	phaseMissing := err != nil
-	health, err := relay.ReadPostgres(ctx, pool, cfg.table)
 	if err != nil {
-		log.Error("read status", "error", err.Error())
-		return exitFailure
+		return logged("read status", err)
+	}
+	health, err := pghealth.Read(ctx, pool, cfg.table)
+	if err != nil {
+		return logged("read status", err)
 	}
 	var breaches []string
-	if *check {
+	if c.check {
 		breaches = th.breaches(stats)
 	}
-	if *asJSON {
+	if c.asJSON {
 		doc := map[string]any{"table": cfg.table.String(), "targets": stats, "phase": ps.Phase, "relays": ps.Relays, "postgres": health}
-		if *check {
+		if c.check {
 			doc["check"] = checkJSON{OK: len(breaches) == 0, MaxLagSeconds: th.maxLag.Seconds(), MaxParked: th.maxParked, Breaches: append([]string{}, breaches...)}
 		}
-		if code := printJSON(stdout, doc); code != exitOK {
-			return code
+		if err := printJSON(c.stdout, doc); err != nil {
+			return err
 		}
 	} else {
-		printStatus(stdout, cfg, stats, health, ps, phaseMissing)
+		printStatus(c.stdout, cfg, stats, health, ps)
 	}
+	var failed []error // a line each
 	for _, b := range breaches {
-		fmt.Fprintf(stderr, "relayd status: %s\n", b)
+		failed = append(failed, errors.New(b))
 	}
-	if len(breaches) > 0 {
-		return exitFailure
-	}
-	return exitOK
+	return errors.Join(failed...)
 }
 
 // checkJSON is --check's verdict in --json.
@@ -156,7 +163,7 @@ type checkJSON struct {
 }
 
 // printStatus writes status's report as text.
-func printStatus(w io.Writer, cfg *config, stats []relay.TargetStats, health relay.PostgresHealth, ps phaseState, phaseMissing bool) {
+func printStatus(w io.Writer, cfg *config, stats []relay.TargetStats, health pghealth.Health, ps phaseState) {
 	fmt.Fprintf(w, "outbox %s\n\n", cfg.table)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TARGET\tPENDING\tLAG\tOLDEST PENDING (ID, TOPIC, AGE)\tRETRYING\tPARKED\tHELD KEYS\tLAST ERROR")
@@ -179,16 +186,12 @@ func printStatus(w io.Writer, cfg *config, stats []relay.TargetStats, health rel
 	fmt.Fprintln(w)
 	printPostgres(w, health)
 	fmt.Fprintln(w)
-	if phaseMissing {
-		fmt.Fprintln(w, "phase  unknown: the outbox has no phase tables yet (relayd migrate adds them)")
-		return
-	}
 	printPhase(w, ps)
 }
 
 // printPostgres says who holds back VACUUM's horizon the longest, and what
 // relayd's tables hold meanwhile.
-func printPostgres(w io.Writer, h relay.PostgresHealth) {
+func printPostgres(w io.Writer, h pghealth.Health) {
 	if x, ok := h.Oldest(); ok {
 		fmt.Fprintf(w, "horizon  %s\n", holderText(x))
 	} else {
@@ -199,7 +202,7 @@ func printPostgres(w io.Writer, h relay.PostgresHealth) {
 
 // holderText says who holds the horizon and how long: "held by a snapshot
 // (pg_dump, pid 42, active) for 2h0m0s, 1200 transaction ids back".
-func holderText(x relay.HorizonHolder) string {
+func holderText(x pghealth.Holder) string {
 	age := "for an unknown time (relayd's role needs pg_read_all_stats to see it)"
 	switch {
 	case x.AgeKnown:
@@ -211,7 +214,7 @@ func holderText(x relay.HorizonHolder) string {
 }
 
 // holderTextAged is holderText with age saying how long it has held.
-func holderTextAged(x relay.HorizonHolder, age string) string {
+func holderTextAged(x pghealth.Holder, age string) string {
 	who := x.Name
 	if x.PID != 0 {
 		who = fmt.Sprintf("%s, pid %d", x.Name, x.PID)
@@ -223,7 +226,7 @@ func holderTextAged(x relay.HorizonHolder, age string) string {
 }
 
 // tablesText is relayd's tables' dead and live rows and size, on one line.
-func tablesText(h relay.PostgresHealth) string {
+func tablesText(h pghealth.Health) string {
 	parts := make([]string, 0, len(h.Tables))
 	for _, t := range h.Tables {
 		parts = append(parts, fmt.Sprintf("%s %d dead, %d live, %s", t.Table, t.DeadTuples, t.LiveTuples, bytesText(t.Bytes)))

@@ -67,24 +67,37 @@ type arrival struct {
 	Truncated  bool              `json:"payload_truncated"`
 }
 
-func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+// tailCommand is relayd tail.
+type tailCommand struct {
+	*cli
+	asJSON         bool
+	connectTimeout time.Duration
+}
+
+func (c *tailCommand) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "one JSON object per line, for scripts")
-	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, tailHelp)); done {
-		return code
+	fs.BoolVar(&c.asJSON, "json", false, "one JSON object per line, for scripts")
+	fs.DurationVar(&c.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
+	return fs
+}
+
+func (c *tailCommand) Usage() string { return withFlagDefaults(c.flags(), tailHelp) }
+
+func (c *tailCommand) Run(ctx context.Context, args []string) error {
+	if err := parseFlags(c.flags(), args); err != nil {
+		return err
 	}
-	if !checkConnectTimeout("tail", *connectTimeout, stderr) {
-		return exitUsage
+	if err := checkConnectTimeout(c.connectTimeout); err != nil {
+		return err
 	}
-	cfg, code := configOrExit(stderr, noDatabase{env})
-	if cfg == nil {
-		return code
+	cfg, err := c.config(noDatabase{c.env})
+	if err != nil {
+		return err
 	}
-	cfg.StartupTimeout = *connectTimeout
-	log := newLogger(cfg, stderr)
+	cfg.StartupTimeout = c.connectTimeout
+	log := c.log
 	// Ctrl-C is how tail ends: exit 0, nothing in flight to finish.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
 	arrivals := make(chan arrival, 256)
@@ -92,17 +105,14 @@ func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) in
 	var watching []any
 	if cfg.wants(relay.TargetNATS) {
 		if err := cfg.needStream(); err != nil {
-			fmt.Fprintf(stderr, "relayd: config: %v\n", err)
-			return exitUsage
+			return asConfigError(err)
 		}
 		closeNATS, err := tailNATS(ctx, cfg, log, arrivals)
 		if err != nil {
 			if u, ok := errors.AsType[unreachable](err); ok {
-				fmt.Fprintln(stderr, "relayd tail: "+natsFailure(cfg, u.err))
-			} else {
-				log.Error("tail", "error", err.Error())
+				return errors.New(natsFailure(cfg, u.err))
 			}
-			return exitFailure
+			return logged("tail", err)
 		}
 		defer closeNATS()
 		watching = append(watching, "stream", cfg.NATSStream)
@@ -111,11 +121,9 @@ func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) in
 		queue, closeAMQP, err := tailAMQP(ctx, cfg, arrivals, failed)
 		if err != nil {
 			if u, ok := errors.AsType[unreachable](err); ok {
-				fmt.Fprintln(stderr, "relayd tail: "+amqpFailure(cfg, 0, u.err))
-			} else {
-				log.Error("tail", "error", err.Error())
+				return errors.New(amqpFailure(cfg, 0, u.err))
 			}
-			return exitFailure
+			return logged("tail", err)
 		}
 		defer closeAMQP()
 		watching = append(watching, "exchange", cfg.AMQPExchange, "queue", queue)
@@ -124,14 +132,13 @@ func cmdTail(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) in
 	for {
 		select {
 		case a := <-arrivals:
-			if err := printArrival(stdout, a, *asJSON); err != nil {
-				return exitFailure // stdout gone (a closed pipe)
+			if err := printArrival(c.stdout, a, c.asJSON); err != nil {
+				return &silentError{err} // stdout gone (a closed pipe)
 			}
 		case err := <-failed:
-			log.Error("tail", "error", err.Error())
-			return exitFailure
+			return logged("tail", err)
 		case <-ctx.Done():
-			return exitOK
+			return nil
 		}
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"strings"
 
@@ -96,18 +95,18 @@ func checkAMQPNode(s string) error {
 	return nil
 }
 
-// amqpURLOK checks RELAY_AMQP_URL for a command that reads the legacy queue
-// whatever the relay's targets (config.validate checks it only with the
-// amqp target on); if it is bad, it says so on stderr without the URL —
-// amqp091-go's own parse error quotes the whole URL, password and all.
-func amqpURLOK(env envconfig.Lookuper, stderr io.Writer) bool {
+// amqpURLVar checks RELAY_AMQP_URL for a command that reads the legacy
+// queue whatever the relay's targets (config.validate checks it only with
+// the amqp target on); a bad one is a configuration error that does not
+// quote the URL — amqp091-go's own parse error quotes the whole URL,
+// password and all.
+func amqpURLVar(env envconfig.Lookuper) error {
 	u, ok := env.Lookup("RELAY_AMQP_URL")
 	if !ok {
-		return true
+		return nil
 	}
 	if err := checkAMQPURL(u); err != nil {
-		fmt.Fprintf(stderr, "relayd: config: RELAY_AMQP_URL: %v\n", err)
-		return false
+		return badVar("RELAY_AMQP_URL", "%v", err)
 	}
-	return true
+	return nil
 }

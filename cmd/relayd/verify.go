@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/verify"
 )
@@ -42,79 +42,87 @@ usage.
 Flags:
 `
 
-func cmdVerify(args []string, stdout, stderr io.Writer, env envconfig.Lookuper) int {
+// verifyCommand is relayd verify.
+type verifyCommand struct {
+	*cli
+	since, until   string
+	examples       int
+	slack          time.Duration
+	asJSON         bool
+	connectTimeout time.Duration
+}
+
+func (c *verifyCommand) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
-	sinceFlag := fs.String("since", "24h", "start of the window: RFC 3339 (2024-05-01T00:00:00Z) or a duration meaning that long ago (24h, 90m)")
-	untilFlag := fs.String("until", "", "end of the window, same forms (default: now)")
-	examples := fs.Int("examples", verify.DefaultExamples, "ids listed per finding; 0: counts only")
-	slack := fs.Duration("slack", verify.DefaultSlack, "how much wider than the window the stream is read, for clock differences between Postgres and NATS")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	connectTimeout := connectTimeoutFlag(fs)
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, verifyHelp)); done {
-		return code
+	fs.StringVar(&c.since, "since", "24h", "start of the window: RFC 3339 (2024-05-01T00:00:00Z) or a duration meaning that long ago (24h, 90m)")
+	fs.StringVar(&c.until, "until", "", "end of the window, same forms (default: now)")
+	fs.IntVar(&c.examples, "examples", verify.DefaultExamples, "ids listed per finding; 0: counts only")
+	fs.DurationVar(&c.slack, "slack", verify.DefaultSlack, "how much wider than the window the stream is read, for clock differences between Postgres and NATS")
+	fs.BoolVar(&c.asJSON, "json", false, "print the report as JSON")
+	fs.DurationVar(&c.connectTimeout, "connect-timeout", connectTimeoutDefault, connectTimeoutUsage)
+	return fs
+}
+
+func (c *verifyCommand) Usage() string { return withFlagDefaults(c.flags(), verifyHelp) }
+
+func (c *verifyCommand) Run(ctx context.Context, args []string) error {
+	if err := parseFlags(c.flags(), args); err != nil {
+		return err
 	}
 	now := time.Now()
 	until := now
-	if *untilFlag != "" {
-		t, err := parseWhen(*untilFlag, now)
+	if c.until != "" {
+		t, err := parseWhen(c.until, now)
 		if err != nil {
-			fmt.Fprintf(stderr, "relayd verify: --until: %v\n", err)
-			return exitUsage
+			return usagef("--until: %v", err)
 		}
 		until = t
 	}
-	since, err := parseWhen(*sinceFlag, now)
+	since, err := parseWhen(c.since, now)
+	switch {
+	case err != nil:
+		return usagef("--since: %v", err)
+	case until.Before(since):
+		return usagef("--until %s is before --since %s", until.Format(time.RFC3339), since.Format(time.RFC3339))
+	case c.examples < 0:
+		return usagef("--examples must be 0 or more")
+	case c.slack <= 0:
+		return usagef("--slack must be a positive duration, like 1m")
+	}
+	if err := checkConnectTimeout(c.connectTimeout); err != nil {
+		return err
+	}
+	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: readerConns, NATS: true, ConnectTimeout: c.connectTimeout})
 	if err != nil {
-		fmt.Fprintf(stderr, "relayd verify: --since: %v\n", err)
-		return exitUsage
-	}
-	if until.Before(since) {
-		fmt.Fprintf(stderr, "relayd verify: --until %s is before --since %s\n", until.Format(time.RFC3339), since.Format(time.RFC3339))
-		return exitUsage
-	}
-	if *examples < 0 {
-		fmt.Fprintln(stderr, "relayd verify: --examples must be 0 or more")
-		return exitUsage
-	}
-	if *slack <= 0 {
-		fmt.Fprintln(stderr, "relayd verify: --slack must be a positive duration, like 1m")
-		return exitUsage
-	}
-	if !checkConnectTimeout("verify", *connectTimeout, stderr) {
-		return exitUsage
-	}
-	ss, code := connectSession("verify", stderr, env, 2, true, *connectTimeout)
-	if ss == nil {
-		return code
+		return err
 	}
 	defer ss.close()
-	cfg, log, ctx, pool, js := ss.cfg, ss.log, ss.ctx, ss.pool, ss.js
-	n := *examples
+	cfg := ss.cfg
+	n := c.examples
 	if n == 0 {
 		n = -1 // verify.Config: negative means none
 	}
-	rep, err := verify.Run(ctx, verify.Config{
-		DB: pool, Table: cfg.table, JS: js, Stream: cfg.NATSStream, MoreStreams: routeStreams(cfg),
-		Since: since, Until: until, Slack: *slack, Examples: n, Logger: log,
+	rep, err := verify.Run(ss.ctx, verify.Config{
+		DB: ss.pool, Table: cfg.table, JS: ss.js, Stream: cfg.NATSStream, MoreStreams: routeStreams(cfg),
+		Since: since, Until: until, Slack: c.slack, Examples: n, Logger: ss.log,
 	})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			err = fmt.Errorf("%w (RELAY_NATS_STREAM, or a stream a route names)", err)
 		}
-		log.Error("verify failed", "error", err.Error())
-		return exitFailure
+		return logged("verify failed", err)
 	}
-	if *asJSON {
-		if code := printJSON(stdout, rep); code != exitOK {
-			return code
+	if c.asJSON {
+		if err := printJSON(c.stdout, rep); err != nil {
+			return err
 		}
 	} else {
-		printVerify(stdout, rep)
+		printVerify(c.stdout, rep)
 	}
 	if !rep.OK() {
-		return exitFailure
+		return errReported
 	}
-	return exitOK
+	return nil
 }
 
 // parseWhen reads RFC 3339 or a duration meaning "that long before now".
@@ -152,10 +160,6 @@ func printVerify(w io.Writer, r verify.Report) {
 		}
 	}
 	check := func(name, what, verb string, c verify.Check) {
-		if c.Skipped != "" {
-			fmt.Fprintf(w, "%-8s not checked: %s\n", name, c.Skipped)
-			return
-		}
 		fmt.Fprintf(w, "%-8s %d %s ids checked: %d missing, %d duplicated\n", name, c.Checked, what, c.Missing, c.Duplicated)
 		for _, m := range c.MissingExamples {
 			fmt.Fprintf(w, "  missing     %s (%s %s)\n", m.ID, verb, ts(m.At))

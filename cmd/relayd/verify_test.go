@@ -53,7 +53,7 @@ func TestVerifyUsage(t *testing.T) {
 		{"extra"},
 	} {
 		var out, errOut bytes.Buffer
-		if code := cmdVerify(args, &out, &errOut, env); code != exitUsage {
+		if code := run(append([]string{"verify"}, args...), &out, &errOut, env); code != exitUsage {
 			t.Errorf("verify %v: exit %d, want %d (stderr %q)", args, code, exitUsage, errOut.String())
 		}
 		if errOut.Len() == 0 || strings.Count(errOut.String(), "\n") != 1 {
@@ -61,12 +61,12 @@ func TestVerifyUsage(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if code := cmdVerify([]string{"--help"}, &out, &out, env); code != exitOK || !strings.Contains(out.String(), "--since") {
+	if code := run([]string{"verify", "--help"}, &out, &out, env); code != exitOK || !strings.Contains(out.String(), "--since") {
 		t.Errorf("--help: exit %d, output %q", code, out.String())
 	}
 }
 
-// cmdVerify against the real services: exit 0 and "OK" when the stream
+// relayd verify against the real services: exit 0 and "OK" when the stream
 // matches, exit 1 naming the id once a message is deleted, --json decodes.
 func TestVerifyCommand(t *testing.T) {
 	if testing.Short() {
@@ -112,7 +112,7 @@ func TestVerifyCommand(t *testing.T) {
 	})
 
 	var out, errOut bytes.Buffer
-	if code := cmdVerify(nil, &out, &errOut, env); code != exitOK || !strings.Contains(out.String(), "OK: nothing missing or duplicated") ||
+	if code := run([]string{"verify"}, &out, &errOut, env); code != exitOK || !strings.Contains(out.String(), "OK: nothing missing or duplicated") ||
 		!strings.Contains(out.String(), "5 delivered ids checked: 0 missing, 0 duplicated") {
 		t.Fatalf("clean: exit %d\n%s\n%s", code, out.String(), errOut.String())
 	}
@@ -121,13 +121,13 @@ func TestVerifyCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	out.Reset()
-	if code := cmdVerify([]string{"--since", "1h"}, &out, &errOut, env); code != exitFailure ||
+	if code := run([]string{"verify", "--since", "1h"}, &out, &errOut, env); code != exitFailure ||
 		!strings.Contains(out.String(), "missing     "+ids[1]) || !strings.Contains(out.String(), "FAILED: 1 missing") {
 		t.Fatalf("deleted: exit %d, want 1 naming %s\n%s", code, ids[1], out.String())
 	}
 
 	out.Reset()
-	code := cmdVerify([]string{"--json", "--since", time.Now().Add(-time.Hour).Format(time.RFC3339)}, &out, &errOut, env)
+	code := run([]string{"verify", "--json", "--since", time.Now().Add(-time.Hour).Format(time.RFC3339)}, &out, &errOut, env)
 	var rep verify.Report
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("--json: %v\n%s", err, out.String())
@@ -137,13 +137,13 @@ func TestVerifyCommand(t *testing.T) {
 	}
 
 	out.Reset()
-	if code := cmdVerify([]string{"--examples", "0"}, &out, &errOut, env); code != exitFailure || strings.Contains(out.String(), "missing     ") {
+	if code := run([]string{"verify", "--examples", "0"}, &out, &errOut, env); code != exitFailure || strings.Contains(out.String(), "missing     ") {
 		t.Errorf("--examples 0: exit %d, want 1 and no examples\n%s", code, out.String())
 	}
 
 	errOut.Reset()
 	noStream := envconfig.MultiLookuper(envconfig.MapLookuper(map[string]string{"RELAY_NATS_STREAM": "NO_SUCH_STREAM"}), env)
-	if code := cmdVerify(nil, &out, &errOut, noStream); code != exitFailure || !strings.Contains(errOut.String(), "stream NO_SUCH_STREAM not found") {
+	if code := run([]string{"verify"}, &out, &errOut, noStream); code != exitFailure || !strings.Contains(errOut.String(), "stream NO_SUCH_STREAM not found") {
 		t.Errorf("no stream: exit %d, want 1 naming it\n%s", code, errOut.String())
 	}
 }

@@ -1,9 +1,9 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
-	"io"
 	"runtime"
 )
 
@@ -18,15 +18,27 @@ Prints relayd's version and the Go release it was built with (relayd
 Flags:
 `
 
-func cmdVersion(args []string, stdout, stderr io.Writer) int {
+// versionCommand prints the version.
+type versionCommand struct {
+	*cli
+	asJSON bool
+}
+
+func (c *versionCommand) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, `print {"version": ..., "go_version": ...}`)
-	if code, done := parseFlags(fs, args, stdout, stderr, withFlagDefaults(fs, versionHelp)); done {
-		return code
+	fs.BoolVar(&c.asJSON, "json", false, `print {"version": ..., "go_version": ...}`)
+	return fs
+}
+
+func (c *versionCommand) Usage() string { return withFlagDefaults(c.flags(), versionHelp) }
+
+func (c *versionCommand) Run(_ context.Context, args []string) error {
+	if err := parseFlags(c.flags(), args); err != nil {
+		return err
 	}
-	if *asJSON {
-		return printJSON(stdout, map[string]string{"version": version, "go_version": runtime.Version()})
+	if c.asJSON {
+		return printJSON(c.stdout, map[string]string{"version": version, "go_version": runtime.Version()})
 	}
-	fmt.Fprintf(stdout, "relayd %s (%s)\n", version, runtime.Version())
-	return exitOK
+	fmt.Fprintf(c.stdout, "relayd %s (%s)\n", version, runtime.Version())
+	return nil
 }

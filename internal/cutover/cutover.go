@@ -109,6 +109,18 @@ type Result struct {
 	QuietPeriod time.Duration `json:"-"`
 	// QuietPeriodSeconds is QuietPeriod, in relayd's JSON unit.
 	QuietPeriodSeconds float64 `json:"quiet_period_seconds"`
+	// checked is the outbox Check checked, and allConsumers whether every
+	// consumer of the groups' streams was required: what Clears reads,
+	// set by Check only, so that no hand-made Result clears a move.
+	checked      schema.Table
+	allConsumers bool
+}
+
+// Clears implements phase.Clearance: the check passed for table, every
+// durable consumer of the groups' streams required (phase nats leaves no
+// group unchecked).
+func (r Result) Clears(table schema.Table) bool {
+	return r.OK && r.allConsumers && r.checked == table
 }
 
 // Failed lists the conditions that do not hold, but those not watched
@@ -180,6 +192,7 @@ func Check(ctx context.Context, cfg Config) (Result, error) {
 	}
 	res := w.result(once)
 	res.OK = len(res.Failed()) == 0
+	res.checked, res.allConsumers = cfg.Table, cfg.AllConsumers
 	return res, nil
 }
 

@@ -54,7 +54,7 @@ func TestCheckRelaydPhases(t *testing.T) {
 				}
 			}
 			if tc.table != "" {
-				if _, err := phase.Set(ctx, pool, table, phase.Change{Phase: tc.table, ChangedBy: "test"}, phase.Change{}, false); err != nil {
+				if _, err := phase.Set(ctx, pool, table, phase.Change{Phase: tc.table, ChangedBy: "test", Forced: tc.table == phase.NATS}, phase.Change{}, false); err != nil {
 					t.Fatal(err)
 				}
 			}

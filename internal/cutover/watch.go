@@ -36,11 +36,11 @@ type groupWatch struct {
 	// at the start: any delivery after it is a message on its subjects.
 	delivered uint64
 	period    time.Duration // quiet interval, or how long to wait for the catch-up
-	// kindOK: the consumer could be read, is durable and acks. A dual-read
-	// consumer's catch-up is watched only then.
+	// kindOK says the consumer could be read, is durable and acks; only
+	// then is a dual-read consumer's catch-up watched.
 	kindOK bool
-	// queueRead: the queue exists and answered. A dual-read group's queue is
-	// watched until seen empty (emptySeen): under load it rarely is at once.
+	// queueRead says the queue exists and answered. A dual-read group's queue
+	// is watched until seen empty (emptySeen): under load it rarely is at once.
 	queueRead, emptySeen bool
 	settled              bool
 }
@@ -244,7 +244,8 @@ func (w *watch) tableFailed() *Condition {
 	return nil
 }
 
-// queueDone: a dual-read group's queue has been seen empty, or it has none.
+// queueDone reports whether a dual-read group's queue has been seen empty,
+// or it has none.
 func (gw *groupWatch) queueDone() bool { return gw.queue.Name == "" || gw.queue.OK }
 
 // failed is the group's first point-in-time condition that does not hold:

@@ -17,10 +17,10 @@ import (
 // keeps growing with the clock, so a stalled reader cannot make a stalled
 // relay look healthy.
 type Outbox struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // Set writes the fields after it; each scrape's Collect reads them
 	stats  []relay.TargetStats
 	readAt time.Time // local clock, when stats were read
-	start  time.Time // NewOutbox's
+	start  time.Time // when NewOutbox ran
 
 	lag, pending, parked, held, retrying, statsTime *prometheus.Desc
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/internal/pghealth"
 )
 
 // HolderInfoAfter is how long a holder holds the horizon before
@@ -22,7 +22,7 @@ const HolderInfoAfter = time.Minute
 // size of relayd's tables, from figures read on an interval.
 type Postgres struct {
 	mu     sync.Mutex
-	health relay.PostgresHealth
+	health pghealth.Health
 	at     time.Time            // when Set was last called; zero before
 	seen   map[string]time.Time // a holder (kind, pid, name, horizon): when first read
 	now    func() time.Time
@@ -75,7 +75,7 @@ func (p *Postgres) Collect(ch chan<- prometheus.Metric) {
 
 // Set replaces the figures. A holder whose age Postgres does not give is
 // aged from the first Set that read it.
-func (p *Postgres) Set(h relay.PostgresHealth) {
+func (p *Postgres) Set(h pghealth.Health) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
@@ -97,7 +97,7 @@ func (p *Postgres) Set(h relay.PostgresHealth) {
 
 // Last returns a copy of the figures Set was last given, with the ages it
 // worked out, and when; at is zero before the first Set.
-func (p *Postgres) Last() (h relay.PostgresHealth, at time.Time) {
+func (p *Postgres) Last() (h pghealth.Health, at time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	h = p.health
@@ -106,6 +106,6 @@ func (p *Postgres) Last() (h relay.PostgresHealth, at time.Time) {
 }
 
 // Run reads the figures every interval until ctx is done (see poll).
-func (p *Postgres) Run(ctx context.Context, interval time.Duration, read func(context.Context) (relay.PostgresHealth, error), log *slog.Logger) {
+func (p *Postgres) Run(ctx context.Context, interval time.Duration, read func(context.Context) (pghealth.Health, error), log *slog.Logger) {
 	poll(ctx, interval, read, p.Set, log, "postgres health")
 }

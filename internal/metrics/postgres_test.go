@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/relayd/relayd/relay"
+	"github.com/relayd/relayd/internal/pghealth"
 )
 
 // The horizon's holders: an age Postgres gives is exported as it is; one it
@@ -20,13 +20,13 @@ func TestPostgresGauges(t *testing.T) {
 	p := NewPostgres(reg)
 	now := time.Unix(1_800_000_000, 0)
 	p.now = func() time.Time { return now }
-	read := func(slotHorizon string) relay.PostgresHealth {
-		return relay.PostgresHealth{
-			Horizon: []relay.HorizonHolder{
+	read := func(slotHorizon string) pghealth.Health {
+		return pghealth.Health{
+			Horizon: []pghealth.Holder{
 				{Kind: "transaction", PID: 42, Name: "psql", State: "idle in transaction", Horizon: "900", XIDs: 300, Age: 90 * time.Second, AgeKnown: true},
 				{Kind: "replication slot", Name: "standby_1", State: "inactive", Horizon: slotHorizon, XIDs: 100},
 			},
-			Tables: []relay.TableHealth{{Table: "outbox", DeadTuples: 200903, LiveTuples: 12, Bytes: 203 << 20}},
+			Tables: []pghealth.Table{{Table: "outbox", DeadTuples: 200903, LiveTuples: 12, Bytes: 203 << 20}},
 		}
 	}
 	for _, step := range []struct {
@@ -84,10 +84,10 @@ func TestPostgresLast(t *testing.T) {
 	if _, at := p.Last(); !at.IsZero() {
 		t.Errorf("before any Set: read at %v, want zero", at)
 	}
-	slot := relay.PostgresHealth{Horizon: []relay.HorizonHolder{{Kind: "replication slot", Name: "standby_1", Horizon: "1000"}}}
+	slot := pghealth.Health{Horizon: []pghealth.Holder{{Kind: "replication slot", Name: "standby_1", Horizon: "1000"}}}
 	for range 2 {
 		h := slot
-		h.Horizon = append([]relay.HorizonHolder(nil), slot.Horizon...)
+		h.Horizon = append([]pghealth.Holder(nil), slot.Horizon...)
 		p.Set(h)
 		now = now.Add(70 * time.Second)
 	}

@@ -4,16 +4,22 @@
 // once.
 //
 // The statements are text/template files in sql/, rendered once per table:
-// only the table identifiers (validated and quoted by package schema) are
-// template fields; every value is a bind parameter.
+// only the table identifiers (validated and quoted by package schema) and
+// the record's Outcome codes are template fields; every value is a bind
+// parameter, named (@name): a statement's parameters are the db tags of its
+// params struct (params.go), which callers pass as pgx.StrictStructArgs.
 package outboxsql
 
 import (
+	"context"
 	"embed"
 	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"text/template"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayd/relayd/schema"
 )
@@ -38,20 +44,28 @@ var BatchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_
 // tables' indexes however stale the planner's statistics are. Do not modify.
 var ReadBegin = []string{"BEGIN READ ONLY", "SET LOCAL enable_seqscan = off"}
 
-// SetLockTimeout sets the transaction's lock_timeout to $1 (text, e.g.
-// "20ms").
-const SetLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+// LockTimeout sets the transaction's lock_timeout (LockTimeoutParams).
+const LockTimeout = `SELECT set_config('lock_timeout', @lock_timeout, true)`
 
-// WakeKeys reads, for the table $1 (its quoted identifier), created_at's
-// default (the wake-up since 00016) and the arguments of the insert trigger
-// named $2 (before it).
-const WakeKeys = `SELECT (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d
-		JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-		WHERE d.adrelid = to_regclass($1) AND a.attname = 'created_at'),
-	(SELECT tgargs FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)`
+// Notify wakes the idle relays listening on a channel (NotifyParams).
+const Notify = `SELECT pg_notify(@channel, '')`
 
-// Statements is the SQL for one outbox table. The parameters of each are
-// documented beside it in sql/.
+// WakeDefault reads created_at's default in the table @table (its quoted
+// identifier), as Postgres prints it, where migration 00016 keeps the
+// wake-up's channel and lock: no row for a missing table.
+const WakeDefault = `SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d
+	JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+	WHERE d.adrelid = to_regclass(@table) AND a.attname = 'created_at'`
+
+// WakeLock waits for the wake lock @key, as long as the transaction's
+// lock_timeout; WakeUnlock releases it.
+const (
+	WakeLock   = `SELECT pg_advisory_lock(@key)`
+	WakeUnlock = `SELECT pg_advisory_unlock(@key)`
+)
+
+// Statements is the SQL for one outbox table. Each is documented beside it
+// in sql/, and its parameters by its params struct (params.go).
 type Statements struct {
 	// The relay's batch (store.go).
 	Claim   string
@@ -78,6 +92,7 @@ type Statements struct {
 	ListParkedLast           string
 	RetryParked              ByTarget[string]
 	MaxID                    string
+	WakeLockState            string
 
 	// What holds back VACUUM's horizon, and what relayd's tables hold.
 	Horizon, TableHealth string
@@ -150,13 +165,18 @@ func For(t schema.Table) *Statements {
 	return s.(*Statements)
 }
 
-func render(t schema.Table) *Statements {
-	d := tableData{
+// dataFor is what table t's statements see.
+func dataFor(t schema.Table) tableData {
+	return tableData{
 		Table: t.Ident(), Owed: t.Owed(), Delivered: t.Delivered(), Backfilled: t.Backfilled(),
 		Phase: t.Side("phase"), PhaseHistory: t.Side("phase_history"), Instances: t.Side("instances"),
 		Replay:     t.Side("replay"),
-		ExactLimit: ExactLimit, ActiveWindow: ActiveWindow,
+		ExactLimit: ExactLimit, ActiveWindow: ActiveWindow, Outcome: outcomes,
 	}
+}
+
+func render(t schema.Table) *Statements {
+	d := dataFor(t)
 	perTarget := func(name string) ByTarget[string] {
 		return ByTarget[string]{AMQP: exec(name, d.AMQP()), NATS: exec(name, d.NATS())}
 	}
@@ -182,6 +202,7 @@ func render(t schema.Table) *Statements {
 		ListParkedLast:           exec("ListParkedLast", d),
 		RetryParked:              perTarget("RetryParked"),
 		MaxID:                    exec("MaxID", d),
+		WakeLockState:            exec("WakeLockState", d),
 		Horizon:                  exec("Horizon", d),
 		TableHealth:              exec("TableHealth", d),
 		Known:                    exec("Known", d),
@@ -235,13 +256,14 @@ type tableData struct {
 	Phase, PhaseHistory, Instances     string
 	Replay                             string
 	ExactLimit, ActiveWindow           int
+	Outcome                            outcomeCodes // the record's outcome codes
 }
 
 // Target is d for one target, p its column prefix.
 func (d tableData) Target(p string) targetData {
-	enabled := "$1::boolean"
+	enabled := "@amqp_active::boolean"
 	if p == "nats" {
-		enabled = "$2::boolean"
+		enabled = "@nats_active::boolean"
 	}
 	return targetData{tableData: d, P: p, Enabled: enabled}
 }
@@ -285,10 +307,20 @@ type pending struct {
 	N           int
 }
 
-// All is every statement in s by its field path ("Claim.Unkeyed"): checks
-// that must cover each one (plans, privileges) take a new one without
-// listing it.
+// All is every statement in s by its field path ("Stats.AMQP.Pending"),
+// its parameters numbered as pgx sends them (Positional), so that PREPARE
+// takes it: checks that must cover each one (plans, privileges) take a new
+// one without listing it.
 func (s *Statements) All() map[string]string {
+	out := map[string]string{}
+	for path, q := range s.named() {
+		out[path], _ = Positional(q)
+	}
+	return out
+}
+
+// named is every statement in s by its field path, as written.
+func (s *Statements) named() map[string]string {
 	out := map[string]string{}
 	var walk func(path string, v reflect.Value)
 	walk = func(path string, v reflect.Value) {
@@ -303,4 +335,106 @@ func (s *Statements) All() map[string]string {
 	}
 	walk("", reflect.ValueOf(s).Elem())
 	return out
+}
+
+// namedParam is a named parameter, as pgx reads one: @ and an identifier.
+var namedParam = regexp.MustCompile(`@([A-Za-z_][A-Za-z0-9_]*)`)
+
+// positionalParam is a positional parameter ($1).
+var positionalParam = regexp.MustCompile(`\$[0-9]`)
+
+// Positional is sql as pgx sends it: each named parameter replaced by $n,
+// numbered in the order the names first appear; names[n-1] is the name of
+// $n. It is for checks that PREPARE or EXPLAIN a statement; callers pass
+// the params struct (pgx.StrictStructArgs), and pgx numbers them so.
+func Positional(sql string) (positional string, names []string) {
+	// Every candidate name, its own value; pgx's lexer then numbers those
+	// it reads as parameters (not in quoted text or comments), and returns
+	// their values in that order.
+	args := pgx.NamedArgs{}
+	for _, m := range namedParam.FindAllStringSubmatch(sql, -1) {
+		args[m[1]] = m[1]
+	}
+	positional, values, err := args.RewriteQuery(context.Background(), nil, sql, nil)
+	if err != nil {
+		panic("outboxsql: " + err.Error())
+	}
+	names = make([]string, len(values))
+	for i, v := range values {
+		names[i] = v.(string)
+	}
+	return positional, names
+}
+
+// VerifyStream is the temporary table a verify run copies the stream's
+// pairs into (in pg_temp; VerifyRun).
+const VerifyStream = "relayd_verify_stream"
+
+// VerifyRun is the SQL of one `relayd verify` run on one table: temporary
+// tables in the session of the one connection the run holds, so they are
+// not among Statements (nothing else could prepare them). See sql/verify.sql.
+type VerifyRun struct {
+	Create, Drop string
+	// The ledgers' pairs into the run's tables (VerifyParams).
+	FillOutbox, FillBackfill string
+	// After the scan: Index, then the stream's duplicates (the examples:
+	// ExamplesParams), then each ledger's checks.
+	Index                         string
+	Duplicates, DuplicateExamples string
+	Outbox, Backfill              VerifyLedger
+}
+
+// VerifyLedger is a verify run's checks of one ledger against the stream;
+// the examples take ExamplesParams.
+type VerifyLedger struct {
+	Missing, MissingExamples       string
+	Duplicated, DuplicatedExamples string
+}
+
+// VerifyMaxSeqs bounds the sequences a verify run lists for one duplicated
+// id.
+const VerifyMaxSeqs = 20
+
+var verifyCache sync.Map // schema.Table → *VerifyRun
+
+// VerifyFor returns a verify run's statements for table t.
+func VerifyFor(t schema.Table) *VerifyRun {
+	if v, ok := verifyCache.Load(t); ok {
+		return v.(*VerifyRun)
+	}
+	v, _ := verifyCache.LoadOrStore(t, renderVerify(t))
+	return v.(*VerifyRun)
+}
+
+// verifyData is what a verify run's statements see: the table's, and the
+// run's temporary tables.
+type verifyData struct {
+	tableData
+	Stream, Outbox, Backfill, Dups string
+	MaxSeqs                        int
+	Ledger                         string // the ledger a check reads
+}
+
+func renderVerify(t schema.Table) *VerifyRun {
+	d := verifyData{
+		tableData: dataFor(t),
+		Stream:    "pg_temp." + VerifyStream, Outbox: "pg_temp.relayd_verify_outbox",
+		Backfill: "pg_temp.relayd_verify_backfill", Dups: "pg_temp.relayd_verify_dups",
+		MaxSeqs: VerifyMaxSeqs,
+	}
+	ledger := func(name string) VerifyLedger {
+		l := d
+		l.Ledger = name
+		return VerifyLedger{
+			Missing: exec("VerifyMissing", l), MissingExamples: exec("VerifyMissingExamples", l),
+			Duplicated: exec("VerifyDuplicated", l), DuplicatedExamples: exec("VerifyDuplicatedExamples", l),
+		}
+	}
+	return &VerifyRun{
+		Create: exec("VerifyCreate", d), Drop: exec("VerifyDrop", d),
+		FillOutbox: exec("VerifyFillOutbox", d), FillBackfill: exec("VerifyFillBackfill", d),
+		Index:      exec("VerifyIndex", d),
+		Duplicates: exec("VerifyDuplicates", d), DuplicateExamples: exec("VerifyDuplicateExamples", d),
+		Outbox: ledger(d.Outbox), Backfill: ledger(d.Backfill),
+	}
 }

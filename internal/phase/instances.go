@@ -38,8 +38,10 @@ const (
 func Beat(ctx context.Context, db *pgxpool.Pool, table schema.Table, in Instance) error {
 	q := outboxsql.For(table)
 	b := &pgx.Batch{}
-	b.Queue(q.InstanceBeat, in.Instance, string(in.Phase), in.Pinned, in.Version, in.StartedAt)
-	b.Queue(q.InstancesPrune, forgetAfter.Milliseconds())
+	b.Queue(q.InstanceBeat, pgx.StrictStructArgs(outboxsql.InstanceBeatParams{
+		Instance: in.Instance, Phase: string(in.Phase), Pinned: in.Pinned, Version: in.Version, StartedAt: in.StartedAt,
+	}))
+	b.Queue(q.InstancesPrune, pgx.StrictStructArgs(outboxsql.InstancesPruneParams{ForgetAfterMS: forgetAfter.Milliseconds()}))
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("report this relay in %s: %w", table.Side("instances"), err)
 	}
@@ -48,13 +50,13 @@ func Beat(ctx context.Context, db *pgxpool.Pool, table schema.Table, in Instance
 
 // Leave removes a stopping relay's report.
 func Leave(ctx context.Context, db *pgxpool.Pool, table schema.Table, instance string) error {
-	_, err := db.Exec(ctx, outboxsql.For(table).InstanceLeave, instance)
+	_, err := db.Exec(ctx, outboxsql.For(table).InstanceLeave, pgx.StrictStructArgs(outboxsql.InstanceLeaveParams{Instance: instance}))
 	return err
 }
 
 // Running returns the relays that reported within Seen.
 func Running(ctx context.Context, db *pgxpool.Pool, table schema.Table) ([]Instance, error) {
-	rows, err := db.Query(ctx, outboxsql.For(table).Instances, Seen.Milliseconds())
+	rows, err := db.Query(ctx, outboxsql.For(table).Instances, pgx.StrictStructArgs(outboxsql.InstancesParams{SeenMS: Seen.Milliseconds()}))
 	if err != nil {
 		return nil, fmt.Errorf("read the running relays: %w", err)
 	}

@@ -41,11 +41,40 @@ func Read(ctx context.Context, db *pgxpool.Pool, table schema.Table) (c Change, 
 // (another change came first).
 var ErrChanged = errors.New("the phase changed meanwhile")
 
+// ErrUnchecked: a move to nats neither cleared by a passing cutover check
+// nor forced. Nothing is recorded.
+var ErrUnchecked = errors.New("a move to nats needs a passing cutover check (cutover.SetPhase), or to be forced")
+
+// Clearance is a passing cutover check, which a move to nats needs unless
+// it is forced: phase nats sends rows to JetStream only, and the check says
+// no consumer group is left behind on RabbitMQ. cutover.Result is one, and
+// cutover.SetPhase runs the check and records the move with its verdict:
+// package cutover reads the phase, so phase cannot call it.
+type Clearance interface {
+	// Clears says whether the check passed for table, every durable
+	// consumer of its groups' streams checked.
+	Clears(table schema.Table) bool
+}
+
 // Set records c as the table's phase, and in its history, unless the
 // table's setting now is not from, as Read returned it (with fromSet false:
 // unless one was set). It returns the time of the change, by the
-// database's clock.
+// database's clock. A move to nats is refused (ErrUnchecked) unless forced:
+// cutover.SetPhase makes one after the cutover check (SetCleared).
 func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, from Change, fromSet bool) (time.Time, error) {
+	return record(ctx, db, table, c, from, fromSet, nil)
+}
+
+// SetCleared is Set for a move that cl, a cutover check of table, cleared.
+func SetCleared(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, from Change, fromSet bool, cl Clearance) (time.Time, error) {
+	return record(ctx, db, table, c, from, fromSet, cl)
+}
+
+// record is Set and SetCleared: a move to nats needs c.Forced or cl.
+func record(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, from Change, fromSet bool, cl Clearance) (time.Time, error) {
+	if c.Phase == NATS && !c.Forced && (cl == nil || !cl.Clears(table)) {
+		return time.Time{}, fmt.Errorf("set the phase of %s: %w", table, ErrUnchecked)
+	}
 	q := outboxsql.For(table)
 	var at time.Time
 	err := inTx(ctx, db, func(tx pgx.Tx) error {
@@ -68,7 +97,8 @@ func Set(ctx context.Context, db *pgxpool.Pool, table schema.Table, c Change, fr
 			// relays ran another phase since the caller's check.
 			return fmt.Errorf("%w: it is %s again, set at %s by %s", ErrChanged, now.Phase, now.ChangedAt.UTC().Format(time.RFC3339Nano), now.ChangedBy)
 		}
-		return tx.QueryRow(ctx, q.PhaseSet, c.Phase, c.ChangedBy, c.Reason, c.Forced).Scan(&at)
+		set := outboxsql.PhaseSetParams{Phase: string(c.Phase), ChangedBy: c.ChangedBy, Reason: c.Reason, Forced: c.Forced}
+		return tx.QueryRow(ctx, q.PhaseSet, pgx.StrictStructArgs(set)).Scan(&at)
 	})
 	if err != nil {
 		return time.Time{}, fmt.Errorf("set the phase of %s: %w", table, err)

@@ -40,7 +40,7 @@ func TestSetReadHistory(t *testing.T) {
 		from    phase.Name
 		fromSet bool
 	}{{"", false}, {phase.AMQP, true}, {phase.NATS, true}} {
-		_, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.NATS, ChangedBy: "bob@h"}, phase.Change{Phase: tc.from}, tc.fromSet)
+		_, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.NATS, ChangedBy: "bob@h", Forced: true}, phase.Change{Phase: tc.from}, tc.fromSet)
 		if !errors.Is(err, phase.ErrChanged) {
 			t.Errorf("Set from %q (set %v) while dual: %v, want ErrChanged", tc.from, tc.fromSet, err)
 		}
@@ -95,7 +95,7 @@ func TestSetFailsOnThePhaseSetAgain(t *testing.T) {
 	}
 	set(phase.AMQP)
 	set(phase.Dual)
-	_, err = phase.Set(ctx, pool, table, phase.Change{Phase: phase.NATS, ChangedBy: "alice@h"}, checked, true)
+	_, err = phase.Set(ctx, pool, table, phase.Change{Phase: phase.NATS, ChangedBy: "alice@h", Forced: true}, checked, true)
 	if !errors.Is(err, phase.ErrChanged) {
 		t.Fatalf("Set nats from the dual read before dual, amqp, dual: %v, want ErrChanged", err)
 	}

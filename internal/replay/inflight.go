@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
 // batchSlack is what a relay's batch may take past its publish timeout
@@ -29,7 +33,7 @@ func (r *runner) awaitClaims(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		var left int
-		if err := r.cfg.DB.QueryRow(ctx, r.rec.q.ReplayClaimsLeft, open).Scan(&left); err != nil {
+		if err := r.cfg.DB.QueryRow(ctx, r.rec.q.ReplayClaimsLeft, pgx.StrictStructArgs(outboxsql.ReplayClaimsLeftParams{Transactions: open})).Scan(&left); err != nil {
 			return fmt.Errorf("read the relays' batches in flight: %w", err)
 		}
 		if left == 0 {

@@ -102,7 +102,8 @@ func scanRecord(row pgx.Row) (Record, error) {
 	return r, err
 }
 
-// one reads the run q returns; ok is false when there is none.
+// one reads the run q returns (args: nil, or its params struct); ok is
+// false when there is none.
 func (s records) one(ctx context.Context, q string, args ...any) (Record, bool, error) {
 	return oneOf(s.db.QueryRow(ctx, q, args...))
 }
@@ -124,12 +125,14 @@ func (s records) unfinished(ctx context.Context) (Record, bool, error) {
 }
 
 func (s records) overlapping(ctx context.Context, stream string, from, to uint64) (Record, bool, error) {
-	return s.one(ctx, s.q.ReplayOverlap, stream, int64(from), int64(to))
+	return s.one(ctx, s.q.ReplayOverlap, pgx.StrictStructArgs(outboxsql.ReplayOverlapParams{Stream: stream, FromSeq: int64(from), ToSeq: int64(to)}))
 }
 
 func (s records) start(ctx context.Context, r Record) (Record, error) {
-	out, err := scanRecord(s.db.QueryRow(ctx, s.q.ReplayStart, r.Stream, r.Exchange, r.Request,
-		r.WindowStart, r.WindowEnd, int64(r.FromSeq), int64(r.ToSeq), r.StreamCreated))
+	out, err := scanRecord(s.db.QueryRow(ctx, s.q.ReplayStart, pgx.StrictStructArgs(outboxsql.ReplayStartParams{
+		Stream: r.Stream, Exchange: r.Exchange, Request: r.Request, WindowStart: r.WindowStart, WindowEnd: r.WindowEnd,
+		FromSeq: int64(r.FromSeq), ToSeq: int64(r.ToSeq), StreamCreated: r.StreamCreated,
+	})))
 	if err != nil {
 		return Record{}, fmt.Errorf("record the replay run: %w", err)
 	}
@@ -152,8 +155,11 @@ func (s records) advance(ctx context.Context, id int64, expected, position uint6
 			return fmt.Errorf("take the replay lock again: %w", err)
 		}
 	}
-	tag, err := s.lock.conn.Exec(ctx, s.q.ReplayAdvance, id, int64(position), c.Sent, c.SkippedDelivered,
-		c.SkippedBackfilled, c.SkippedOwed, c.WithoutID, c.OtherSubject, c.FailedPermanent, int64(expected), finish)
+	tag, err := s.lock.conn.Exec(ctx, s.q.ReplayAdvance, pgx.StrictStructArgs(outboxsql.ReplayAdvanceParams{
+		ID: id, Position: int64(position), Sent: c.Sent, SkippedDelivered: c.SkippedDelivered,
+		SkippedBackfilled: c.SkippedBackfilled, SkippedOwed: c.SkippedOwed, WithoutID: c.WithoutID,
+		OtherSubject: c.OtherSubject, FailedPermanent: c.FailedPermanent, Expected: int64(expected), Finish: finish,
+	}))
 	if err != nil {
 		return fmt.Errorf("record the replay's position: %w", err)
 	}
@@ -161,7 +167,7 @@ func (s records) advance(ctx context.Context, id int64, expected, position uint6
 		return nil
 	}
 	if again {
-		run, ok, err := oneOf(s.lock.conn.QueryRow(ctx, s.q.ReplayRun, id))
+		run, ok, err := oneOf(s.lock.conn.QueryRow(ctx, s.q.ReplayRun, pgx.StrictStructArgs(outboxsql.ReplayRunParams{ID: id})))
 		if err != nil {
 			return err
 		}
@@ -181,7 +187,8 @@ func (s records) stranded(ctx context.Context, p phase.Period) (st Stranded, aft
 	if !p.End.IsZero() {
 		end = &p.End
 	}
-	if err := s.db.QueryRow(ctx, s.q.ReplayStranded, p.Start, end).Scan(&earliest, &latest, &afterEnd); err != nil {
+	if err := s.db.QueryRow(ctx, s.q.ReplayStranded, pgx.StrictStructArgs(outboxsql.ReplayStrandedParams{Start: p.Start, End: end})).
+		Scan(&earliest, &latest, &afterEnd); err != nil {
 		return Stranded{}, 0, fmt.Errorf("read the rows finished without RabbitMQ: %w", err)
 	}
 	if earliest != nil {

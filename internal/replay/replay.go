@@ -123,27 +123,30 @@ type item struct {
 	seq  uint64
 	msg  *relay.Message // nil when skipped before the lookup
 	skip skip
-	err  error // the publish's verdict
+	err  error // publish writes the verdict; settle reads it once done is closed
 }
 
 // batch is consecutive items, published together.
 type batch struct {
 	items []item
-	done  chan struct{}
+	done  chan struct{} // closed once the batch's publish has written every verdict
 }
 
+// runner is one run. dispatch reads and publishes from the calling
+// goroutine, each batch's publish runs in its own, and settle records
+// positions in another; mu guards the fields after it.
 type runner struct {
 	cfg     Config
 	log     *slog.Logger
 	rec     records
 	limiter *rate.Limiter
-	pause   pause
+	pause   pause // every batch's publish waits on it while RabbitMQ refuses
 	start   time.Time
 
 	mu       sync.Mutex
-	sum      Summary
-	run      Record
-	warnNext time.Time
+	sum      Summary   // dispatch, gone and settle add to it; finish copies it
+	run      Record    // settle moves its position past each recorded batch
+	warnNext time.Time // warn logs again only after it
 }
 
 // Run replays the window and returns what it did. Cancelling ctx stops

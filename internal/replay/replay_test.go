@@ -40,7 +40,7 @@ func TestCheckPhase(t *testing.T) {
 			t.Parallel()
 			pool := testenv.Pool(t)
 			table := testenv.Outbox(t, pool)
-			if _, err := phase.Set(ctx, pool, table, phase.Change{Phase: tc.table, ChangedBy: "test", Reason: "test"}, phase.Change{}, false); err != nil {
+			if _, err := phase.Set(ctx, pool, table, phase.Change{Phase: tc.table, ChangedBy: "test", Reason: "test", Forced: tc.table == phase.NATS}, phase.Change{}, false); err != nil {
 				t.Fatal(err)
 			}
 			for in, p := range tc.relays {

@@ -49,9 +49,9 @@ func (r *runner) lookup(ctx context.Context, items []item) error {
 	// The outbox and the owed table (one statement, one snapshot) before the
 	// delivered record: each statement has its own snapshot, and a row
 	// leaving the first for the second in between would be found in neither.
-	b.Queue(q.ReplayOwed, uuids).Query(collect(skipOwed))
-	b.Queue(q.ReplayDelivered, uuids).Query(collect(skipDelivered))
-	b.Queue(q.ReplayBackfilled, all).Query(collect(skipBackfilled))
+	b.Queue(q.ReplayOwed, pgx.StrictStructArgs(outboxsql.ReplayOwedParams{UUIDs: uuids})).Query(collect(skipOwed))
+	b.Queue(q.ReplayDelivered, pgx.StrictStructArgs(outboxsql.ReplayDeliveredParams{UUIDs: uuids})).Query(collect(skipDelivered))
+	b.Queue(q.ReplayBackfilled, pgx.StrictStructArgs(outboxsql.ReplayBackfilledParams{IDs: all})).Query(collect(skipBackfilled))
 	b.Queue("COMMIT")
 	if err := r.cfg.DB.SendBatch(ctx, b).Close(); err != nil {
 		return err

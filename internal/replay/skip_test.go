@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
@@ -83,9 +84,16 @@ func TestDeliveredLookupUsesItsIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := outboxsql.For(table)
-	for name, sql := range map[string]string{"ReplayDelivered": q.ReplayDelivered, "ReplayOwed": q.ReplayOwed} {
+	ids := []string{uuid.NewString()}
+	for name, stmt := range map[string]struct {
+		sql    string
+		params any
+	}{
+		"ReplayDelivered": {q.ReplayDelivered, outboxsql.ReplayDeliveredParams{UUIDs: ids}},
+		"ReplayOwed":      {q.ReplayOwed, outboxsql.ReplayOwedParams{UUIDs: ids}},
+	} {
 		var plan strings.Builder
-		rows, err := tx.Query(ctx, "EXPLAIN "+sql, []string{uuid.NewString()})
+		rows, err := tx.Query(ctx, "EXPLAIN "+stmt.sql, pgx.StrictStructArgs(stmt.params))
 		if err != nil {
 			t.Fatal(err)
 		}

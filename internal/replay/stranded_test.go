@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/outboxsql"
@@ -118,7 +119,9 @@ func TestStrandedUsesThePrimaryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	var plan strings.Builder
-	rows, err := tx.Query(ctx, "EXPLAIN "+outboxsql.For(table).ReplayStranded, time.Now().Add(-time.Hour), time.Now())
+	now := time.Now()
+	rows, err := tx.Query(ctx, "EXPLAIN "+outboxsql.For(table).ReplayStranded,
+		pgx.StrictStructArgs(outboxsql.ReplayStrandedParams{Start: now.Add(-time.Hour), End: &now}))
 	if err != nil {
 		t.Fatal(err)
 	}

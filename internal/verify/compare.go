@@ -5,54 +5,43 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// maxSeqs bounds the sequences listed for one duplicated id.
-const maxSeqs = 20
+	"github.com/relayd/relayd/internal/outboxsql"
+)
 
 // compare indexes the scanned pairs and runs the checks in SQL.
 func (r *run) compare(ctx context.Context) error {
-	_, err := r.conn.Exec(ctx, `
-CREATE INDEX ON `+tmpStream+` (msg_id);
-ANALYZE `+tmpStream+`;
-ANALYZE `+tmpOutbox+`;
-ANALYZE `+tmpBackfill+`;
-CREATE TEMP TABLE `+tmpDups+` AS
-	SELECT msg_id, count(*) AS copies, (array_agg(seq ORDER BY seq))[1:`+fmt.Sprint(maxSeqs)+`] AS seqs, min(seq) AS first_seq
-	FROM `+tmpStream+` GROUP BY msg_id HAVING count(*) > 1;
-ANALYZE `+tmpDups+`;`)
+	sql := outboxsql.VerifyFor(r.cfg.Table)
+	_, err := r.conn.Exec(ctx, sql.Index)
 	if err != nil {
 		return fmt.Errorf("index scanned ids: %w", err)
 	}
 	d := &r.rep.StreamDuplicates
-	if err := r.conn.QueryRow(ctx, `SELECT count(*), coalesce(sum(copies - 1), 0) FROM `+tmpDups).Scan(&d.IDs, &d.Extra); err != nil {
+	if err := r.conn.QueryRow(ctx, sql.Duplicates).Scan(&d.IDs, &d.Extra); err != nil {
 		return fmt.Errorf("count duplicates: %w", err)
 	}
-	if d.Examples, err = r.duplicates(ctx, `SELECT msg_id, copies, seqs FROM `+tmpDups+` ORDER BY first_seq LIMIT $1`); err != nil {
+	if d.Examples, err = r.duplicates(ctx, sql.DuplicateExamples); err != nil {
 		return err
 	}
-	if err := r.check(ctx, tmpOutbox, &r.rep.Outbox); err != nil {
+	if err := r.check(ctx, sql.Outbox, &r.rep.Outbox); err != nil {
 		return fmt.Errorf("check outbox: %w", err)
 	}
-	if r.rep.Backfill.Skipped == "" {
-		if err := r.check(ctx, tmpBackfill, &r.rep.Backfill); err != nil {
-			return fmt.Errorf("check backfill: %w", err)
-		}
+	if err := r.check(ctx, sql.Backfill, &r.rep.Backfill); err != nil {
+		return fmt.Errorf("check backfill: %w", err)
 	}
 	return nil
 }
 
 // check compares one ledger snapshot with the scanned pairs.
-func (r *run) check(ctx context.Context, ledger string, c *Check) error {
+func (r *run) check(ctx context.Context, ledger outboxsql.VerifyLedger, c *Check) error {
 	if c.Checked == 0 {
 		return nil
 	}
-	const missingWhere = ` l WHERE NOT EXISTS (SELECT 1 FROM ` + tmpStream + ` s WHERE s.msg_id = l.msg_id)`
-	if err := r.conn.QueryRow(ctx, `SELECT count(*) FROM `+ledger+missingWhere).Scan(&c.Missing); err != nil {
+	if err := r.conn.QueryRow(ctx, ledger.Missing).Scan(&c.Missing); err != nil {
 		return fmt.Errorf("count missing: %w", err)
 	}
 	if c.Missing > 0 && r.cfg.Examples > 0 {
-		rows, err := r.conn.Query(ctx, `SELECT l.msg_id, l.at FROM `+ledger+missingWhere+` ORDER BY l.at, l.msg_id LIMIT $1`, r.cfg.Examples)
+		rows, err := r.conn.Query(ctx, ledger.MissingExamples, pgx.StrictStructArgs(outboxsql.ExamplesParams{Limit: r.cfg.Examples}))
 		if err != nil {
 			return fmt.Errorf("list missing: %w", err)
 		}
@@ -65,13 +54,12 @@ func (r *run) check(ctx context.Context, ledger string, c *Check) error {
 			return fmt.Errorf("list missing: %w", err)
 		}
 	}
-	const dupFrom = ` FROM ` + tmpDups + ` d WHERE EXISTS (SELECT 1 FROM %s l WHERE l.msg_id = d.msg_id)`
-	if err := r.conn.QueryRow(ctx, fmt.Sprintf(`SELECT count(*)`+dupFrom, ledger)).Scan(&c.Duplicated); err != nil {
+	if err := r.conn.QueryRow(ctx, ledger.Duplicated).Scan(&c.Duplicated); err != nil {
 		return fmt.Errorf("count duplicated: %w", err)
 	}
 	if c.Duplicated > 0 {
 		var err error
-		c.DuplicatedExamples, err = r.duplicates(ctx, fmt.Sprintf(`SELECT d.msg_id, d.copies, d.seqs`+dupFrom+` ORDER BY d.first_seq LIMIT $1`, ledger))
+		c.DuplicatedExamples, err = r.duplicates(ctx, ledger.DuplicatedExamples)
 		if err != nil {
 			return err
 		}
@@ -84,7 +72,7 @@ func (r *run) duplicates(ctx context.Context, query string) ([]Duplicate, error)
 	if r.cfg.Examples == 0 {
 		return out, nil
 	}
-	rows, err := r.conn.Query(ctx, query, r.cfg.Examples)
+	rows, err := r.conn.Query(ctx, query, pgx.StrictStructArgs(outboxsql.ExamplesParams{Limit: r.cfg.Examples}))
 	if err != nil {
 		return nil, fmt.Errorf("list duplicates: %w", err)
 	}

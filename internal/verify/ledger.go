@@ -5,26 +5,18 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/relayd/relayd/internal/outboxsql"
 )
 
-// Temporary tables, in the session of the one connection a run holds.
-const (
-	tmpStream   = "pg_temp.relayd_verify_stream"
-	tmpOutbox   = "pg_temp.relayd_verify_outbox"
-	tmpBackfill = "pg_temp.relayd_verify_backfill"
-	tmpDups     = "pg_temp.relayd_verify_dups"
-)
+// The run's temporary tables are in the session of the one connection it
+// holds (outboxsql.VerifyRun).
 
 func (r *run) createTables(ctx context.Context) error {
 	r.dirty = true
-	_, err := r.conn.Exec(ctx, `
-DROP TABLE IF EXISTS `+tmpStream+`, `+tmpOutbox+`, `+tmpBackfill+`, `+tmpDups+`;
-CREATE TEMP TABLE `+tmpStream+` (msg_id text NOT NULL, seq bigint NOT NULL);
-CREATE TEMP TABLE `+tmpOutbox+` (msg_id text NOT NULL, at timestamptz NOT NULL);
-CREATE TEMP TABLE `+tmpBackfill+` (msg_id text NOT NULL, at timestamptz NOT NULL)`)
+	_, err := r.conn.Exec(ctx, outboxsql.VerifyFor(r.cfg.Table).Create)
 	if err != nil {
 		return fmt.Errorf("create temporary tables: %w", err)
 	}
@@ -35,10 +27,11 @@ CREATE TEMP TABLE `+tmpBackfill+` (msg_id text NOT NULL, at timestamptz NOT NULL
 // table and the backfill record into temporary tables, server side.
 func (r *run) snapshotLedgers(ctx context.Context) error {
 	t := r.cfg.Table
-	sql := outboxsql.For(t)
+	sql := outboxsql.VerifyFor(t)
+	window := pgx.StrictStructArgs(outboxsql.VerifyParams{Since: r.cfg.Since, Until: r.cfg.Until})
 	// An id a producer inserted again after its first row was delivered
 	// counts once (outboxsql's VerifyOutbox).
-	tag, err := r.conn.Exec(ctx, `INSERT INTO `+tmpOutbox+` (msg_id, at) `+sql.VerifyOutbox, r.cfg.Since, r.cfg.Until)
+	tag, err := r.conn.Exec(ctx, sql.FillOutbox, window)
 	if isUndefinedTable(err) {
 		return fmt.Errorf("%w: %s (run `relayd migrate`)", ErrNoTable, t)
 	}
@@ -47,15 +40,7 @@ func (r *run) snapshotLedgers(ctx context.Context) error {
 	}
 	r.rep.Outbox.Checked = tag.RowsAffected()
 
-	var exists bool
-	if err := r.conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.Backfilled()).Scan(&exists); err != nil {
-		return fmt.Errorf("look for %s_backfilled: %w", t, err)
-	}
-	if !exists {
-		r.rep.Backfill.Skipped = fmt.Sprintf("no table %s_backfilled: run `relayd migrate`", t)
-		return nil
-	}
-	tag, err = r.conn.Exec(ctx, `INSERT INTO `+tmpBackfill+` (msg_id, at) `+sql.VerifyBackfill, r.cfg.Since, r.cfg.Until)
+	tag, err = r.conn.Exec(ctx, sql.FillBackfill, window)
 	if err != nil {
 		return fmt.Errorf("read %s_backfilled: %w", t, err)
 	}

@@ -55,9 +55,6 @@ type StreamScan struct {
 
 // Check is the outcome for one ledger (the outbox or the backfill record).
 type Check struct {
-	// Skipped says why the check was not made (an unmigrated _backfilled
-	// table); empty when it was.
-	Skipped string `json:"skipped,omitempty"`
 	// Checked is how many ids the ledger records in the window.
 	Checked int64 `json:"checked"`
 	// Missing ids are recorded as delivered but are not in the scanned range.

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
 // scan reads stream name from Since-Slack-Duplicates until a message stored
@@ -179,7 +181,7 @@ func (s *scanner) flush(ctx context.Context) error {
 	if s.batch.len() == 0 {
 		return nil
 	}
-	if _, err := s.r.conn.CopyFrom(ctx, pgx.Identifier{"pg_temp", "relayd_verify_stream"}, []string{"msg_id", "seq"}, s.batch.source()); err != nil {
+	if _, err := s.r.conn.CopyFrom(ctx, pgx.Identifier{"pg_temp", outboxsql.VerifyStream}, []string{"msg_id", "seq"}, s.batch.source()); err != nil {
 		return fmt.Errorf("copy stream ids to postgres: %w", err)
 	}
 	s.batch.reset()

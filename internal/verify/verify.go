@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
 // Run reconciles the window and returns what it found. An error means the
@@ -95,7 +97,7 @@ func (r *run) release() {
 	if r.dirty {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if _, err := r.conn.Exec(ctx, "DROP TABLE IF EXISTS "+tmpStream+", "+tmpOutbox+", "+tmpBackfill+", "+tmpDups); err != nil {
+		if _, err := r.conn.Exec(ctx, outboxsql.VerifyFor(r.cfg.Table).Drop); err != nil {
 			r.conn.Hijack().Close(ctx) //nolint:errcheck // closing is the cleanup
 			return
 		}

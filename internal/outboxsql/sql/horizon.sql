@@ -12,7 +12,7 @@
 -- not say: another user's session without pg_read_all_stats, a standby, a
 -- slot). Relayd's own session is left out.
 {{define "Horizon"}}
-WITH h AS (
+WITH holders AS (
 	SELECT CASE WHEN backend_type = 'walsender' THEN 'standby' WHEN backend_xid IS NOT NULL THEN 'transaction' ELSE 'snapshot' END AS kind,
 		pid, coalesce(nullif(application_name, ''), backend_type) AS name, coalesce(state, '') AS state,
 		CASE WHEN backend_xid IS NOT NULL AND (backend_xmin IS NULL OR age(backend_xid) >= age(backend_xmin)) THEN backend_xid ELSE backend_xmin END AS horizon,
@@ -28,7 +28,7 @@ WITH h AS (
 	FROM pg_replication_slots WHERE xmin IS NOT NULL
 )
 SELECT DISTINCT ON (kind) kind, pid, name, state, horizon::text, age(horizon)::bigint, seconds
-FROM h ORDER BY kind, age(horizon) DESC, seconds DESC NULLS LAST
+FROM holders ORDER BY kind, age(horizon) DESC, seconds DESC NULLS LAST
 {{end}}
 
 -- TableHealth: relayd's three tables by their role: dead and live row

@@ -1,4 +1,4 @@
--- parkedRows: the rows parked for amqp ($1) or nats ($2), through the
+-- parkedRows: the rows parked for amqp (@amqp) or nats (@nats), through the
 -- parked index only; the statements below order and limit them.
 {{define "parkedRows"}}
 SELECT id, message_id::text, topic, created_at,
@@ -6,24 +6,24 @@ SELECT id, message_id::text, topic, created_at,
 	nats_parked_at, nats_attempts, coalesce(nats_last_error, '')
 FROM {{.Owed}}
 WHERE {{template "parkedIndex"}}
-  AND (($1 AND amqp_parked_at IS NOT NULL) OR ($2 AND nats_parked_at IS NOT NULL))
+  AND ((@amqp AND amqp_parked_at IS NOT NULL) OR (@nats AND nats_parked_at IS NOT NULL))
 {{end}}
 
--- ListParked: up to $3 parked rows, oldest first.
+-- ListParked: up to @limit parked rows, oldest first.
 {{define "ListParked"}}
 {{- template "parkedRows" .}}
-ORDER BY id LIMIT $3
+ORDER BY id LIMIT @limit
 {{end}}
 
 -- ListParkedLast: ListParked, the highest ids first: the rows written
 -- last, not the rows parked last (the parked index is on id).
 {{define "ListParkedLast"}}
 {{- template "parkedRows" .}}
-ORDER BY id DESC LIMIT $3
+ORDER BY id DESC LIMIT @limit
 {{end}}
 
 -- RetryParked puts the target's parked rows back in line, the rows with ids
--- $2 or every one when $1; attempts start again from 0. A row no target
+-- @ids or every one when @all; attempts start again from 0. A row no target
 -- has a publish outstanding for (each has it, or is parked) forgets its
 -- route: it goes by its topic and headers as they are now, which the
 -- operator may have fixed.
@@ -32,5 +32,5 @@ UPDATE {{.Owed}}
 SET {{.P}}_parked_at = NULL, {{.P}}_attempts = 0, {{.P}}_retry_at = NULL,
 	({{template "routeColumns"}}) = (SELECT {{template "routeColumns"}} WHERE NOT (
 		(amqp_delivered_at IS NOT NULL OR amqp_parked_at IS NOT NULL) AND (nats_delivered_at IS NOT NULL OR nats_parked_at IS NOT NULL)))
-WHERE {{.P}}_parked_at IS NOT NULL AND ($1 OR id = ANY($2))
+WHERE {{.P}}_parked_at IS NOT NULL AND (@all OR id = ANY(@ids))
 {{end}}

@@ -13,16 +13,16 @@
 -- change; false while a change holds it.
 {{define "PhaseShare"}}SELECT pg_try_advisory_xact_lock_shared('{{.Phase}}'::regclass::oid::bigint){{end}}
 
--- PhaseSet: $1 phase, $2 changed by, $3 reason, $4 forced; the change goes
+-- PhaseSet: @phase, changed by @changed_by, for @reason, @forced or not; the change goes
 -- into the history with the same time. The time is taken under PhaseLock, not
 -- at the transaction's start: a period ends after every write made under
 -- PhaseShare before the change.
 {{define "PhaseSet"}}
-WITH h AS (
-	INSERT INTO {{.PhaseHistory}} (phase, changed_at, changed_by, reason, forced) VALUES ($1, clock_timestamp(), $2, $3, $4)
+WITH history AS (
+	INSERT INTO {{.PhaseHistory}} (phase, changed_at, changed_by, reason, forced) VALUES (@phase, clock_timestamp(), @changed_by, @reason, @forced)
 	RETURNING changed_at
 )
-INSERT INTO {{.Phase}} (phase, changed_at, changed_by, reason) SELECT $1, changed_at, $2, $3 FROM h
+INSERT INTO {{.Phase}} (phase, changed_at, changed_by, reason) SELECT @phase, changed_at, @changed_by, @reason FROM history
 ON CONFLICT (singleton) DO UPDATE SET phase = excluded.phase, changed_at = excluded.changed_at,
 	changed_by = excluded.changed_by, reason = excluded.reason
 RETURNING changed_at
@@ -31,22 +31,22 @@ RETURNING changed_at
 -- PhaseHistory: every change, oldest first.
 {{define "PhaseHistory"}}SELECT phase, changed_at, changed_by, reason, forced FROM {{.PhaseHistory}} ORDER BY id{{end}}
 
--- InstanceBeat: $1 instance, $2 its phase, $3 pinned, $4 version, $5 started
--- at; the database's clock says when it was seen.
+-- InstanceBeat: @instance, its @phase, @pinned or not, its @version and
+-- when it @started_at; the database's clock says when it was seen.
 {{define "InstanceBeat"}}
-INSERT INTO {{.Instances}} (instance, phase, pinned, version, started_at) VALUES ($1, $2, $3, $4, $5)
+INSERT INTO {{.Instances}} (instance, phase, pinned, version, started_at) VALUES (@instance, @phase, @pinned, @version, @started_at)
 ON CONFLICT (instance) DO UPDATE SET phase = excluded.phase, pinned = excluded.pinned,
 	version = excluded.version, started_at = excluded.started_at, seen_at = now()
 {{end}}
 
--- InstanceLeave: $1 stopped.
-{{define "InstanceLeave"}}DELETE FROM {{.Instances}} WHERE instance = $1{{end}}
+-- InstanceLeave: @instance stopped.
+{{define "InstanceLeave"}}DELETE FROM {{.Instances}} WHERE instance = @instance{{end}}
 
--- InstancesPrune: forget relays not seen for $1 milliseconds (killed ones).
-{{define "InstancesPrune"}}DELETE FROM {{.Instances}} WHERE seen_at < now() - $1 * interval '1 millisecond'{{end}}
+-- InstancesPrune: forget relays not seen for @forget_after_ms milliseconds (killed ones).
+{{define "InstancesPrune"}}DELETE FROM {{.Instances}} WHERE seen_at < now() - @forget_after_ms * interval '1 millisecond'{{end}}
 
--- Instances: the relays seen in the last $1 milliseconds, and how long ago.
+-- Instances: the relays seen in the last @seen_ms milliseconds, and how long ago.
 {{define "Instances"}}
 SELECT instance, phase, pinned, version, started_at, seen_at, extract(epoch FROM now() - seen_at)
-FROM {{.Instances}} WHERE seen_at >= now() - $1 * interval '1 millisecond' ORDER BY instance
+FROM {{.Instances}} WHERE seen_at >= now() - @seen_ms * interval '1 millisecond' ORDER BY instance
 {{end}}

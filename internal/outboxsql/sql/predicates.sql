@@ -8,14 +8,14 @@
 {{define "claimable"}}{{template "owed" .}} AND ({{.P}}_retry_at IS NULL OR {{.P}}_retry_at <= now()){{end}}
 
 -- holdsKey: a keyed row whose later rows must wait for it: not delivered,
--- and not parked unless $4 (skip parked keys) is false. The key_pending index.
-{{define "holdsKey"}}{{.P}}_delivered_at IS NULL AND done_at IS NULL AND (NOT $4::boolean OR {{.P}}_parked_at IS NULL){{end}}
+-- and not parked unless @skip_parked_keys is false. The key_pending index.
+{{define "holdsKey"}}{{.P}}_delivered_at IS NULL AND done_at IS NULL AND (NOT @skip_parked_keys::boolean OR {{.P}}_parked_at IS NULL){{end}}
 
--- waitingKeys: keys held by a row whose retry is not due yet or (unless $4)
+-- waitingKeys: keys held by a row whose retry is not due yet or (unless @skip_parked_keys)
 -- that is parked; the key_waiting index holds just those rows.
 {{define "waitingKeys"}}SELECT key FROM {{.Owed}} WHERE key IS NOT NULL AND {{.P}}_delivered_at IS NULL AND done_at IS NULL
 	AND ({{.P}}_retry_at IS NOT NULL OR {{.P}}_parked_at IS NOT NULL)
-	AND (({{.P}}_parked_at IS NULL AND {{.P}}_retry_at > now()) OR ({{.P}}_parked_at IS NOT NULL AND NOT $4::boolean)){{end}}
+	AND (({{.P}}_parked_at IS NULL AND {{.P}}_retry_at > now()) OR ({{.P}}_parked_at IS NOT NULL AND NOT @skip_parked_keys::boolean)){{end}}
 
 -- parkedIndex is the parked index's predicate: a test on a parked column
 -- goes with it, so the index answers.

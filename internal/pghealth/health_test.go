@@ -1,4 +1,4 @@
-package relay_test
+package pghealth_test
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayd/relayd/internal/pghealth"
 	"github.com/relayd/relayd/internal/testenv"
-	"github.com/relayd/relayd/relay"
 )
 
 // What holds back VACUUM's horizon, in a database of the test's own: a
@@ -26,7 +26,7 @@ func TestReadPostgresNamesWhatHoldsTheHorizon(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	table := testenv.Outbox(t, pool)
-	h, err := relay.ReadPostgres(ctx, pool, table)
+	h, err := pghealth.Read(ctx, pool, table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,12 +48,12 @@ func TestReadPostgresNamesWhatHoldsTheHorizon(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var tables map[string]relay.TableHealth
+	var tables map[string]pghealth.Table
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		if h, err = relay.ReadPostgres(ctx, pool, table); err != nil {
+		if h, err = pghealth.Read(ctx, pool, table); err != nil {
 			t.Fatal(err)
 		}
-		tables = map[string]relay.TableHealth{}
+		tables = map[string]pghealth.Table{}
 		for _, x := range h.Tables {
 			tables[x.Table] = x
 		}
@@ -64,7 +64,7 @@ func TestReadPostgresNamesWhatHoldsTheHorizon(t *testing.T) {
 			t.Errorf("table %s: %+v, want its size", name, tables[name])
 		}
 	}
-	byKind := map[string]relay.HorizonHolder{}
+	byKind := map[string]pghealth.Holder{}
 	for _, x := range h.Horizon {
 		byKind[x.Kind] = x
 	}
@@ -87,6 +87,6 @@ func TestReadPostgresNamesWhatHoldsTheHorizon(t *testing.T) {
 }
 
 // lazyTables prints the tables' figures when a wait fails.
-type lazyTables struct{ h *relay.PostgresHealth }
+type lazyTables struct{ h *pghealth.Health }
 
 func (l lazyTables) String() string { return fmt.Sprintf("%+v", l.h.Tables) }

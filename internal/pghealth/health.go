@@ -1,4 +1,7 @@
-package relay
+// Package pghealth reads what the database does to relayd's tables: what
+// holds back VACUUM's horizon, and the row versions VACUUM has not removed
+// yet. Status, the console and the metrics read it; the relay does not.
+package pghealth
 
 import (
 	"cmp"
@@ -13,10 +16,10 @@ import (
 	"github.com/relayd/relayd/schema"
 )
 
-// HorizonHolder is what holds back VACUUM's horizon in the database: while
+// Holder is what holds back VACUUM's horizon in the database: while
 // it runs, no row version deleted after it began can be removed, relayd's
 // tables among them (docs/operations.md, "Long transactions").
-type HorizonHolder struct {
+type Holder struct {
 	// Kind is "transaction" (it writes: it has a transaction id), "snapshot"
 	// (it only reads: pg_dump, a long query), "standby" (a standby's
 	// hot_standby_feedback), "prepared" or "replication slot".
@@ -38,41 +41,41 @@ type HorizonHolder struct {
 	AgeKnown   bool          `json:"age_known"`
 }
 
-// TableHealth is one of relayd's tables: the row versions VACUUM has not
+// Table is one of relayd's tables: the row versions VACUUM has not
 // removed yet, and its size.
-type TableHealth struct {
+type Table struct {
 	Table      string `json:"table"` // "outbox", "owed" or "delivered"
 	DeadTuples int64  `json:"dead_tuples"`
 	LiveTuples int64  `json:"live_tuples"`
 	Bytes      int64  `json:"bytes"` // with its indexes and TOAST
 }
 
-// PostgresHealth is what the database does to relayd's tables.
-type PostgresHealth struct {
-	Horizon []HorizonHolder `json:"horizon"` // the oldest of each kind, the oldest first
-	Tables  []TableHealth   `json:"tables"`
+// Health is what the database does to relayd's tables.
+type Health struct {
+	Horizon []Holder `json:"horizon"` // the oldest of each kind, the oldest first
+	Tables  []Table  `json:"tables"`
 }
 
 // Oldest is the holder whose horizon is the oldest; ok is false when none
 // holds one.
-func (h PostgresHealth) Oldest() (HorizonHolder, bool) {
+func (h Health) Oldest() (Holder, bool) {
 	if len(h.Horizon) == 0 {
-		return HorizonHolder{}, false
+		return Holder{}, false
 	}
 	return h.Horizon[0], true
 }
 
-// ReadPostgres reads the holders of the horizon and relayd's tables'
+// Read reads the holders of the horizon and relayd's tables'
 // figures, from catalog views: its cost does not depend on the tables.
-func ReadPostgres(ctx context.Context, db *pgxpool.Pool, table schema.Table) (PostgresHealth, error) {
+func Read(ctx context.Context, db *pgxpool.Pool, table schema.Table) (Health, error) {
 	sql := outboxsql.For(table)
-	var h PostgresHealth
+	var h Health
 	rows, err := db.Query(ctx, sql.Horizon)
 	if err != nil {
 		return h, fmt.Errorf("read the horizon: %w", err)
 	}
 	for rows.Next() {
-		var x HorizonHolder
+		var x Holder
 		var pid *int32
 		var seconds *float64
 		if err := rows.Scan(&x.Kind, &pid, &x.Name, &x.State, &x.Horizon, &x.XIDs, &seconds); err != nil {
@@ -91,14 +94,14 @@ func ReadPostgres(ctx context.Context, db *pgxpool.Pool, table schema.Table) (Po
 		return h, fmt.Errorf("read the horizon: %w", err)
 	}
 	// The same horizon (a snapshot taken while a writer ran): the longer held first.
-	slices.SortStableFunc(h.Horizon, func(a, b HorizonHolder) int { return cmp.Or(cmp.Compare(b.XIDs, a.XIDs), cmp.Compare(b.Age, a.Age)) })
+	slices.SortStableFunc(h.Horizon, func(a, b Holder) int { return cmp.Or(cmp.Compare(b.XIDs, a.XIDs), cmp.Compare(b.Age, a.Age)) })
 	rows, err = db.Query(ctx, sql.TableHealth)
 	if err != nil {
 		return h, fmt.Errorf("read table health: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var t TableHealth
+		var t Table
 		if err := rows.Scan(&t.Table, &t.DeadTuples, &t.LiveTuples, &t.Bytes); err != nil {
 			return h, fmt.Errorf("read table health: %w", err)
 		}
