@@ -9,16 +9,16 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/outbox"
-	"github.com/relayd/relayd/schema"
 )
 
 // wakeLockHolder is the pid of the session holding the table's wake lock
 // (a relay waiting for rows), or 0.
 func (e *env) wakeLockHolder() int {
 	var pid int
-	e.pool.QueryRow(context.Background(), schema.WakeLockHolderSQL(e.table.WakeLock())).Scan(&pid) //nolint:errcheck // none: 0
+	e.pool.QueryRow(context.Background(), outboxsql.WakeLockHolder(e.table.WakeLock())).Scan(&pid) //nolint:errcheck // none: 0
 	return pid
 }
 

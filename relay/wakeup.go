@@ -138,7 +138,7 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 	if err != nil {
 		return false, fmt.Errorf("listen: %w", err)
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{keys.channel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, outboxsql.Listen(keys.channel)); err != nil {
 		return false, fmt.Errorf("listen: %w", err)
 	}
 	errs.OK()

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/schema"
 )
@@ -28,7 +29,7 @@ func wakeLockHolder(t *testing.T, pool *pgxpool.Pool, table schema.Table) int {
 		t.Fatalf("table %s has no wake lock", table)
 	}
 	var pid int
-	pool.QueryRow(ctx, schema.WakeLockHolderSQL(keys.lock)).Scan(&pid) //nolint:errcheck // none: 0
+	pool.QueryRow(ctx, outboxsql.WakeLockHolder(keys.lock)).Scan(&pid) //nolint:errcheck // none: 0
 	return pid
 }
 

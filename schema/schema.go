@@ -125,14 +125,6 @@ func (t Table) WakeLock() int64 {
 	return 0x72656c79<<32 | int64(h.Sum32())
 }
 
-// WakeLockHolderSQL is a query for the pid of the session holding the wake
-// lock key (see [Table.WakeLock]): the relay waiting for rows, if any.
-func WakeLockHolderSQL(key int64) string {
-	return fmt.Sprintf(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
-	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND classid = %d AND objid = %d AND objsubid = 1`, uint64(key)>>32, uint32(key))
-}
-
 // Backfilled is the table in which `relayd backfill` records the message ids
 // it moved into JetStream.
 func (t Table) Backfilled() string { return t.qualify(t.Name + "_backfilled") }

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/relayd/relayd/internal/backoff"
-	"github.com/relayd/relayd/schema"
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
 // producerClients are the connection counts of the producers' commit runs.
@@ -200,7 +200,7 @@ func (b *bench) killWaitingRelay(ctx context.Context, cr *corner) error {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			var pid int
-			err := b.pool.QueryRow(ctx, schema.WakeLockHolderSQL(cr.table.WakeLock())).Scan(&pid)
+			err := b.pool.QueryRow(ctx, outboxsql.WakeLockHolder(cr.table.WakeLock())).Scan(&pid)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return err
 			}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/relayd/relayd/internal/amqpio"
 	"github.com/relayd/relayd/internal/backoff"
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/relay/natssink"
 )
 
@@ -63,7 +64,7 @@ func connectPostgres(ctx context.Context, cfg *config, maxConns int32, log *slog
 	// (PgBouncer's ignore_startup_parameters) drops them: set them again.
 	idleMS, jit := rp["idle_in_transaction_session_timeout"], rp["jit"]
 	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, false), set_config('jit', $2, false)", idleMS, jit)
+		_, err := c.Exec(ctx, outboxsql.SessionSettings, pgx.StrictStructArgs(outboxsql.SessionSettingsParams{IdleTimeout: idleMS, JIT: jit}))
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)

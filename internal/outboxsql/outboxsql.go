@@ -13,6 +13,7 @@ package outboxsql
 import (
 	"context"
 	"embed"
+	"fmt"
 	"reflect"
 	"regexp"
 	"strings"
@@ -56,6 +57,24 @@ const Notify = `SELECT pg_notify(@channel, '')`
 const WakeDefault = `SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d
 	JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
 	WHERE d.adrelid = to_regclass(@table) AND a.attname = 'created_at'`
+
+// Listen is the LISTEN of a relay's listener on channel, which Postgres
+// takes as an identifier, not a parameter.
+func Listen(channel string) string { return "LISTEN " + pgx.Identifier{channel}.Sanitize() }
+
+// WakeLockHolder is a query for the pid of the session holding the wake
+// lock key exclusively (schema.Table.WakeLock): the relay waiting for rows,
+// if any. Tests and the benchmark wait on it.
+func WakeLockHolder(key int64) string {
+	return fmt.Sprintf(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND classid = %d AND objid = %d AND objsubid = 1`, uint64(key)>>32, uint32(key))
+}
+
+// SessionSettings sets again, on each new connection, what relayd asks of
+// its sessions as startup parameters, which a pooler may drop
+// (SessionSettingsParams).
+const SessionSettings = `SELECT set_config('idle_in_transaction_session_timeout', @idle_timeout, false), set_config('jit', @jit, false)`
 
 // WakeLock waits for the wake lock @key, as long as the transaction's
 // lock_timeout; WakeUnlock releases it.

@@ -267,3 +267,9 @@ type WakeDefaultParams struct {
 type WakeLockParams struct {
 	Key int64 `db:"key"` // the wake lock's key
 }
+
+// SessionSettingsParams are SessionSettings'.
+type SessionSettingsParams struct {
+	IdleTimeout string `db:"idle_timeout"` // idle_in_transaction_session_timeout, in ms
+	JIT         string `db:"jit"`          // jit: "off" unless the URL says otherwise
+}

@@ -126,6 +126,7 @@ func TestParamsMatchStatements(t *testing.T) {
 		{"WakeDefault", WakeDefault, WakeDefaultParams{}},
 		{"WakeLock", WakeLock, WakeLockParams{}},
 		{"WakeUnlock", WakeUnlock, WakeLockParams{}},
+		{"SessionSettings", SessionSettings, SessionSettingsParams{}},
 	} {
 		check(c.name, c.sql, c.params, true)
 	}
