@@ -67,7 +67,7 @@ func TestKnownStaysOnIndexesAsTheRecordGrows(t *testing.T) {
 	fill := func(from, to int) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, `INSERT INTO `+table.Backfilled()+` (message_id, queue, derived)
-SELECT 'moved-' || i, 'q', false FROM generate_series($1::int, $2::int) AS i`, from, to); err != nil {
+SELECT 'moved-' || i, 'q', false FROM generate_series(@from::int, @to::int) AS i`, pgx.NamedArgs{"from": from, "to": to}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -138,7 +138,7 @@ func TestKnownAsksAboutRowsStillToRelay(t *testing.T) {
 		"0b7f6c1e-3c55-4f8e-9a51-000000000015", // finished without JetStream
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (message_id, topic, payload)
-		SELECT id, 't', '' FROM unnest($1::uuid[]) AS u(id)`, ids); err != nil {
+		SELECT id, 't', '' FROM unnest(@message_ids::uuid[]) AS u(id)`, pgx.NamedArgs{"message_ids": ids}); err != nil {
 		t.Fatal(err)
 	}
 	for i, set := range []string{
@@ -147,7 +147,7 @@ func TestKnownAsksAboutRowsStillToRelay(t *testing.T) {
 		`nats_parked_at = now(), nats_attempts = 20`,
 		`amqp_delivered_at = now(), done_at = now()`,
 	} {
-		testenv.SetState(t, pool, table, set, `message_id = $1`, ids[i+1])
+		testenv.SetState(t, pool, table, set, `message_id = @message_id`, pgx.NamedArgs{"message_id": ids[i+1]})
 	}
 	items := make([]*item, len(ids))
 	for i, id := range ids {
@@ -182,8 +182,8 @@ func TestKnownAsksAboutRowsTheRelaySentToRabbitMQ(t *testing.T) {
 		"0b7f6c1e-3c55-4f8e-9a51-000000000004", // JetStream; RabbitMQ's confirm never came
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent) VALUES
-		(1, $1, now(), now(), true), (2, $2, NULL, now(), false), (3, $3, now(), NULL, true), (4, $4, NULL, now(), true)`,
-		ids[0], ids[1], ids[2], ids[3]); err != nil {
+		(1, @both, now(), now(), true), (2, @nats_only, NULL, now(), false), (3, @amqp_only, now(), NULL, true), (4, @amqp_unconfirmed, NULL, now(), true)`,
+		pgx.NamedArgs{"both": ids[0], "nats_only": ids[1], "amqp_only": ids[2], "amqp_unconfirmed": ids[3]}); err != nil {
 		t.Fatal(err)
 	}
 	items := make([]*item, len(ids))

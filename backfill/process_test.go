@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/relayd/relayd/internal/jspub"
@@ -54,7 +55,7 @@ func TestProcessAcksABatchWithOneFrame(t *testing.T) {
 		}
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Backfilled()+` (message_id, queue, derived)
-SELECT id, 'q', false FROM unnest($1::text[]) AS id`, known); err != nil {
+SELECT id, 'q', false FROM unnest(@known::text[]) AS id`, pgx.NamedArgs{"known": known}); err != nil {
 		t.Fatal(err)
 	}
 

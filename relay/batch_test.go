@@ -303,7 +303,7 @@ func TestDualWriteRecordsEachRowOnce(t *testing.T) {
 	const rows = 2000
 	f.insertKeyed(50, rows/2/50)
 	if _, err := f.pool.Exec(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, payload)
-		SELECT 'orders.u', '\x00' FROM generate_series(1, $1)`, rows/2); err != nil {
+		SELECT 'orders.u', '\x00' FROM generate_series(1, @rows)`, pgx.NamedArgs{"rows": rows / 2}); err != nil {
 		t.Fatal(err)
 	}
 	// Log every update and delete of a row, and every move to the owed table.

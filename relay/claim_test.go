@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -217,7 +219,7 @@ func TestKeyOrderAcrossTheTwoTables(t *testing.T) {
 			slices.Sort(ids)
 			for i, set := range []string{tc.first, tc.second} {
 				if set != "" {
-					testenv.SetState(t, f.pool, f.table, set, "id = $1", ids[i])
+					testenv.SetState(t, f.pool, f.table, set, "id = @id", pgx.NamedArgs{"id": ids[i]})
 				}
 			}
 			conn, err := f.pool.Acquire(ctx)

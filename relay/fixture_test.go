@@ -125,7 +125,7 @@ func setupOwnDatabase(t *testing.T) *fixture {
 func (f *fixture) fill(n int) {
 	f.t.Helper()
 	if _, err := f.pool.Exec(context.Background(), `INSERT INTO `+f.table.Ident()+`
-		(topic, payload) SELECT 'orders.created', '\x00' FROM generate_series(1, $1)`, n); err != nil {
+		(topic, payload) SELECT 'orders.created', '\x00' FROM generate_series(1, @rows)`, pgx.NamedArgs{"rows": n}); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -145,8 +145,8 @@ func (f *fixture) insert(n int, topic string) []string {
 	f.t.Helper()
 	rows, err := f.pool.Query(context.Background(),
 		`INSERT INTO `+f.table.Ident()+` (topic, payload, headers)
-		 SELECT $1, convert_to('p' || g, 'UTF8'), '{"traceparent":"00-1-2-01"}' FROM generate_series(1, $2) g
-		 RETURNING message_id::text`, topic, n)
+		 SELECT @topic, convert_to('p' || g, 'UTF8'), '{"traceparent":"00-1-2-01"}' FROM generate_series(1, @rows) g
+		 RETURNING message_id::text`, pgx.NamedArgs{"topic": topic, "rows": n})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func (f *fixture) startWith(cfg Config, prepare func(*Relay)) (*Relay, context.C
 // setRow sets one row's delivery state: set is the SET list, a test's own.
 func (f *fixture) setRow(id, set string) {
 	f.t.Helper()
-	testenv.SetState(f.t, f.pool, f.table, set, "message_id = $1", id)
+	testenv.SetState(f.t, f.pool, f.table, set, "message_id = @message_id", pgx.NamedArgs{"message_id": id})
 }
 
 // state reads one row's delivery columns.
@@ -220,13 +220,13 @@ func (f *fixture) state(id string) rowState {
 	var ae, ne *string
 	err := f.pool.QueryRow(context.Background(), `SELECT amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL, done_at IS NOT NULL,
 		amqp_parked_at IS NOT NULL, nats_parked_at IS NOT NULL, amqp_attempts, nats_attempts, amqp_last_error, nats_last_error
-		FROM `+f.table.Owed()+` WHERE message_id = $1
-		UNION ALL SELECT false, false, false, false, false, 0, 0, NULL, NULL FROM `+f.table.Ident()+` WHERE message_id = $1`, id).
+		FROM `+f.table.Owed()+` WHERE message_id = @message_id
+		UNION ALL SELECT false, false, false, false, false, 0, 0, NULL, NULL FROM `+f.table.Ident()+` WHERE message_id = @message_id`, pgx.NamedArgs{"message_id": id}).
 		Scan(&s.amqpDelivered, &s.natsDelivered, &s.done, &s.amqpParked, &s.natsParked, &s.amqpAttempts, &s.natsAttempts, &ae, &ne)
 	if errors.Is(err, pgx.ErrNoRows) {
 		s.done = true
 		err = f.pool.QueryRow(context.Background(), `SELECT amqp_delivered_at IS NOT NULL, nats_delivered_at IS NOT NULL
-			FROM `+f.table.Delivered()+` WHERE message_id = $1`, id).Scan(&s.amqpDelivered, &s.natsDelivered)
+			FROM `+f.table.Delivered()+` WHERE message_id = @message_id`, pgx.NamedArgs{"message_id": id}).Scan(&s.amqpDelivered, &s.natsDelivered)
 	}
 	if err != nil {
 		f.t.Fatal(err)
@@ -275,9 +275,9 @@ func checkKeyOrder(t *testing.T, name string, order []int64, keyOf map[int64]str
 func idToMsg(t *testing.T, f *fixture, id int64) string {
 	t.Helper()
 	var m string
-	if err := f.pool.QueryRow(context.Background(), `SELECT message_id::text FROM `+f.table.Ident()+` WHERE id = $1
-		UNION ALL SELECT message_id::text FROM `+f.table.Owed()+` WHERE id = $1
-		UNION ALL SELECT message_id::text FROM `+f.table.Delivered()+` WHERE id = $1`, id).Scan(&m); err != nil {
+	if err := f.pool.QueryRow(context.Background(), `SELECT message_id::text FROM `+f.table.Ident()+` WHERE id = @id
+		UNION ALL SELECT message_id::text FROM `+f.table.Owed()+` WHERE id = @id
+		UNION ALL SELECT message_id::text FROM `+f.table.Delivered()+` WHERE id = @id`, pgx.NamedArgs{"id": id}).Scan(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m

@@ -73,7 +73,7 @@ func TestRowBehindTheClaimFloorIsTakenDuringABacklog(t *testing.T) {
 				f.t.Fatal(err)
 			}
 			f.t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck // released in the test
-			if _, err := tx.Exec(context.Background(), `SELECT 1 FROM `+f.table.Ident()+` WHERE message_id = $1 FOR UPDATE`, id); err != nil {
+			if _, err := tx.Exec(context.Background(), `SELECT 1 FROM `+f.table.Ident()+` WHERE message_id = @message_id FOR UPDATE`, pgx.NamedArgs{"message_id": id}); err != nil {
 				f.t.Fatal(err)
 			}
 			return id, func() error { return tx.Rollback(context.Background()) }
@@ -200,12 +200,12 @@ func TestTheFloorPassesAnOpenTransactionAndWalksBackAtItsEnd(t *testing.T) {
 			testenv.Eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) >= 3 }, "relay did not start")
 			insert := func(q pgx.Tx, i int) (id int64, msg string) {
 				t.Helper()
-				const sql = `(topic, payload, key) VALUES ('orders.created', '\x00', $1) RETURNING id, message_id::text`
+				const sql = `(topic, payload, key) VALUES ('orders.created', '\x00', @key) RETURNING id, message_id::text`
 				var err error
 				if q != nil {
-					err = q.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+sql, tc.key(i)).Scan(&id, &msg)
+					err = q.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+sql, pgx.NamedArgs{"key": tc.key(i)}).Scan(&id, &msg)
 				} else {
-					err = f.pool.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+sql, tc.key(i)).Scan(&id, &msg)
+					err = f.pool.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+sql, pgx.NamedArgs{"key": tc.key(i)}).Scan(&id, &msg)
 				}
 				if err != nil {
 					t.Fatal(err)

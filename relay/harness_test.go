@@ -48,7 +48,7 @@ func (f *relayFixture) start(cfg relay.Config, prepare ...func(*relay.Relay)) *r
 func (f *relayFixture) insert(n int, topic string) []string {
 	f.t.Helper()
 	rows, err := f.pool.Query(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, payload)
-		SELECT $1, '\x7b7d' FROM generate_series(1, $2) RETURNING message_id::text`, topic, n)
+		SELECT @topic, '\x7b7d' FROM generate_series(1, @rows) RETURNING message_id::text`, pgx.NamedArgs{"topic": topic, "rows": n})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func (f *relayFixture) insert(n int, topic string) []string {
 // done reports whether every row of ids is in the delivered table.
 func (f *relayFixture) done(ids ...string) bool {
 	var n int
-	err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table.Delivered()+` WHERE message_id = ANY($1::uuid[])`, ids).Scan(&n)
+	err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table.Delivered()+` WHERE message_id = ANY(@message_ids::uuid[])`, pgx.NamedArgs{"message_ids": ids}).Scan(&n)
 	return err == nil && n == len(ids)
 }
 
@@ -82,7 +82,7 @@ func (f *relayFixture) attempts(p string, ids []string) int {
 	f.t.Helper()
 	var n int
 	if err := f.pool.QueryRow(context.Background(), `SELECT coalesce(sum(`+p+`_attempts), 0) FROM `+f.table.Owed()+
-		` WHERE message_id = ANY($1::uuid[])`, ids).Scan(&n); err != nil {
+		` WHERE message_id = ANY(@message_ids::uuid[])`, pgx.NamedArgs{"message_ids": ids}).Scan(&n); err != nil {
 		f.t.Fatal(err)
 	}
 	return n
@@ -93,6 +93,6 @@ func (f *relayFixture) attempts(p string, ids []string) int {
 func (f *relayFixture) tried(p string, ids []string) bool {
 	var n int
 	err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table.Owed()+
-		` WHERE message_id = ANY($1::uuid[]) AND `+p+`_last_error IS NOT NULL`, ids).Scan(&n)
+		` WHERE message_id = ANY(@message_ids::uuid[]) AND `+p+`_last_error IS NOT NULL`, pgx.NamedArgs{"message_ids": ids}).Scan(&n)
 	return err == nil && n == len(ids)
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -139,15 +141,15 @@ func TestStopCutsShortALateRecordUnderWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // only held
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+f.table.Ident()+` WHERE message_id = $1 FOR UPDATE`, ids[0]); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+f.table.Ident()+` WHERE message_id = @message_id FOR UPDATE`, pgx.NamedArgs{"message_id": ids[0]}); err != nil {
 		t.Fatal(err)
 	}
 	r, cancel, done := f.start(Config{Sinks: []Sink{newFake(TargetAMQP)}, Workers: 1})
 	r.onLateConfirm(TargetAMQP)(ids[0])
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		var n int
-		err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`,
-			f.table.Schema).Scan(&n)
+		err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || @schema || '%'`,
+			pgx.NamedArgs{"schema": f.table.Schema}).Scan(&n)
 		return err == nil && n > 0
 	}, "the late record never waited for the row")
 	start := time.Now()

@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // outbox retry forgets a row's route when no broker has a publish of it
@@ -23,14 +25,14 @@ func TestRetryForgetsTheRouteOnlyWhenNothingIsOutstanding(t *testing.T) {
 		id := f.insert(1, "orders.created")[0]
 		f.setRow(id, tc.set+routed)
 		var rowID int64
-		if err := f.pool.QueryRow(context.Background(), `SELECT id FROM `+f.table.Owed()+` WHERE message_id = $1`, id).Scan(&rowID); err != nil {
+		if err := f.pool.QueryRow(context.Background(), `SELECT id FROM `+f.table.Owed()+` WHERE message_id = @message_id`, pgx.NamedArgs{"message_id": id}).Scan(&rowID); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := RetryParked(context.Background(), f.pool, f.table, []Target{TargetAMQP}, ParkedIDs(rowID)); err != nil {
 			t.Fatal(err)
 		}
 		var subject *string
-		if err := f.pool.QueryRow(context.Background(), `SELECT nats_subject FROM `+f.table.Owed()+` WHERE id = $1`, rowID).Scan(&subject); err != nil {
+		if err := f.pool.QueryRow(context.Background(), `SELECT nats_subject FROM `+f.table.Owed()+` WHERE id = @id`, pgx.NamedArgs{"id": rowID}).Scan(&subject); err != nil {
 			t.Fatal(err)
 		}
 		if kept := subject != nil; kept != tc.kept {

@@ -228,7 +228,7 @@ func (e *rollback) open() {
 func (e *rollback) changeWaits() bool {
 	var n int
 	err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-		AND classid = 0 AND objid = $1::regclass::oid AND objsubid = 1`, e.table.Side("phase")).Scan(&n)
+		AND classid = 0 AND objid = @phase_table::regclass::oid AND objsubid = 1`, pgx.NamedArgs{"phase_table": e.table.Side("phase")}).Scan(&n)
 	return err == nil && n > 0
 }
 
@@ -267,7 +267,7 @@ func (e *rollback) strandedRow() string {
 		e.t.Fatal(err)
 	}
 	testenv.SetState(e.t, e.pool, e.table, `nats_delivered_at = now() - interval '10 minutes', amqp_attempts = 3,
-		amqp_retry_at = now(), amqp_last_error = 'rabbitmq: connection refused'`, "message_id = $1", id)
+		amqp_retry_at = now(), amqp_last_error = 'rabbitmq: connection refused'`, "message_id = @message_id", pgx.NamedArgs{"message_id": id})
 	return id
 }
 
@@ -276,7 +276,7 @@ func (e *rollback) strandedRow() string {
 func (e *rollback) delivered(id string) (done time.Time, amqpDone bool) {
 	e.t.Helper()
 	err := e.pool.QueryRow(context.Background(), `SELECT done_at, amqp_delivered_at IS NOT NULL FROM `+e.table.Delivered()+
-		` WHERE message_id = $1`, id).Scan(&done, &amqpDone)
+		` WHERE message_id = @message_id`, pgx.NamedArgs{"message_id": id}).Scan(&done, &amqpDone)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		e.t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayd/relayd/internal/route"
 	"github.com/relayd/relayd/internal/testenv"
 )
@@ -107,7 +109,7 @@ func TestLateConfirmRecordsTheRoute(t *testing.T) {
 	var got route.Dest
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		err := f.pool.QueryRow(context.Background(), `SELECT amqp_exchange, amqp_routing_key, nats_subject, nats_stream
-			FROM `+f.table.Owed()+` WHERE message_id = $1 AND nats_subject IS NOT NULL`, id).
+			FROM `+f.table.Owed()+` WHERE message_id = @message_id AND nats_subject IS NOT NULL`, pgx.NamedArgs{"message_id": id}).
 			Scan(&got.Exchange, &got.RoutingKey, &got.Subject, &got.Stream)
 		return err == nil
 	}, "the late-confirmed row has no route in the owed table")

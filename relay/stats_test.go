@@ -21,7 +21,7 @@ func TestStatsCountsPendingParkedAndLag(t *testing.T) {
 	ids := f.insert(30, "orders.created")
 	state := func(set string, ids []string) {
 		t.Helper()
-		testenv.SetState(t, f.pool, f.table, set, "message_id = ANY($1::uuid[])", ids)
+		testenv.SetState(t, f.pool, f.table, set, "message_id = ANY(@message_ids::uuid[])", pgx.NamedArgs{"message_ids": ids})
 	}
 	// 10 delivered to both (done), 5 parked on nats, 3 waiting to retry on
 	// amqp, 12 fresh in the outbox; the oldest pending is 2 minutes old.

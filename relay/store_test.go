@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The headers column, whatever a producer put in it, decodes to a string
@@ -27,7 +29,7 @@ func FuzzDecodeHeaders(f *testing.F) {
 func (f *fixture) insertKeyed(keys, n int) map[int64]string {
 	f.t.Helper()
 	rows, err := f.pool.Query(context.Background(), `INSERT INTO `+f.table.Ident()+` (topic, key, payload)
-		SELECT 'orders.k', 'k' || (g % $1::int), '\x00' FROM generate_series(0, $1::int * $2::int - 1) g ORDER BY g RETURNING id, key`, keys, n)
+		SELECT 'orders.k', 'k' || (g % @keys::int), '\x00' FROM generate_series(0, @keys::int * @per_key::int - 1) g ORDER BY g RETURNING id, key`, pgx.NamedArgs{"keys": keys, "per_key": n})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -163,7 +163,7 @@ func TestListenReconnectsAtOnceAfterEachDrop(t *testing.T) {
 		if took := time.Since(start); i > 0 && took > 2*time.Second {
 			t.Fatalf("LISTEN back %v after drop %d, want at once (the backoff restarts after a connection that listened)", took, i)
 		}
-		if _, err := f.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		if _, err := f.pool.Exec(ctx, `SELECT pg_terminate_backend(@pid)`, pgx.NamedArgs{"pid": pid}); err != nil {
 			t.Fatal(err)
 		}
 		testenv.Eventually(t, 10*time.Second, func() bool { return listening() != pid }, "LISTEN connection %d not gone", pid)
@@ -275,7 +275,7 @@ func TestRowsCommittedWhileTheWakeLockIsHeld(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_lock($1)`, keys.lock); err != nil {
+			if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_lock(@lock_key)`, pgx.NamedArgs{"lock_key": keys.lock}); err != nil {
 				t.Fatal(err)
 			}
 		}, false},

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -34,7 +35,7 @@ func TestRunWaitsForBatchesClaimedBeforeIt(t *testing.T) {
 	}
 	publish("m-1")
 	inFlight := uuid.NewString()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (message_id, topic, payload) VALUES ($1, 'orders.a', 'x')`, inFlight); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (message_id, topic, payload) VALUES (@message_id, 'orders.a', 'x')`, pgx.NamedArgs{"message_id": inFlight}); err != nil {
 		t.Fatal(err)
 	}
 	// The relay's batch: the row claimed, then published, then finished.
@@ -43,7 +44,7 @@ func TestRunWaitsForBatchesClaimedBeforeIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer batch.Rollback(ctx) //nolint:errcheck // committed below
-	if _, err := batch.Exec(ctx, `SELECT id FROM `+table.Ident()+` WHERE message_id = $1 FOR UPDATE`, inFlight); err != nil {
+	if _, err := batch.Exec(ctx, `SELECT id FROM `+table.Ident()+` WHERE message_id = @message_id FOR UPDATE`, pgx.NamedArgs{"message_id": inFlight}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -61,8 +62,8 @@ func TestRunWaitsForBatchesClaimedBeforeIt(t *testing.T) {
 	}()
 	testenv.Eventually(t, 10*time.Second, func() bool { return strings.Contains(logged.String(), "waiting for") }, "the run did not wait for the batch in flight")
 	publish(inFlight)
-	if _, err := batch.Exec(ctx, `WITH del AS (DELETE FROM `+table.Ident()+` WHERE message_id = $1 RETURNING id, message_id)
-		INSERT INTO `+table.Delivered()+` (id, message_id, nats_delivered_at, amqp_sent, done_at) SELECT id, message_id, now(), false, now() FROM del`, inFlight); err != nil {
+	if _, err := batch.Exec(ctx, `WITH del AS (DELETE FROM `+table.Ident()+` WHERE message_id = @message_id RETURNING id, message_id)
+		INSERT INTO `+table.Delivered()+` (id, message_id, nats_delivered_at, amqp_sent, done_at) SELECT id, message_id, now(), false, now() FROM del`, pgx.NamedArgs{"message_id": inFlight}); err != nil {
 		t.Fatal(err)
 	}
 	if err := batch.Commit(ctx); err != nil {

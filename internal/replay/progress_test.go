@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayd/relayd/internal/testenv"
@@ -54,7 +55,7 @@ func TestAdvanceComparesThePosition(t *testing.T) {
 				t.Errorf("record took %s: it tried again after a lost compare", took)
 			}
 			var pos, sent int64
-			if err := pool.QueryRow(ctx, `SELECT position, sent FROM `+table.Side("replay")+` WHERE id = $1`, run.ID).Scan(&pos, &sent); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT position, sent FROM `+table.Side("replay")+` WHERE id = @run_id`, pgx.NamedArgs{"run_id": run.ID}).Scan(&pos, &sent); err != nil {
 				t.Fatal(err)
 			}
 			if pos != tc.wantPos || sent != tc.wantPos {
@@ -105,7 +106,7 @@ func TestAdvanceAfterAnUnansweredTry(t *testing.T) {
 				t.Fatalf("the second try: %v, want %v", err, tc.wantErr)
 			}
 			var sent int64
-			if err := pool.QueryRow(ctx, `SELECT sent FROM `+table.Side("replay")+` WHERE id = $1`, run.ID).Scan(&sent); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT sent FROM `+table.Side("replay")+` WHERE id = @run_id`, pgx.NamedArgs{"run_id": run.ID}).Scan(&sent); err != nil {
 				t.Fatal(err)
 			}
 			if want := int64(20 + 10*min(tc.other, 1)); sent != want {
@@ -151,7 +152,7 @@ func TestRecordAfterTheLockWentWithItsSession(t *testing.T) {
 			}
 			// The session goes, and the lock with it.
 			var gone bool
-			if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, rec.lock.conn.Conn().PgConn().PID()).Scan(&gone); err != nil || !gone {
+			if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend(@pid, 10000)`, pgx.NamedArgs{"pid": rec.lock.conn.Conn().PgConn().PID()}).Scan(&gone); err != nil || !gone {
 				t.Fatalf("terminate the lock's session: %v, %v", gone, err)
 			}
 			if tc.other {
@@ -172,7 +173,7 @@ func TestRecordAfterTheLockWentWithItsSession(t *testing.T) {
 				t.Fatalf("record: %v, want %v", err, tc.wantErr)
 			}
 			var pos, sent int64
-			if err := pool.QueryRow(ctx, `SELECT position, sent FROM `+table.Side("replay")+` WHERE id = $1`, run.ID).Scan(&pos, &sent); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT position, sent FROM `+table.Side("replay")+` WHERE id = @run_id`, pgx.NamedArgs{"run_id": run.ID}).Scan(&pos, &sent); err != nil {
 				t.Fatal(err)
 			}
 			if pos != tc.wantPos || sent != tc.wantSent {

@@ -29,18 +29,18 @@ func TestLookup(t *testing.T) {
 		args []any
 	}{
 		{`INSERT INTO ` + table.Delivered() + ` (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent) VALUES
-			(1, $1, now(), now(), true), (2, $2, NULL, now(), false), (3, $3, now(), now(), true)`, []any{confirmed, natsOnly, strings.ToLower(upper)}},
+			(1, @confirmed, now(), now(), true), (2, @nats_only, NULL, now(), false), (3, @upper_lowered, now(), now(), true)`, []any{pgx.NamedArgs{"confirmed": confirmed, "nats_only": natsOnly, "upper_lowered": strings.ToLower(upper)}}},
 		{`INSERT INTO ` + table.Ident() + ` (message_id, topic, payload) VALUES
-			($1, 't', ''), ($2, 't', ''), ($3, 't', ''), ($4, 't', '')`, []any{owed, owedAMQP, owedDone, outbox}},
+			(@owed, 't', ''), (@owed_amqp, 't', ''), (@owed_done, 't', ''), (@outbox, 't', '')`, []any{pgx.NamedArgs{"owed": owed, "owed_amqp": owedAMQP, "owed_done": owedDone, "outbox": outbox}}},
 		{`INSERT INTO ` + table.Backfilled() + ` (message_id, queue) VALUES ('legacy-1', 'q')`, nil},
 	} {
 		if _, err := pool.Exec(ctx, q.sql, q.args...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	testenv.SetState(t, pool, table, `nats_delivered_at = now()`, `message_id = $1`, owed)
-	testenv.SetState(t, pool, table, `amqp_delivered_at = now()`, `message_id = $1`, owedAMQP)
-	testenv.SetState(t, pool, table, `nats_delivered_at = now(), done_at = now()`, `message_id = $1`, owedDone)
+	testenv.SetState(t, pool, table, `nats_delivered_at = now()`, `message_id = @message_id`, pgx.NamedArgs{"message_id": owed})
+	testenv.SetState(t, pool, table, `amqp_delivered_at = now()`, `message_id = @message_id`, pgx.NamedArgs{"message_id": owedAMQP})
+	testenv.SetState(t, pool, table, `nats_delivered_at = now(), done_at = now()`, `message_id = @message_id`, pgx.NamedArgs{"message_id": owedDone})
 	want := map[string]skip{
 		confirmed: skipDelivered, upper: skipDelivered, natsOnly: send, owed: skipOwed, owedAMQP: skipOwed,
 		owedDone: send, outbox: skipOwed, fresh: send, "legacy-1": skipBackfilled, "legacy-2": send,
@@ -140,10 +140,10 @@ func TestLookupSeesARowThatLeavesTheOutboxMeanwhile(t *testing.T) {
 	}
 	// One row fresh in the outbox, one a batch left owed to RabbitMQ.
 	fresh, owed := uuid.NewString(), uuid.NewString()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (message_id, topic, payload) VALUES ($1, 't', ''), ($2, 't', '')`, fresh, owed); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table.Ident()+` (message_id, topic, payload) VALUES (@fresh, 't', ''), (@owed, 't', '')`, pgx.NamedArgs{"fresh": fresh, "owed": owed}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.SetState(t, pool, table, `nats_delivered_at = now()`, `message_id = $1`, owed)
+	testenv.SetState(t, pool, table, `nats_delivered_at = now()`, `message_id = @message_id`, pgx.NamedArgs{"message_id": owed})
 	// The relay sends them to RabbitMQ and finishes them, under locks the
 	// lookup waits for.
 	tx, err := pool.Begin(ctx)
@@ -156,12 +156,12 @@ func TestLookupSeesARowThatLeavesTheOutboxMeanwhile(t *testing.T) {
 		args []any
 	}{
 		{`LOCK TABLE ` + table.Ident() + `, ` + table.Owed() + ` IN ACCESS EXCLUSIVE MODE`, nil},
-		{`WITH del AS (DELETE FROM ` + table.Ident() + ` WHERE message_id = $1 RETURNING id, message_id)
+		{`WITH del AS (DELETE FROM ` + table.Ident() + ` WHERE message_id = @message_id RETURNING id, message_id)
 			INSERT INTO ` + table.Delivered() + ` (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, done_at)
-			SELECT id, message_id, now(), now(), true, now() FROM del`, []any{fresh}},
-		{`WITH del AS (DELETE FROM ` + table.Owed() + ` WHERE message_id = $1 RETURNING id, message_id, nats_delivered_at)
+			SELECT id, message_id, now(), now(), true, now() FROM del`, []any{pgx.NamedArgs{"message_id": fresh}}},
+		{`WITH del AS (DELETE FROM ` + table.Owed() + ` WHERE message_id = @message_id RETURNING id, message_id, nats_delivered_at)
 			INSERT INTO ` + table.Delivered() + ` (id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent, done_at)
-			SELECT id, message_id, now(), nats_delivered_at, true, now() FROM del`, []any{owed}},
+			SELECT id, message_id, now(), nats_delivered_at, true, now() FROM del`, []any{pgx.NamedArgs{"message_id": owed}}},
 	} {
 		if _, err := tx.Exec(ctx, q.sql, q.args...); err != nil {
 			t.Fatal(err)
@@ -172,8 +172,8 @@ func TestLookupSeesARowThatLeavesTheOutboxMeanwhile(t *testing.T) {
 	go func() { looked <- r.lookup(ctx, items) }()
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		var waiting bool
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation IN ($1::regclass, $2::regclass) AND NOT granted)`,
-			table.Ident(), table.Owed()).Scan(&waiting)
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation IN (@outbox_table::regclass, @owed_table::regclass) AND NOT granted)`,
+			pgx.NamedArgs{"outbox_table": table.Ident(), "owed_table": table.Owed()}).Scan(&waiting)
 		return err == nil && waiting
 	}, "the lookup never waited for the tables' locks")
 	if err := tx.Commit(ctx); err != nil {

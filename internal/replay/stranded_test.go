@@ -154,7 +154,7 @@ func delivered(t *testing.T, rows []deliveredRow) (*pgxpool.Pool, schema.Table) 
 	table := testenv.Outbox(t, pool)
 	for i, row := range rows {
 		if _, err := pool.Exec(context.Background(), `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, amqp_delivered_at, nats_delivered_at, amqp_sent)
-			VALUES ($1, $2, $3, $4, $5, $6)`, row.done, i+1, uuid.NewString(), row.amqp, row.nats, row.amqp != nil); err != nil {
+			VALUES (@done_at, @id, @message_id, @amqp_delivered_at, @nats_delivered_at, @amqp_sent)`, pgx.NamedArgs{"done_at": row.done, "id": i + 1, "message_id": uuid.NewString(), "amqp_delivered_at": row.amqp, "nats_delivered_at": row.nats, "amqp_sent": row.amqp != nil}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -194,7 +194,7 @@ func TestRunWarnsWhenTheDeliveredRecordIsShorterThanTheWindow(t *testing.T) {
 			}
 			if tc.earliest != nil {
 				if _, err := pool.Exec(ctx, `INSERT INTO `+table.Delivered()+` (done_at, id, message_id, nats_delivered_at, amqp_sent)
-					VALUES ($1, 1, $2, $1, false)`, *tc.earliest, uuid.NewString()); err != nil {
+					VALUES (@earliest, 1, @message_id, @earliest, false)`, pgx.NamedArgs{"earliest": *tc.earliest, "message_id": uuid.NewString()}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -113,14 +114,14 @@ func (f *fixture) delivered(at time.Time, ids ...string) {
 	f.t.Helper()
 	var rows []int64
 	err := f.pool.QueryRow(context.Background(), `WITH r AS (INSERT INTO `+f.table.Ident()+`
-		(message_id, topic, payload) SELECT id, 'orders', '\x7b7d' FROM unnest($1::uuid[]) AS u(id) RETURNING id)
-		SELECT array_agg(id) FROM r`, ids).Scan(&rows)
+		(message_id, topic, payload) SELECT id, 'orders', '\x7b7d' FROM unnest(@message_ids::uuid[]) AS u(id) RETURNING id)
+		SELECT array_agg(id) FROM r`, pgx.NamedArgs{"message_ids": ids}).Scan(&rows)
 	if err != nil {
 		f.t.Fatalf("record delivered: %v", err)
 	}
 	// A literal, as pgx would send at: to the microsecond, truncated.
 	lit := at.Truncate(time.Microsecond).UTC().Format(time.RFC3339Nano)
-	testenv.SetState(f.t, f.pool, f.table, `nats_delivered_at = '`+lit+`'::timestamptz`, `id = ANY($1::bigint[])`, rows)
+	testenv.SetState(f.t, f.pool, f.table, `nats_delivered_at = '`+lit+`'::timestamptz`, `id = ANY(@ids::bigint[])`, pgx.NamedArgs{"ids": rows})
 }
 
 // done records ids as delivered to every target — delivered to JetStream
@@ -129,7 +130,7 @@ func (f *fixture) done(at time.Time, ids ...string) {
 	f.t.Helper()
 	_, err := f.pool.Exec(context.Background(), `INSERT INTO `+f.table.Delivered()+`
 		(id, message_id, amqp_delivered_at, nats_delivered_at, done_at)
-		SELECT nextval(pg_get_serial_sequence($3, 'id')), id, $2, $2, $2 FROM unnest($1::uuid[]) AS u(id)`, ids, at, f.table.String())
+		SELECT nextval(pg_get_serial_sequence(@table, 'id')), id, @at, @at, @at FROM unnest(@message_ids::uuid[]) AS u(id)`, pgx.NamedArgs{"message_ids": ids, "at": at, "table": f.table.String()})
 	if err != nil {
 		f.t.Fatalf("record done: %v", err)
 	}
@@ -139,7 +140,7 @@ func (f *fixture) done(at time.Time, ids ...string) {
 func (f *fixture) backfilled(at time.Time, ids ...string) {
 	f.t.Helper()
 	_, err := f.pool.Exec(context.Background(), `INSERT INTO `+f.table.Backfilled()+`
-		(message_id, queue, moved_at) SELECT id, 'legacy', $2 FROM unnest($1::text[]) AS u(id)`, ids, at)
+		(message_id, queue, moved_at) SELECT id, 'legacy', @at FROM unnest(@message_ids::text[]) AS u(id)`, pgx.NamedArgs{"message_ids": ids, "at": at})
 	if err != nil {
 		f.t.Fatalf("record backfilled: %v", err)
 	}
@@ -444,8 +445,8 @@ func TestBoundedMemory(t *testing.T) {
 	// Straight into the owed table, ids from the outbox's sequence as a
 	// batch's move keeps them: half the writes of inserting, then SetState.
 	if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.table.Owed()+` (id, message_id, topic, payload, nats_delivered_at)
-		SELECT nextval(pg_get_serial_sequence($3, 'id')), md5($1 || i)::uuid, 'orders', '\x78', now()
-		FROM generate_series(0, $2 - 1) AS i`, prefix, n, f.table.String()); err != nil {
+		SELECT nextval(pg_get_serial_sequence(@table, 'id')), md5(@prefix || i)::uuid, 'orders', '\x78', now()
+		FROM generate_series(0, @count - 1) AS i`, pgx.NamedArgs{"prefix": prefix, "count": n, "table": f.table.String()}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("setup: %d messages published and recorded in %s", n, time.Since(start).Round(time.Millisecond))
