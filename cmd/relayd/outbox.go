@@ -122,6 +122,19 @@ func (c *outboxRetryCommand) flags() *flag.FlagSet {
 
 func (c *outboxRetryCommand) Usage() string { return withFlagDefaults(c.flags(), outboxRetryHelp) }
 
+// open reads the actions' shared flags and opens their session.
+func (f *outboxFlags) open(ctx context.Context, c *cli) ([]relay.Target, *session, error) {
+	targets, err := parseTarget(f.target)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkConnectTimeout(f.connectTimeout); err != nil {
+		return nil, nil, err
+	}
+	ss, err := openSession(ctx, c, sessionOptions{Conns: readerConns, ConnectTimeout: f.connectTimeout})
+	return targets, ss, err
+}
+
 // parseTarget reads --target: one target, or every one when not given.
 func parseTarget(s string) ([]relay.Target, error) {
 	if s == "" {
@@ -141,14 +154,7 @@ func (c *outboxParkedCommand) Run(ctx context.Context, args []string) error {
 	if c.limit < 1 {
 		return usagef("--limit must be positive")
 	}
-	targets, err := parseTarget(c.target)
-	if err != nil {
-		return err
-	}
-	if err := checkConnectTimeout(c.connectTimeout); err != nil {
-		return err
-	}
-	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: readerConns, ConnectTimeout: c.connectTimeout})
+	targets, ss, err := c.open(ctx, c.cli)
 	if err != nil {
 		return err
 	}
@@ -194,14 +200,7 @@ func (c *outboxRetryCommand) Run(ctx context.Context, args []string) error {
 	if (len(ids) == 0) == !c.all {
 		return usagef("give --id N[,N...] or --all (one of them)")
 	}
-	targets, err := parseTarget(c.target)
-	if err != nil {
-		return err
-	}
-	if err := checkConnectTimeout(c.connectTimeout); err != nil {
-		return err
-	}
-	ss, err := openSession(ctx, c.cli, sessionOptions{Conns: readerConns, ConnectTimeout: c.connectTimeout})
+	targets, ss, err := c.open(ctx, c.cli)
 	if err != nil {
 		return err
 	}

@@ -246,13 +246,13 @@ func maxAttempts(n int) int {
 // checkSchema makes sure the table is migrated: with RELAY_PROVISION it
 // migrates, otherwise it says what to run.
 func checkSchema(ctx context.Context, cfg *config, pool *pgxpool.Pool, log *slog.Logger) error {
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
 	if cfg.Provision {
+		db := stdlib.OpenDBFromPool(pool)
+		defer db.Close()
 		_, err := schema.Up(ctx, db, cfg.table, log)
 		return err
 	}
-	err := schema.Require(ctx, db, cfg.table)
+	err := requireSchema(ctx, cfg, pool)
 	if _, ok := errors.AsType[*schema.OutdatedError](err); ok {
 		return fmt.Errorf("%w (or set RELAY_PROVISION=true)", err)
 	}
