@@ -109,6 +109,9 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 		return res, err
 	}
 	walkBack = -1
+	if id := movedToOwed(rows, rec); id >= 0 {
+		r.floor.movedToOwed(id)
+	}
 	r.cfg.Metrics.Batch(time.Since(start), len(rows))
 	return res, nil
 }
@@ -281,6 +284,22 @@ func firstErr(errs []error) string {
 
 // lowestFresh is the lowest id of the outbox's unkeyed rows among rows, -1
 // if none.
+// movedToOwed is the lowest of the outbox's unkeyed rows in rows that rec
+// leaves owed, so moves to the owed table, or -1: none.
+func movedToOwed(rows []*claimed, rec *batchRecord) int64 {
+	owed := make(map[int64]bool, len(rec.ids))
+	for _, id := range rec.ids {
+		owed[id] = true
+	}
+	low := int64(-1)
+	for _, c := range rows {
+		if c.fresh && !c.msg.HasKey && owed[c.msg.ID] && (low < 0 || c.msg.ID < low) {
+			low = c.msg.ID
+		}
+	}
+	return low
+}
+
 func lowestFresh(rows []*claimed) int64 {
 	low := int64(-1)
 	for _, c := range rows {

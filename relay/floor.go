@@ -21,12 +21,13 @@ type claimFloor struct {
 
 	// The owed table's unkeyed walks: advance writes these after each
 	// ordinary claim, and start reads them before the next.
-	highWater       int64            // the next walks start past it
-	lastOldestWalk  int64            // unix ns of the last walk from the oldest row
-	oldestWalkCheap bool             // the last walk from the oldest row was short and quick
-	safe            int64            // every row below it was taken
-	seenXmin        int64            // the newest claim snapshot's oldest running transaction
-	tops            []floorCandidate // short claims' tops, each safe once seenXmin passes its xmax
+	highWater       int64 // the next walks start past it
+	lastOldestWalk  int64 // unix ns of the last walk from the oldest row
+	oldestWalkCheap bool  // the last walk from the oldest row was short and quick
+	// Every unkeyed row owed in the owed table lies above safe, and so does
+	// every row the outbox may still move there, but for rows put back from
+	// parked: the walk from the oldest row takes those.
+	safe int64
 
 	fresh *freshFloor // the outbox's unkeyed walks
 	keyed *keyedFloor // the outbox's keyed walks
@@ -49,22 +50,15 @@ func newClaimFloor(batchSize int, poll time.Duration) *claimFloor {
 		fresh: newFreshFloor(poll, time.Now()), keyed: newKeyedFloor()}
 }
 
-// floors is where one claim's walks start: the owed table's unkeyed walks,
-// and the outbox's unkeyed and keyed walks.
+// floors is where one claim's walks start: the owed table's unkeyed walks
+// and the probe of its lowest unkeyed row owed (owedSafe), its keyed walks
+// and probe, and the outbox's unkeyed and keyed walks.
 type floors struct {
-	owed  int64
-	fresh freshWalk
-	keyed int64
-	gen   int
+	owed, owedSafe, owedKeyed int64
+	fresh                     freshWalk
+	keyed                     int64
+	gen                       int
 }
-
-// floorCandidate is the top of a short claim that walked from the safe
-// floor, and the claim snapshot's first unassigned transaction id.
-type floorCandidate struct{ top, xmax int64 }
-
-// maxFloorCandidates bounds the tops waiting for a transaction that runs
-// long (elsewhere in the database); dropping one only delays the floor.
-const maxFloorCandidates = 64
 
 // begin returns where one claim's walks start. An ordinary claim holds the
 // floor's lock until end; a sweep (fl.fresh.belowFloor) does not: it walks
@@ -73,9 +67,13 @@ func (f *claimFloor) begin(now time.Time) floors {
 	f.mu.Lock()
 	if w, ok := f.fresh.startSweep(now); ok {
 		f.mu.Unlock()
-		return floors{owed: math.MaxInt64, fresh: w, keyed: math.MaxInt64, gen: f.gen}
+		return floors{owed: math.MaxInt64, owedSafe: math.MaxInt64, owedKeyed: math.MaxInt64, fresh: w, keyed: math.MaxInt64, gen: f.gen}
 	}
-	return floors{owed: f.start(now), fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen}
+	fl := floors{owed: f.start(now), owedSafe: f.safe, owedKeyed: f.keyed.owed, fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen}
+	if fl.owed == 0 { // the walk from the oldest row: the keyed walks too
+		fl.owedSafe, fl.owedKeyed = 0, 0
+	}
+	return fl
 }
 
 // claimed places the next claims after one that walked from fl under snap
@@ -98,9 +96,9 @@ func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took tim
 		return true
 	}
 	f.xmax = snap.xmax
-	f.advance(rows, fl.owed, snap, took)
 	f.fresh.advance(rows, fl.fresh, snap, wholeBatch, took)
 	f.keyed.advance(snap, f.fresh.safe)
+	f.advance(rows, fl.owed, snap, took)
 	return false
 }
 
@@ -124,7 +122,7 @@ func (f *claimFloor) end(fl floors, ok bool) {
 // the last transactions, a restore): its ids may come again, below the
 // floors.
 func (f *claimFloor) reset() {
-	f.highWater, f.lastOldestWalk, f.oldestWalkCheap, f.safe, f.seenXmin, f.tops = 0, 0, false, 0, 0, nil
+	f.highWater, f.lastOldestWalk, f.oldestWalkCheap, f.safe = 0, 0, false, 0
 	f.fresh, f.keyed = newFreshFloor(f.poll, time.Now()), newKeyedFloor()
 	f.xmax = 0
 	f.gen++
@@ -144,6 +142,16 @@ func (f *claimFloor) walkBack(id int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.fresh.walkBack(id)
+}
+
+// movedToOwed lowers the owed table's floor to row id: a batch of this
+// relay's moved the outbox's unkeyed rows from id on there, below where
+// the outbox's floor stands.
+func (f *claimFloor) movedToOwed(id int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.safe = min(f.safe, id-1)
+	f.highWater = min(f.highWater, f.safe)
 }
 
 // lowestFresh is where the outbox's backlog figures start (freshFloor.lowest).
@@ -169,8 +177,10 @@ func (f *claimFloor) start(now time.Time) int64 {
 }
 
 // advance places the owed table's next walks after a claim from floor that
-// took rows (the owed table's unkeyed ones count) in took under snap: a full claim moves the high-water mark, a short one
-// proposes its top as the safe floor, taken once snap's transactions end.
+// took rows (the owed table's unkeyed ones count) in took under snap, after
+// the outbox's floors moved: a full claim moves the high-water mark; safe
+// rises to just below the lowest row still owed the claim saw, or to where
+// the outbox's rows may still start (docs/design.md, "The claim floor").
 func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took time.Duration) {
 	wholeBatch := len(rows) >= f.batchSize
 	if floor == 0 {
@@ -182,28 +192,18 @@ func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took t
 			top = max(top, c.msg.ID)
 		}
 	}
-	f.seenXmin = max(f.seenXmin, snap.xmin)
+	f.safe = f.fresh.lowest()
+	if snap.owedLow > 0 {
+		f.safe = min(f.safe, snap.owedLow-1)
+	}
 	switch {
 	case wholeBatch && floor == 0:
 		// More claimable rows below the mark than a batch (a target back
 		// from an outage, retries falling due): walk on from here.
-		f.highWater, f.safe, f.tops = top, min(f.safe, top), f.tops[:0]
-		return
+		f.highWater = top
 	case wholeBatch:
 		f.highWater = max(f.highWater, top)
-		return
+	default:
+		f.highWater = f.safe
 	}
-	if top > 0 && floor <= f.safe && len(f.tops) < maxFloorCandidates {
-		f.tops = append(f.tops, floorCandidate{top: top, xmax: snap.xmax})
-	}
-	waiting := f.tops[:0]
-	for _, c := range f.tops {
-		if c.xmax <= f.seenXmin {
-			f.safe = max(f.safe, c.top)
-		} else {
-			waiting = append(waiting, c)
-		}
-	}
-	f.tops = waiting
-	f.highWater = f.safe
 }

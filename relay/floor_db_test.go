@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -319,5 +321,120 @@ func TestASweepRunsBesideTheClaims(t *testing.T) {
 		if ga, _ := a.count(id); ga != 1 {
 			t.Fatalf("amqp got %s %d times", id, ga)
 		}
+	}
+}
+
+// After an outage, while a transaction holds VACUUM's horizon, every row
+// that went through the owed table stays in its indexes. The claims that
+// follow walk from past them: what a claim reads does not grow with them.
+func TestOwedWalksPassWhatAnOutageLeftDead(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		hold func(ctx context.Context, f *fixture, tx pgx.Tx) error
+	}{
+		{"a producer's transaction", func(ctx context.Context, f *fixture, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.held', '\x00')`)
+			return err
+		}},
+		{"a REPEATABLE READ snapshot", func(ctx context.Context, f *fixture, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT count(*) FROM `+f.table.Ident())
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := setupOwnDatabase(t)
+			a, n := newFake(TargetAMQP), newFake(TargetNATS)
+			n.setDown(Unavailable(errors.New("nats: disconnected")))
+			const batch = 100
+			r, cancel, stopped := f.start(Config{Sinks: []Sink{a, n}, BatchSize: batch, Workers: 2, PollInterval: time.Second})
+
+			held, err := f.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Rollback(ctx) //nolint:errcheck // a hold only
+			if err := tc.hold(ctx, f, held); err != nil {
+				t.Fatal(err)
+			}
+			// The outage: rows, keyed and not, reach RabbitMQ and move to the
+			// owed table; then every one of them reaches JetStream.
+			const rows = 10000
+			for i := range rows / 200 {
+				if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload, key)
+					SELECT 'orders.created', '\x00', CASE WHEN g % 2 = 0 THEN 'k' || (g % 40) END
+					FROM generate_series(@from, @from + 199) g`, pgx.NamedArgs{"from": i * 200}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testenv.Eventually(t, time.Minute, func() bool { return a.total() == rows }, "amqp did not get every row while nats was down")
+			n.setDown(nil)
+			testenv.Eventually(t, time.Minute, func() bool { return f.countDone() == rows }, "nats did not catch up on the owed rows")
+			// Rows after it lift the floors past it, once the outbox's recheck
+			// passed the rows the outage's batches held: every PollInterval,
+			// or a hundred times what it took (over the outage's dead rows).
+			var last string
+			past := func() bool {
+				r.floor.mu.Lock()
+				defer r.floor.mu.Unlock()
+				if s := fmt.Sprintf("owed floors: unkeyed %d, keyed %d; the outbox's rechecked to %d, %d held",
+					r.floor.safe, r.floor.keyed.owed, r.floor.fresh.rechecked, len(r.floor.fresh.held)); s != last {
+					t.Log(s)
+					last = s
+				}
+				return r.floor.safe >= rows && r.floor.keyed.owed >= rows
+			}
+			after := 0
+			testenv.Eventually(t, 3*time.Minute, func() bool {
+				after += 10
+				f.insert(10, "orders.after")
+				testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == rows+after }, "rows after the outage not delivered")
+				return past()
+			}, "the owed table's floors never passed the outage's rows")
+			cancel()
+			<-stopped
+
+			var pages int64
+			if err := f.pool.QueryRow(ctx, `SELECT pg_relation_size(@owed::regclass) / current_setting('block_size')::int`,
+				pgx.NamedArgs{"owed": f.table.Owed()}).Scan(&pages); err != nil {
+				t.Fatal(err)
+			}
+			claimBlocks := func(fl floors) float64 {
+				t.Helper()
+				tx, err := f.pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback(ctx) //nolint:errcheck // a plan only
+				return planBlocks(t, tx, r.store.sql.Claim, pgx.StrictStructArgs(outboxsql.ClaimParams{
+					AMQPActive: true, NATSActive: true, BatchSize: batch, KeyedWindow: keyWindow * batch, KeyedRows: batch / 2,
+					OwedFloor: fl.owed, OwedSafe: fl.owedSafe, OwedKeyedFloor: fl.owedKeyed,
+					FreshFrom: fl.fresh.from, FreshTo: math.MaxInt64, KeyedFloor: fl.keyed,
+				}))
+			}
+			fl := r.floor.begin(time.Unix(0, r.floor.lastOldestWalk)) // an ordinary claim's, not a walk from the oldest row
+			r.floor.end(fl, true)
+			if fl.fresh.belowFloor || fl.owed == 0 {
+				t.Fatalf("floors %+v: want an ordinary claim's", fl)
+			}
+			ours := claimBlocks(fl)
+			oldest := claimBlocks(floors{fresh: fl.fresh, keyed: fl.keyed})
+			t.Logf("owed table: %d pages, every row dead; a claim reads %.0f blocks from the floors (owed %d, safe %d, keyed %d), %.0f from the oldest owed row",
+				pages, ours, fl.owed, fl.owedSafe, fl.owedKeyed, oldest)
+			if ours*4 > oldest {
+				t.Errorf("a claim reads %.0f blocks from the owed floors, %.0f from the oldest row: it steps over the %d rows the outage left", ours, oldest, rows)
+			}
+			if err := held.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := n.total(); got < rows {
+				t.Fatalf("nats got %d rows, want %d", got, rows)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -44,60 +45,89 @@ func TestClaimFloorStart(t *testing.T) {
 	}
 }
 
-// advance after a claim: full claims move the high-water mark, short ones
-// propose the safe floor, taken once seenXmin passes their snapshot's xmax.
+// advance after a claim: full claims move the high-water mark; safe rises
+// to just below the lowest row still owed the claim saw, or to where the
+// outbox's rows may still start; a short claim sends the mark there.
 func TestClaimFloorAdvance(t *testing.T) {
 	t.Parallel()
-	type state struct {
-		highWater, safe int64
-		tops            []floorCandidate
-		seenXmin        int64
-	}
+	type state struct{ highWater, safe int64 }
 	for _, tc := range []struct {
 		name   string
 		before state
 		rows   []*claimed
 		floor  int64
+		fresh  int64 // the outbox's lowest row that may still move to the owed table
 		snap   snapshot
 		want   state
 	}{
 		{"full claim from 0 lowers the mark to its top",
-			state{highWater: 500, safe: 400, tops: []floorCandidate{{top: 450, xmax: 9}}},
-			unkeyed(10, 11, 12), 0, snapshot{xmin: 5, xmax: 6},
-			state{highWater: 12, safe: 12, seenXmin: 5}},
+			state{highWater: 500, safe: 400}, unkeyed(10, 11, 12), 0, 900, snapshot{owedLow: 10},
+			state{highWater: 12, safe: 9}},
 		{"full claim from the mark raises it",
-			state{highWater: 100, safe: 50},
-			unkeyed(101, 102, 103), 100, snapshot{xmin: 5, xmax: 6},
-			state{highWater: 103, safe: 50, seenXmin: 5}},
+			state{highWater: 100, safe: 50}, unkeyed(101, 102, 103), 100, 900, snapshot{owedLow: 60},
+			state{highWater: 103, safe: 59}},
 		{"full claim below the mark keeps it",
-			state{highWater: 200, safe: 50},
-			unkeyed(101, 102, 103), 100, snapshot{},
-			state{highWater: 200, safe: 50}},
-		{"short claim from the safe floor waits for its transactions",
-			state{highWater: 90, safe: 50},
-			unkeyed(60, 70), 50, snapshot{xmin: 5, xmax: 8},
-			state{highWater: 50, safe: 50, tops: []floorCandidate{{top: 70, xmax: 8}}, seenXmin: 5}},
-		{"short claim candidate accepted once seenXmin passes xmax",
-			state{highWater: 50, safe: 50, tops: []floorCandidate{{top: 70, xmax: 8}}, seenXmin: 5},
-			nil, 50, snapshot{xmin: 8, xmax: 9},
-			state{highWater: 70, safe: 70, seenXmin: 8}},
-		{"short claim above the safe floor proposes nothing",
-			state{highWater: 90, safe: 50},
-			unkeyed(95), 90, snapshot{xmin: 100, xmax: 101},
-			state{highWater: 50, safe: 50, seenXmin: 100}},
-		{"seenXmin never goes back",
-			state{highWater: 50, safe: 50, seenXmin: 20},
-			nil, 50, snapshot{xmin: 10, xmax: 11},
-			state{highWater: 50, safe: 50, seenXmin: 20}},
+			state{highWater: 200, safe: 50}, unkeyed(101, 102, 103), 100, 900, snapshot{owedLow: 60},
+			state{highWater: 200, safe: 59}},
+		{"short claim, rows still owed: below the lowest",
+			state{highWater: 90, safe: 50}, unkeyed(60, 70), 50, 900, snapshot{owedLow: 60},
+			state{highWater: 59, safe: 59}},
+		{"short claim, nothing owed: to where the outbox's rows may start",
+			state{highWater: 90, safe: 50}, unkeyed(60, 70), 50, 900, snapshot{},
+			state{highWater: 900, safe: 900}},
+		{"past a long transaction: its xid is not waited for",
+			state{highWater: 50, safe: 50}, nil, 50, 900, snapshot{xmin: 5, xmax: 90, xip: []int64{5}},
+			state{highWater: 900, safe: 900}},
+		{"the outbox's rows may start lower: safe follows them down",
+			state{highWater: 500, safe: 500}, nil, 500, 300, snapshot{},
+			state{highWater: 300, safe: 300}},
 	} {
 		f := newClaimFloor(3, time.Second)
-		f.highWater, f.safe, f.tops, f.seenXmin = tc.before.highWater, tc.before.safe, tc.before.tops, tc.before.seenXmin
+		f.highWater, f.safe = tc.before.highWater, tc.before.safe
+		f.fresh.next, f.fresh.rechecked = tc.fresh, tc.fresh
 		f.advance(tc.rows, tc.floor, tc.snap, time.Millisecond)
-		got := state{f.highWater, f.safe, f.tops, f.seenXmin}
-		if got.highWater != tc.want.highWater || got.safe != tc.want.safe || got.seenXmin != tc.want.seenXmin ||
-			len(got.tops) != len(tc.want.tops) || (len(got.tops) > 0 && got.tops[0] != tc.want.tops[0]) {
+		if got := (state{f.highWater, f.safe}); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// The owed table's floors in what begin hands a claim: the walk from the
+// oldest row probes from there, keyed walks too; a sweep walks none of it.
+func TestClaimFloorOwedFloors(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	f := newClaimFloor(10, time.Hour)
+	f.lastOldestWalk, f.highWater, f.safe, f.keyed.owed = now.UnixNano(), 70, 60, 40
+	fl := f.begin(now)
+	f.end(fl, true)
+	if fl.owed != 70 || fl.owedSafe != 60 || fl.owedKeyed != 40 {
+		t.Errorf("ordinary claim: owed %d safe %d keyed %d, want 70 60 40", fl.owed, fl.owedSafe, fl.owedKeyed)
+	}
+	f.lastOldestWalk = now.Add(-time.Hour).UnixNano()
+	fl = f.begin(now)
+	f.end(fl, true)
+	if fl.owed != 0 || fl.owedSafe != 0 || fl.owedKeyed != 0 {
+		t.Errorf("walk from the oldest row: owed %d safe %d keyed %d, want 0 0 0", fl.owed, fl.owedSafe, fl.owedKeyed)
+	}
+	f.fresh.gaps = []span{{1, 2}} // far below next: a sweep
+	f.fresh.next = 1 << 20
+	fl = f.begin(now)
+	f.end(fl, false)
+	if !fl.fresh.belowFloor || fl.owed != math.MaxInt64 || fl.owedSafe != math.MaxInt64 || fl.owedKeyed != math.MaxInt64 {
+		t.Errorf("sweep %+v: want the owed table's walks and probes past every row", fl)
+	}
+
+	// A batch that moved the outbox's rows to the owed table below safe
+	// sends the owed walks back to them.
+	f.highWater, f.safe = 500, 400
+	f.movedToOwed(120)
+	if f.safe != 119 || f.highWater != 119 {
+		t.Errorf("after rows moved from 120: safe %d mark %d, want 119 119", f.safe, f.highWater)
+	}
+	f.movedToOwed(450)
+	if f.safe != 119 {
+		t.Errorf("rows moved above safe lowered it to %d", f.safe)
 	}
 }
 
@@ -135,18 +165,6 @@ func TestClaimFloorCheapWalk(t *testing.T) {
 		if f.oldestWalkCheap != tc.want {
 			t.Errorf("%s: cheap %v, want %v", tc.name, f.oldestWalkCheap, tc.want)
 		}
-	}
-}
-
-// A full tops list drops new candidates: the floor is only delayed.
-func TestClaimFloorBoundsCandidates(t *testing.T) {
-	t.Parallel()
-	f := newClaimFloor(1000, time.Second)
-	for i := range maxFloorCandidates + 10 {
-		f.advance(unkeyed(int64(i+1)), 0, snapshot{xmin: 1, xmax: 100}, 0)
-	}
-	if len(f.tops) != maxFloorCandidates {
-		t.Fatalf("%d candidates, want at most %d", len(f.tops), maxFloorCandidates)
 	}
 }
 

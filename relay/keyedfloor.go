@@ -8,6 +8,11 @@ type keyedFloor struct {
 	// transaction in pending; advance raises it to just below the lowest
 	// keyed row a claim saw above it.
 	floor int64
+	// Every keyed row owed in the owed table lies above owed, but for rows
+	// put back from parked: it is floor, or just below the lowest such row
+	// a claim saw above it. Rows move there only from the outbox, from
+	// above floor.
+	owed int64
 	// pending maps each transaction running when floor rose to where its
 	// rows may start; a claim that sees it ended sends floor back there.
 	pending pendingTxs
@@ -32,5 +37,9 @@ func (k *keyedFloor) advance(snap snapshot, visible int64) {
 	// once.
 	for _, from := range k.pending.ended(snap) {
 		k.floor = min(k.floor, from)
+	}
+	k.owed = k.floor
+	if snap.owedKeyedLow > 0 {
+		k.owed = min(k.owed, snap.owedKeyedLow-1)
 	}
 }

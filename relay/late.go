@@ -84,9 +84,12 @@ func (r *Relay) recordLateSet(sctx context.Context, t Target, ids []string, stop
 			limit = lateStopGrace // the process is on its way out
 		}
 		ctx, cancel := context.WithTimeout(sctx, limit)
-		n, err := r.store.recordLate(ctx, r.pool, t, ids, r.phase.now(), lockWait, r.cfg.Routes)
+		n, moved, err := r.store.recordLate(ctx, r.pool, t, ids, r.phase.now(), lockWait, r.cfg.Routes)
 		cancel()
 		if err == nil {
+			if moved >= 0 {
+				r.floor.movedToOwed(moved)
+			}
 			r.cfg.Metrics.LateConfirmed(t, len(ids))
 			r.log.Info("late confirms recorded", "target", string(t), "confirms", len(ids), "rows_marked", n)
 			return

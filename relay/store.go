@@ -44,12 +44,15 @@ type claimed struct {
 // running, the first transaction id not yet assigned, and the transactions
 // running between them; and what it showed of the outbox: the lowest keyed
 // row above the keyed floor (0: none), or, to a recheck, the rows it saw and
-// did not take.
+// did not take; and of the owed table: its lowest unkeyed and keyed rows
+// still owed above the owed floors (0: none).
 type snapshot struct {
-	xmin, xmax int64
-	xip        []int64
-	keyedLow   int64
-	left       []int64
+	xmin, xmax   int64
+	xip          []int64
+	keyedLow     int64
+	left         []int64
+	owedLow      int64
+	owedKeyedLow int64
 }
 
 // running reports whether transaction x ran at the snapshot.
@@ -84,7 +87,7 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 	} else {
 		b.Queue(s.sql.Claim, pgx.StrictStructArgs(outboxsql.ClaimParams{
 			AMQPActive: active.AMQP, NATSActive: active.NATS, BatchSize: limit, SkipParkedKeys: skipParked,
-			KeyedWindow: window, KeyedRows: keyed, OwedFloor: fl.owed, HeldIDs: held,
+			KeyedWindow: window, KeyedRows: keyed, OwedFloor: fl.owed, OwedSafe: fl.owedSafe, OwedKeyedFloor: fl.owedKeyed, HeldIDs: held,
 			FreshFrom: fl.fresh.from, FreshTo: to, KeyedFloor: fl.keyed,
 		}))
 	}
@@ -105,19 +108,17 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 		c := &claimed{}
 		var key, headers *string
 		var exchange, routingKey, subject, stream *string
-		var xmin, xmax, keyedLow *int64
+		var xmin, xmax, keyedLow, owedLow, owedKeyedLow *int64
 		var xip, left []int64
 		if err := rows.Scan(&c.msg.ID, &c.msg.MessageID, &c.msg.Topic, &key, &headers, &c.msg.Payload,
 			&c.msg.CreatedAt, &c.attempts.AMQP, &c.attempts.NATS, &c.delivered.AMQP, &c.delivered.NATS, &c.fresh,
 			&exchange, &routingKey, &subject, &stream,
-			&c.want.AMQP, &c.want.NATS, &xmin, &xmax, &xip, &keyedLow, &left); err != nil {
+			&c.want.AMQP, &c.want.NATS, &xmin, &xmax, &xip, &keyedLow, &left, &owedLow, &owedKeyedLow); err != nil {
 			return nil, snap, fmt.Errorf("claim batch: scan: %w", err)
 		}
 		if xmin != nil { // the statement's snapshot, not a row
-			snap = snapshot{xmin: *xmin, xmax: *xmax, xip: xip, left: left}
-			if keyedLow != nil {
-				snap.keyedLow = *keyedLow
-			}
+			snap = snapshot{xmin: *xmin, xmax: *xmax, xip: xip, left: left,
+				keyedLow: deref(keyedLow), owedLow: deref(owedLow), owedKeyedLow: deref(owedKeyedLow)}
 			continue
 		}
 		if key != nil {
@@ -148,11 +149,13 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 	return out, snap, nil
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return ""
+// deref is *p, or the zero value for nil (a NULL column).
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
 	}
-	return *s
+	return *p
 }
 
 // decodeHeaders turns the headers column into a string map, or says why it
@@ -256,43 +259,46 @@ func (b *batchRecord) params() outboxsql.RecordParams {
 // recordLate records that target t has the rows of msgIDs (their confirms
 // came after their batches gave up), in a transaction of its own: rows every
 // enabled target now has leave the outbox as a batch's do. It returns how
-// many rows it marked.
+// many rows it marked, and the lowest it moved from the outbox (-1: none).
 //
 // It waits for a row's lock at most lockWait: a batch in flight holds its
 // rows for up to its publish timeout and its record.
 //
 // A row it moves from the outbox gets the route routes resolves for it (nil:
 // none): this process published it, with these routes.
-func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, msgIDs []string, enabled phase, lockWait time.Duration, routes *route.Table) (int, error) {
+func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, msgIDs []string, enabled phase, lockWait time.Duration, routes *route.Table) (marked int, moved int64, err error) {
+	moved = -1
 	tx, err := pool.Begin(ctx)
 	if err != nil {
-		return 0, err
+		return 0, moved, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
 	lockTimeout := outboxsql.LockTimeoutParams{LockTimeout: fmt.Sprintf("%dms", lockWait.Milliseconds())}
 	if _, err := tx.Exec(ctx, outboxsql.LockTimeout, pgx.StrictStructArgs(lockTimeout)); err != nil {
-		return 0, err
+		return 0, moved, err
 	}
 	late := outboxsql.LateParams{MessageIDs: msgIDs}
 	if _, err := tx.Exec(ctx, s.sql.LateWait, pgx.StrictStructArgs(late)); err != nil {
-		return 0, err
+		return 0, moved, err
 	}
 	rows, err := tx.Query(ctx, s.sql.Late.Get(string(t)), pgx.StrictStructArgs(late))
 	if err != nil {
-		return 0, err
+		return 0, moved, err
 	}
 	done := newBatchRecord(0, enabled)
 	routed := newBatchRecord(0, enabled) // the moved rows still owed, and their routes
-	marked := 0
 	for rows.Next() {
 		var id int64
 		var has perTarget[bool]
 		var topic, headers *string
 		if err := rows.Scan(&id, &has.AMQP, &has.NATS, &topic, &headers); err != nil {
 			rows.Close()
-			return 0, err
+			return 0, moved, err
 		}
 		marked++
+		if topic != nil && (moved < 0 || id < moved) { // moved from the outbox
+			moved = id
+		}
 		if topic != nil && routes != nil {
 			var h map[string]string
 			if headers != nil {
@@ -310,22 +316,22 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, ms
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, err
+		return 0, moved, err
 	}
 	if len(routed.ids) > 0 {
 		if _, err := tx.Exec(ctx, s.sql.LateRoute, pgx.StrictStructArgs(outboxsql.LateRouteParams{
 			IDs: routed.ids, RouteExchanges: routed.route[0], RouteRoutingKeys: routed.route[1],
 			RouteSubjects: routed.route[2], RouteStreams: routed.route[3],
 		})); err != nil {
-			return 0, err
+			return 0, moved, err
 		}
 	}
 	if len(done.doneIDs) > 0 {
 		if _, err := tx.Exec(ctx, s.sql.Record, pgx.StrictStructArgs(done.params())); err != nil {
-			return 0, err
+			return 0, moved, err
 		}
 	}
-	return marked, tx.Commit(ctx)
+	return marked, moved, tx.Commit(ctx)
 }
 
 // record writes a batch's outcomes and commits its transaction, in one

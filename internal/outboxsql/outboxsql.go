@@ -298,6 +298,8 @@ type targetData struct {
 	Enabled string // the claim's parameter saying whether it is active
 	Bound   *bound // for a claim walk bounded by another (see "below")
 	Row     string // the row a per-row predicate is about (see "keyFree")
+	Key     string // NULL or NOT NULL: the rows a probe is about (see "lowestOwed")...
+	Floor   string // ...above this parameter
 }
 
 // Of is d for a predicate about row, a table or an alias.
@@ -316,6 +318,13 @@ func (d targetData) Below(walk, limit string) targetData {
 // the owed table, and fresh of the outbox.
 func (d targetData) First(cols, fresh string, n int) pending {
 	return pending{targetData: d, Cols: cols, Fresh: fresh, N: n}
+}
+
+// Above is d for a probe of the rows whose key IS key (NULL or NOT NULL)
+// above parameter floor.
+func (d targetData) Above(key, floor string) targetData {
+	d.Key, d.Floor = key, floor
+	return d
 }
 
 type bound struct{ Walk, Limit string }

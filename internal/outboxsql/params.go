@@ -17,6 +17,8 @@ type ClaimParams struct {
 	KeyedWindow    int     `db:"keyed_window"`     // the oldest keyed rows per target the heads are looked for in
 	KeyedRows      int     `db:"keyed_rows"`       // keyed rows per target the batch takes at most
 	OwedFloor      int64   `db:"owed_floor"`       // the owed table's unkeyed walks take ids above it
+	OwedSafe       int64   `db:"owed_safe"`        // the owed table's lowest unkeyed row owed is looked for above it
+	OwedKeyedFloor int64   `db:"owed_keyed_floor"` // the owed table's keyed walks, and its lowest keyed row owed, above it
 	HeldIDs        []int64 `db:"held_ids"`         // rows this relay's batches in flight hold: not tried
 	FreshFrom      int64   `db:"fresh_from"`       // the outbox's unkeyed walk takes ids above it...
 	FreshTo        int64   `db:"fresh_to"`         // ...up to this one

@@ -5,8 +5,9 @@
 -- (docs/design.md, "The claim statement"). Parameters: ClaimParams. The
 -- first row is the statement's snapshot (id 0, an empty message id): its
 -- xmin, xmax and running transaction ids, the outbox's lowest keyed row
--- above @keyed_floor, and NULL (see Recheck); the claimed rows leave them
--- NULL.
+-- above @keyed_floor, NULL (see Recheck), and the owed table's lowest
+-- unkeyed row above @owed_safe and keyed row above @owed_keyed_floor still
+-- owed to a target; the claimed rows leave them NULL.
 {{define "Claim"}}
 WITH amqp_heads AS MATERIALIZED ({{template "heads" .AMQP}}
 ), amqp_keyed AS (
@@ -14,7 +15,7 @@ WITH amqp_heads AS MATERIALIZED ({{template "heads" .AMQP}}
 		(@nats_active::boolean AND {{template "claimable" .NATS}} AND {{template "keyFree" (.NATS.Of .Owed)}}) AS want_nats
 	FROM {{.Owed}}
 	WHERE id = ANY (ARRAY(SELECT id FROM amqp_heads EXCEPT SELECT unnest(@held_ids::bigint[])))
-	  AND key IS NOT NULL AND {{template "claimable" .AMQP}} AND {{template "noFreshBefore" .}}
+	  AND {{template "claimable" .AMQP}} AND {{template "noFreshBefore" .}}
 	ORDER BY id LIMIT @keyed_rows FOR UPDATE SKIP LOCKED
 ), amqp_unkeyed AS (
 	SELECT {{template "claimColumns"}}, true AS want_amqp,
@@ -34,7 +35,7 @@ WITH amqp_heads AS MATERIALIZED ({{template "heads" .AMQP}}
 	SELECT {{template "claimColumns"}}, false AS want_amqp, true AS want_nats
 	FROM {{.Owed}}
 	WHERE id = ANY (ARRAY(SELECT id FROM nats_heads EXCEPT SELECT id FROM amqp_heads EXCEPT SELECT unnest(@held_ids::bigint[])))
-	  AND key IS NOT NULL AND {{template "claimable" .NATS}} AND {{template "noFreshBefore" .}}
+	  AND {{template "claimable" .NATS}} AND {{template "noFreshBefore" .}}
 	  AND id NOT IN (SELECT id FROM amqp_keyed)
 	ORDER BY id LIMIT @keyed_rows FOR UPDATE SKIP LOCKED
 ), fresh_heads AS MATERIALIZED ({{template "freshHeads" .}}
@@ -58,10 +59,12 @@ WITH amqp_heads AS MATERIALIZED ({{template "heads" .AMQP}}
 SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false,
 	NULL::text, NULL::text, NULL::text, NULL::text, false, false,
 	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
-	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > @keyed_floor::bigint), NULL::bigint[]
+	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > @keyed_floor::bigint), NULL::bigint[],
+	least({{template "lowestOwed" (.AMQP.Above "NULL" "@owed_safe")}}, {{template "lowestOwed" (.NATS.Above "NULL" "@owed_safe")}}),
+	least({{template "lowestOwed" (.AMQP.Above "NOT NULL" "@owed_keyed_floor")}}, {{template "lowestOwed" (.NATS.Above "NOT NULL" "@owed_keyed_floor")}})
 FROM snap
 UNION ALL
-SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[]
+SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 FROM (SELECT * FROM amqp_keyed UNION ALL SELECT * FROM amqp_unkeyed UNION ALL SELECT * FROM nats_unkeyed UNION ALL SELECT * FROM nats_keyed
 	UNION ALL SELECT * FROM fresh_keyed UNION ALL SELECT * FROM fresh_unkeyed) c
 {{end}}
@@ -86,10 +89,10 @@ WITH seen AS MATERIALIZED (
 SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false,
 	NULL::text, NULL::text, NULL::text, NULL::text, false, false,
 	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
-	NULL::bigint, ARRAY(SELECT id FROM seen WHERE id NOT IN (SELECT id FROM fresh_unkeyed) ORDER BY id)
+	NULL::bigint, ARRAY(SELECT id FROM seen WHERE id NOT IN (SELECT id FROM fresh_unkeyed) ORDER BY id), NULL::bigint, NULL::bigint
 FROM snap
 UNION ALL
-SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[] FROM fresh_unkeyed
+SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint FROM fresh_unkeyed
 {{end}}
 
 -- claimColumns: what the relay reads of a claimed row (store.claim scans them
@@ -110,7 +113,7 @@ SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 {{define "heads"}}WITH RECURSIVE window_keys AS MATERIALIZED (
 		SELECT key, min(id) AS id, count(*) AS n FROM (
 			SELECT id, key FROM {{.Owed}} WHERE {{template "active" .}} AND key IS NOT NULL AND {{template "owed" .}}
-			  AND key NOT IN ({{template "waitingKeys" .}})
+			  AND id > @owed_keyed_floor::bigint AND key NOT IN ({{template "waitingKeys" .}})
 			ORDER BY id LIMIT @keyed_window) r
 		GROUP BY key
 	), skip_scan(key, id, n) AS (
@@ -127,6 +130,12 @@ SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 	SELECT id FROM window_keys
 	UNION ALL
 	SELECT id FROM skip_scan WHERE {{template "active" .}} AND key NOT IN (SELECT key FROM window_keys) AND key NOT IN ({{template "waitingKeys" .}}){{end}}
+
+-- lowestOwed: the owed table's lowest row above .Floor still owed to the
+-- target, keyed or not as .Key says: one probe of a pending index. A parked
+-- row is not: one put back (relay.RetryParked) lies below the floors until
+-- the next walk from the oldest row.
+{{define "lowestOwed"}}(SELECT min(id) FROM {{.Owed}} WHERE key IS {{.Key}} AND {{template "owed" .}} AND id > {{.Floor}}::bigint){{end}}
 
 -- active: the target is active, and for a bounded walk, below the bound.
 {{define "active"}}{{.Enabled}}{{with .Bound}} AND {{template "below" .}}{{end}}{{end}}
