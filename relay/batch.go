@@ -14,7 +14,7 @@ import (
 // next step: how many rows, how many of them keyed.
 type batchResult struct {
 	n, keyed   int
-	belowFloor bool // the claim was a sweep below the floor (freshWalk.belowFloor)
+	belowFloor bool // the claim was a sweep (floors.beside)
 }
 
 // runBatch claims, publishes and records one batch in two round trips. Once
@@ -62,14 +62,16 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 	// One claim at a time, each starting where the one before it ended; a
 	// sweep below them runs beside them.
 	fl := r.floor.begin(time.Now())
-	res.belowFloor = fl.fresh.belowFloor
+	res.belowFloor = fl.beside()
 	if res.belowFloor {
 		// It may walk for a while: rows committed meanwhile wake another
 		// worker (a busy one's producers do not notify), and one wakes now
 		// for those this worker's next claim would have taken.
 		w.set(workerFree)
 		r.wake.signal()
-		r.hooks.onSweeping()
+		if !fl.oldest {
+			r.hooks.onSweeping()
+		}
 	} else {
 		r.hooks.onClaiming()
 	}

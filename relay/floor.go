@@ -15,19 +15,23 @@ type claimFloor struct {
 	mu sync.Mutex
 
 	batchSize int
-	poll      time.Duration // walk from the oldest row at least this often
+	poll      time.Duration // walk the owed table from its oldest row at least this often
 	quickWalk time.Duration // ...and this often while that walk is cheap
 	cheapTook time.Duration // the longest a cheap walk from the oldest row takes
 
 	// The owed table's unkeyed walks: advance writes these after each
-	// ordinary claim, and start reads them before the next.
-	highWater       int64 // the next walks start past it
-	lastOldestWalk  int64 // unix ns of the last walk from the oldest row
-	oldestWalkCheap bool  // the last walk from the oldest row was short and quick
+	// ordinary claim, and begin reads them before the next.
+	highWater int64 // the next walks start past it
 	// Every unkeyed row owed in the owed table lies above safe, and so does
 	// every row the outbox may still move there, but for rows put back from
 	// parked: the walk from the oldest row takes those.
 	safe int64
+
+	// The owed table's walk from the oldest row, a sweep.
+	lastOldestWalk  time.Time     // when the last one started
+	oldestWalkTook  time.Duration // what it took
+	oldestWalkCheap bool          // it was short and quick
+	oldestWalking   bool          // one is in flight
 
 	fresh *freshFloor // the outbox's unkeyed walks
 	keyed *keyedFloor // the outbox's keyed walks
@@ -38,16 +42,19 @@ type claimFloor struct {
 	gen  int // reset counts itself here; claimed ignores a sweep begun before
 }
 
-// quickWalkEvery is how often, at most, claims walk from the oldest row
-// while that walk is cheap; cheapWalkTook is what counts as cheap.
+// The owed table's walk from the oldest row runs every quickWalkEvery
+// while it is cheap (a short walk under cheapWalkTook), else every poll
+// interval and at most oldestShare times what it took.
 const (
 	quickWalkEvery = 100 * time.Millisecond
 	cheapWalkTook  = 20 * time.Millisecond
+	oldestShare    = 100
 )
 
 func newClaimFloor(batchSize int, poll time.Duration) *claimFloor {
+	now := time.Now()
 	return &claimFloor{batchSize: batchSize, poll: poll, quickWalk: quickWalkEvery, cheapTook: cheapWalkTook,
-		fresh: newFreshFloor(poll, time.Now()), keyed: newKeyedFloor()}
+		lastOldestWalk: now, fresh: newFreshFloor(poll, now), keyed: newKeyedFloor()}
 }
 
 // floors is where one claim's walks start: the owed table's unkeyed walks
@@ -57,23 +64,32 @@ type floors struct {
 	owed, owedSafe, owedKeyed int64
 	fresh                     freshWalk
 	keyed                     int64
-	gen                       int
+	// oldest marks a sweep of the owed table from its oldest row: the
+	// outbox is not walked.
+	oldest bool
+	gen    int
 }
 
+// beside reports whether the claim is a sweep: it runs beside the ordinary
+// claims, without the floor's lock.
+func (fl floors) beside() bool { return fl.fresh.belowFloor || fl.oldest }
+
 // begin returns where one claim's walks start. An ordinary claim holds the
-// floor's lock until end; a sweep (fl.fresh.belowFloor) does not: it walks
-// only the outbox, below where the ordinary claims start.
+// floor's lock until end; a sweep (fl.beside) does not: it walks only the
+// outbox below where the ordinary claims start, or only the owed table from
+// its oldest row.
 func (f *claimFloor) begin(now time.Time) floors {
 	f.mu.Lock()
 	if w, ok := f.fresh.startSweep(now); ok {
 		f.mu.Unlock()
 		return floors{owed: math.MaxInt64, owedSafe: math.MaxInt64, owedKeyed: math.MaxInt64, fresh: w, keyed: math.MaxInt64, gen: f.gen}
 	}
-	fl := floors{owed: f.start(now), owedSafe: f.safe, owedKeyed: f.keyed.owed, fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen}
-	if fl.owed == 0 { // the walk from the oldest row: the keyed walks too
-		fl.owedSafe, fl.owedKeyed = 0, 0
+	if f.oldestWalkDue(now) {
+		f.lastOldestWalk, f.oldestWalking = now, true
+		f.mu.Unlock()
+		return floors{oldest: true, fresh: freshWalk{from: math.MaxInt64}, keyed: math.MaxInt64, gen: f.gen}
 	}
-	return fl
+	return floors{owed: f.highWater, owedSafe: f.safe, owedKeyed: f.keyed.owed, fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen}
 }
 
 // claimed places the next claims after one that walked from fl under snap
@@ -81,10 +97,14 @@ func (f *claimFloor) begin(now time.Time) floors {
 // went back since the claim before.
 func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took time.Duration) (reset bool) {
 	wholeBatch := len(rows) >= f.batchSize
-	if fl.fresh.belowFloor {
+	if fl.beside() {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		if fl.gen == f.gen {
+		switch {
+		case fl.gen != f.gen:
+		case fl.oldest:
+			f.walkedFromOldest(snap, wholeBatch, took)
+		default:
 			f.fresh.swept(rows, fl.fresh, snap, wholeBatch, took)
 		}
 		return false
@@ -98,20 +118,24 @@ func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took tim
 	f.xmax = snap.xmax
 	f.fresh.advance(rows, fl.fresh, snap, wholeBatch, took)
 	f.keyed.advance(snap, f.fresh.safe)
-	f.advance(rows, fl.owed, snap, took)
+	f.advance(rows, snap)
 	return false
 }
 
 // end ends the claim begin started: claimed, or not (ok false).
 func (f *claimFloor) end(fl floors, ok bool) {
-	if !fl.fresh.belowFloor {
+	if !fl.beside() {
 		f.mu.Unlock()
 		return
 	}
 	if !ok {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		if fl.gen == f.gen {
+		switch {
+		case fl.gen != f.gen:
+		case fl.oldest:
+			f.oldestWalking = false
+		default:
 			f.fresh.unsweep(fl.fresh)
 		}
 	}
@@ -122,7 +146,8 @@ func (f *claimFloor) end(fl floors, ok bool) {
 // the last transactions, a restore): its ids may come again, below the
 // floors.
 func (f *claimFloor) reset() {
-	f.highWater, f.lastOldestWalk, f.oldestWalkCheap, f.safe = 0, 0, false, 0
+	f.highWater, f.safe = 0, 0
+	f.lastOldestWalk, f.oldestWalkTook, f.oldestWalkCheap, f.oldestWalking = time.Now(), 0, false, false
 	f.fresh, f.keyed = newFreshFloor(f.poll, time.Now()), newKeyedFloor()
 	f.xmax = 0
 	f.gen++
@@ -133,7 +158,7 @@ func (f *claimFloor) reset() {
 func (f *claimFloor) sweepDue(now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.fresh.sweepDue(now)
+	return f.fresh.sweepDue(now) || f.oldestWalkDue(now)
 }
 
 // walkBack leaves a gap in the outbox's walks from row id on: a batch of
@@ -161,49 +186,52 @@ func (f *claimFloor) lowestFresh() int64 {
 	return f.fresh.lowest()
 }
 
-// start is where a claim's unkeyed walks start: the high-water mark, or 0
-// (the oldest row) at least every poll, and every quickWalk while that walk
-// is cheap, to take what the mark skips.
-func (f *claimFloor) start(now time.Time) int64 {
-	every := int64(f.poll)
+// oldestWalkDue reports whether the owed table's walk from the oldest row
+// is due, none being in flight.
+func (f *claimFloor) oldestWalkDue(now time.Time) bool {
+	if f.oldestWalking {
+		return false
+	}
+	every := max(f.poll, oldestShare*f.oldestWalkTook)
 	if f.oldestWalkCheap {
-		every = min(every, int64(f.quickWalk))
+		every = min(f.poll, f.quickWalk)
 	}
-	if now.UnixNano()-f.lastOldestWalk >= every {
-		f.lastOldestWalk = now.UnixNano()
-		return 0
-	}
-	return f.highWater
+	return now.Sub(f.lastOldestWalk) >= every
 }
 
-// advance places the owed table's next walks after a claim from floor that
-// took rows (the owed table's unkeyed ones count) in took under snap, after
-// the outbox's floors moved: a full claim moves the high-water mark; safe
-// rises to just below the lowest row still owed the claim saw, or to where
-// the outbox's rows may still start (docs/design.md, "The claim floor").
-func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot, took time.Duration) {
-	wholeBatch := len(rows) >= f.batchSize
-	if floor == 0 {
-		f.oldestWalkCheap = !wholeBatch && took < f.cheapTook
+// walkedFromOldest ends the owed table's walk from the oldest row, which
+// took what it could under snap in took: the floors go back to any row still
+// owed below them, and the ordinary claims take it (a whole batch: the rest).
+func (f *claimFloor) walkedFromOldest(snap snapshot, wholeBatch bool, took time.Duration) {
+	f.oldestWalking = false
+	f.oldestWalkTook, f.oldestWalkCheap = took, !wholeBatch && took < f.cheapTook
+	if snap.owedLow > 0 && snap.owedLow-1 < f.safe {
+		f.safe = snap.owedLow - 1
+		f.highWater = min(f.highWater, f.safe)
 	}
-	var top int64
-	for _, c := range rows {
-		if !c.msg.HasKey && !c.fresh {
-			top = max(top, c.msg.ID)
-		}
+	if snap.owedKeyedLow > 0 {
+		f.keyed.owed = min(f.keyed.owed, snap.owedKeyedLow-1)
 	}
+}
+
+// advance places the owed table's next unkeyed walks after an ordinary
+// claim that took rows under snap, after the outbox's floors moved: a full
+// claim moves the high-water mark; safe rises to just below the lowest row
+// still owed the claim saw, or to where the outbox's rows may still start
+// (docs/design.md, "The claim floor"), and a short claim starts the next
+// walk there.
+func (f *claimFloor) advance(rows []*claimed, snap snapshot) {
 	f.safe = f.fresh.lowest()
 	if snap.owedLow > 0 {
 		f.safe = min(f.safe, snap.owedLow-1)
 	}
-	switch {
-	case wholeBatch && floor == 0:
-		// More claimable rows below the mark than a batch (a target back
-		// from an outage, retries falling due): walk on from here.
-		f.highWater = top
-	case wholeBatch:
-		f.highWater = max(f.highWater, top)
-	default:
+	if len(rows) < f.batchSize {
 		f.highWater = f.safe
+		return
+	}
+	for _, c := range rows {
+		if !c.msg.HasKey && !c.fresh {
+			f.highWater = max(f.highWater, c.msg.ID)
+		}
 	}
 }

@@ -417,9 +417,9 @@ func TestOwedWalksPassWhatAnOutageLeftDead(t *testing.T) {
 					FreshFrom: fl.fresh.from, FreshTo: math.MaxInt64, KeyedFloor: fl.keyed,
 				}))
 			}
-			fl := r.floor.begin(time.Unix(0, r.floor.lastOldestWalk)) // an ordinary claim's, not a walk from the oldest row
+			fl := r.floor.begin(r.floor.lastOldestWalk) // an ordinary claim's, not a walk from the oldest row
 			r.floor.end(fl, true)
-			if fl.fresh.belowFloor || fl.owed == 0 {
+			if fl.beside() {
 				t.Fatalf("floors %+v: want an ordinary claim's", fl)
 			}
 			ours := claimBlocks(fl)

@@ -14,40 +14,88 @@ func unkeyed(ids ...int64) []*claimed {
 	return rows
 }
 
-// The claim floor's start: from the oldest row every PollInterval (every
-// quickWalk while that walk is cheap), else from the high-water mark.
-func TestClaimFloorStart(t *testing.T) {
+// The owed table's walk from the oldest row is a sweep, due every
+// PollInterval, every quickWalk while it is cheap, and at most oldestShare
+// times what it took; one at a time.
+func TestClaimFloorOldestWalkDue(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	for _, tc := range []struct {
-		name      string
-		cheap     bool
-		lastWalk  time.Duration // before now
-		highWater int64
-		want      int64
+		name     string
+		cheap    bool
+		took     time.Duration
+		lastWalk time.Duration // before now
+		walking  bool
+		want     bool
 	}{
-		{"first claim walks from the oldest row", false, 1000 * time.Second, 50, 0},
-		{"within PollInterval: the mark", false, 500 * time.Millisecond, 50, 50},
-		{"PollInterval passed: the oldest row", false, time.Second, 50, 0},
-		{"cheap walk, quickWalk passed: the oldest row", true, 100 * time.Millisecond, 50, 0},
-		{"cheap walk, within quickWalk: the mark", true, 50 * time.Millisecond, 50, 50},
-		{"not cheap, quickWalk passed: the mark", false, 100 * time.Millisecond, 50, 50},
+		{"within PollInterval", false, time.Millisecond, 500 * time.Millisecond, false, false},
+		{"PollInterval passed", false, time.Millisecond, time.Second, false, true},
+		{"cheap, quickWalk passed", true, time.Millisecond, 100 * time.Millisecond, false, true},
+		{"cheap, within quickWalk", true, time.Millisecond, 50 * time.Millisecond, false, false},
+		{"not cheap, quickWalk passed", false, 30 * time.Millisecond, 100 * time.Millisecond, false, false},
+		{"slow: PollInterval passed, not 100 times what it took", false, 50 * time.Millisecond, 4 * time.Second, false, false},
+		{"slow: 100 times what it took passed", false, 50 * time.Millisecond, 5 * time.Second, false, true},
+		{"one in flight", false, time.Millisecond, time.Hour, true, false},
 	} {
 		f := newClaimFloor(10, time.Second)
-		f.oldestWalkCheap, f.highWater = tc.cheap, tc.highWater
-		f.lastOldestWalk = t0.Add(-tc.lastWalk).UnixNano()
-		if got := f.start(t0); got != tc.want {
-			t.Errorf("%s: start %d, want %d", tc.name, got, tc.want)
+		f.oldestWalkCheap, f.oldestWalkTook, f.oldestWalking = tc.cheap, tc.took, tc.walking
+		f.lastOldestWalk = t0.Add(-tc.lastWalk)
+		fl := f.begin(t0)
+		f.end(fl, true)
+		if fl.oldest != tc.want || f.sweepDue(t0) {
+			t.Errorf("%s: a walk from the oldest row %v, want %v (due after: %v)", tc.name, fl.oldest, tc.want, f.sweepDue(t0))
 		}
-		if tc.want == 0 && f.lastOldestWalk != t0.UnixNano() {
-			t.Errorf("%s: a walk from the oldest row not noted", tc.name)
+		if tc.want && (fl.owed != 0 || fl.owedSafe != 0 || fl.owedKeyed != 0 || fl.fresh.from != math.MaxInt64 || fl.keyed != math.MaxInt64 || !fl.beside()) {
+			t.Errorf("%s: %+v, want the owed table from 0 and no outbox row, beside the claims", tc.name, fl)
 		}
 	}
 }
 
-// advance after a claim: full claims move the high-water mark; safe rises
-// to just below the lowest row still owed the claim saw, or to where the
-// outbox's rows may still start; a short claim sends the mark there.
+// The walk from the oldest row sends the floors back to the rows still owed
+// below them; it counts as cheap when it came back short within cheapTook;
+// a failed one may run again.
+func TestClaimFloorWalkedFromOldest(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		name                   string
+		rows                   []*claimed
+		snap                   snapshot
+		took                   time.Duration
+		safe, highWater, keyed int64
+		cheap                  bool
+	}{
+		{"nothing below the floors", unkeyed(1), snapshot{owedLow: 700, owedKeyedLow: 900}, time.Millisecond, 500, 600, 400, true},
+		{"rows put back below them", unkeyed(1), snapshot{owedLow: 120, owedKeyedLow: 90}, time.Millisecond, 119, 119, 89, true},
+		{"slow", unkeyed(1), snapshot{}, time.Second, 500, 600, 400, false},
+		{"full", unkeyed(1, 2), snapshot{}, time.Millisecond, 500, 600, 400, false},
+	} {
+		f := newClaimFloor(2, time.Second)
+		f.safe, f.highWater, f.keyed.owed = 500, 600, 400
+		f.lastOldestWalk = now.Add(-time.Hour)
+		fl := f.begin(now)
+		if !fl.oldest {
+			t.Fatalf("%s: %+v, want a walk from the oldest row", tc.name, fl)
+		}
+		f.claimed(tc.rows, fl, tc.snap, tc.took)
+		f.end(fl, true)
+		if f.safe != tc.safe || f.highWater != tc.highWater || f.keyed.owed != tc.keyed || f.oldestWalkCheap != tc.cheap || f.oldestWalking {
+			t.Errorf("%s: safe %d mark %d keyed %d cheap %v walking %v; want %v %v %v %v false",
+				tc.name, f.safe, f.highWater, f.keyed.owed, f.oldestWalkCheap, f.oldestWalking, tc.safe, tc.highWater, tc.keyed, tc.cheap)
+		}
+	}
+	f := newClaimFloor(2, time.Second)
+	f.lastOldestWalk = now.Add(-time.Hour)
+	fl := f.begin(now)
+	f.end(fl, false)
+	if f.oldestWalking {
+		t.Error("a failed walk from the oldest row still in flight")
+	}
+}
+
+// advance after an ordinary claim: safe rises to just below the lowest row
+// still owed the claim saw, or to where the outbox's rows may still start;
+// a full claim moves the high-water mark, a short one sends it to safe.
 func TestClaimFloorAdvance(t *testing.T) {
 	t.Parallel()
 	type state struct{ highWater, safe int64 }
@@ -55,60 +103,51 @@ func TestClaimFloorAdvance(t *testing.T) {
 		name   string
 		before state
 		rows   []*claimed
-		floor  int64
 		fresh  int64 // the outbox's lowest row that may still move to the owed table
 		snap   snapshot
 		want   state
 	}{
-		{"full claim from 0 lowers the mark to its top",
-			state{highWater: 500, safe: 400}, unkeyed(10, 11, 12), 0, 900, snapshot{owedLow: 10},
-			state{highWater: 12, safe: 9}},
-		{"full claim from the mark raises it",
-			state{highWater: 100, safe: 50}, unkeyed(101, 102, 103), 100, 900, snapshot{owedLow: 60},
+		{"full claim raises the mark",
+			state{highWater: 100, safe: 50}, unkeyed(101, 102, 103), 900, snapshot{owedLow: 60},
 			state{highWater: 103, safe: 59}},
 		{"full claim below the mark keeps it",
-			state{highWater: 200, safe: 50}, unkeyed(101, 102, 103), 100, 900, snapshot{owedLow: 60},
+			state{highWater: 200, safe: 50}, unkeyed(101, 102, 103), 900, snapshot{owedLow: 60},
 			state{highWater: 200, safe: 59}},
 		{"short claim, rows still owed: below the lowest",
-			state{highWater: 90, safe: 50}, unkeyed(60, 70), 50, 900, snapshot{owedLow: 60},
+			state{highWater: 90, safe: 50}, unkeyed(60, 70), 900, snapshot{owedLow: 60},
 			state{highWater: 59, safe: 59}},
 		{"short claim, nothing owed: to where the outbox's rows may start",
-			state{highWater: 90, safe: 50}, unkeyed(60, 70), 50, 900, snapshot{},
+			state{highWater: 90, safe: 50}, unkeyed(60, 70), 900, snapshot{},
 			state{highWater: 900, safe: 900}},
 		{"past a long transaction: its xid is not waited for",
-			state{highWater: 50, safe: 50}, nil, 50, 900, snapshot{xmin: 5, xmax: 90, xip: []int64{5}},
+			state{highWater: 50, safe: 50}, nil, 900, snapshot{xmin: 5, xmax: 90, xip: []int64{5}},
 			state{highWater: 900, safe: 900}},
 		{"the outbox's rows may start lower: safe follows them down",
-			state{highWater: 500, safe: 500}, nil, 500, 300, snapshot{},
+			state{highWater: 500, safe: 500}, nil, 300, snapshot{},
 			state{highWater: 300, safe: 300}},
 	} {
 		f := newClaimFloor(3, time.Second)
 		f.highWater, f.safe = tc.before.highWater, tc.before.safe
 		f.fresh.next, f.fresh.rechecked = tc.fresh, tc.fresh
-		f.advance(tc.rows, tc.floor, tc.snap, time.Millisecond)
+		f.advance(tc.rows, tc.snap)
 		if got := (state{f.highWater, f.safe}); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
 }
 
-// The owed table's floors in what begin hands a claim: the walk from the
-// oldest row probes from there, keyed walks too; a sweep walks none of it.
+// What begin hands an ordinary claim: the owed table's floors; a sweep of
+// the outbox walks none of the owed table. A batch that moved the outbox's
+// rows to the owed table below safe sends the owed walks back to them.
 func TestClaimFloorOwedFloors(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
 	f := newClaimFloor(10, time.Hour)
-	f.lastOldestWalk, f.highWater, f.safe, f.keyed.owed = now.UnixNano(), 70, 60, 40
+	f.lastOldestWalk, f.highWater, f.safe, f.keyed.owed = now, 70, 60, 40
 	fl := f.begin(now)
 	f.end(fl, true)
-	if fl.owed != 70 || fl.owedSafe != 60 || fl.owedKeyed != 40 {
-		t.Errorf("ordinary claim: owed %d safe %d keyed %d, want 70 60 40", fl.owed, fl.owedSafe, fl.owedKeyed)
-	}
-	f.lastOldestWalk = now.Add(-time.Hour).UnixNano()
-	fl = f.begin(now)
-	f.end(fl, true)
-	if fl.owed != 0 || fl.owedSafe != 0 || fl.owedKeyed != 0 {
-		t.Errorf("walk from the oldest row: owed %d safe %d keyed %d, want 0 0 0", fl.owed, fl.owedSafe, fl.owedKeyed)
+	if fl.owed != 70 || fl.owedSafe != 60 || fl.owedKeyed != 40 || fl.beside() {
+		t.Errorf("ordinary claim: %+v, want owed 70 safe 60 keyed 40", fl)
 	}
 	f.fresh.gaps = []span{{1, 2}} // far below next: a sweep
 	f.fresh.next = 1 << 20
@@ -118,8 +157,6 @@ func TestClaimFloorOwedFloors(t *testing.T) {
 		t.Errorf("sweep %+v: want the owed table's walks and probes past every row", fl)
 	}
 
-	// A batch that moved the outbox's rows to the owed table below safe
-	// sends the owed walks back to them.
 	f.highWater, f.safe = 500, 400
 	f.movedToOwed(120)
 	if f.safe != 119 || f.highWater != 119 {
@@ -128,43 +165,6 @@ func TestClaimFloorOwedFloors(t *testing.T) {
 	f.movedToOwed(450)
 	if f.safe != 119 {
 		t.Errorf("rows moved above safe lowered it to %d", f.safe)
-	}
-}
-
-// Keyed rows do not move the floor: the floor places the unkeyed walks.
-func TestClaimFloorIgnoresKeyedRows(t *testing.T) {
-	t.Parallel()
-	f := newClaimFloor(2, time.Second)
-	f.highWater = 10
-	f.advance([]*claimed{{msg: Message{ID: 11}}, {msg: Message{ID: 99, HasKey: true}}}, 10, snapshot{}, 0)
-	if f.highWater != 11 {
-		t.Fatalf("high-water mark %d after a full claim of unkeyed 11 and keyed 99, want 11", f.highWater)
-	}
-}
-
-// A walk from the oldest row counts as cheap when it came back short
-// within cheapTook; only walks from the oldest row say so.
-func TestClaimFloorCheapWalk(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name  string
-		rows  []*claimed
-		floor int64
-		took  time.Duration
-		was   bool
-		want  bool
-	}{
-		{"short and quick", unkeyed(1), 0, time.Millisecond, false, true},
-		{"short but slow", unkeyed(1), 0, time.Second, true, false},
-		{"full", unkeyed(1, 2), 0, time.Millisecond, true, false},
-		{"from the mark: unchanged", unkeyed(1), 5, time.Second, true, true},
-	} {
-		f := newClaimFloor(2, time.Second)
-		f.oldestWalkCheap = tc.was
-		f.advance(tc.rows, tc.floor, snapshot{}, tc.took)
-		if f.oldestWalkCheap != tc.want {
-			t.Errorf("%s: cheap %v, want %v", tc.name, f.oldestWalkCheap, tc.want)
-		}
 	}
 }
 
