@@ -76,7 +76,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 		r.hooks.onClaiming()
 	}
 	claimStart := time.Now()
-	rows, snap, err := r.store.claim(cctx, conn, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, fl, r.held.list())
+	rows, snap, err := r.store.claim(cctx, conn, enabled, act, r.cfg.BatchSize, r.cfg.SkipParkedKeys, fl, r.held.list())
 	claimedAt := time.Now()
 	if err == nil {
 		if r.floor.claimed(rows, fl, snap, claimedAt.Sub(claimStart)) {
@@ -302,6 +302,8 @@ func movedToOwed(rows []*claimed, rec *batchRecord) int64 {
 	return low
 }
 
+// lowestFresh is the lowest of the outbox's unkeyed rows in rows, or -1:
+// none.
 func lowestFresh(rows []*claimed) int64 {
 	low := int64(-1)
 	for _, c := range rows {

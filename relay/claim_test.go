@@ -228,7 +228,7 @@ func TestKeyOrderAcrossTheTwoTables(t *testing.T) {
 			}
 			defer conn.Release()
 			defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
-			rows, _, err := newStore(f.table).claim(ctx, conn, phase{perTarget[bool]{AMQP: true, NATS: true}}, 500, tc.skipParked, floors{}, nil)
+			rows, _, err := newStore(f.table).claim(ctx, conn, dualWrite, dualWrite, 500, tc.skipParked, floors{}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -249,3 +249,6 @@ func TestKeyOrderAcrossTheTwoTables(t *testing.T) {
 		})
 	}
 }
+
+// dualWrite is the phase that enables both targets.
+var dualWrite = phase{perTarget[bool]{AMQP: true, NATS: true}}

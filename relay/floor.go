@@ -15,9 +15,7 @@ type claimFloor struct {
 	mu sync.Mutex
 
 	batchSize int
-	poll      time.Duration // walk the owed table from its oldest row at least this often
-	quickWalk time.Duration // ...and this often while that walk is cheap
-	cheapTook time.Duration // the longest a cheap walk from the oldest row takes
+	poll      time.Duration // walk the owed table from its oldest row this often
 
 	// The owed table's unkeyed walks: advance writes these after each
 	// ordinary claim, and begin reads them before the next.
@@ -28,10 +26,9 @@ type claimFloor struct {
 	safe int64
 
 	// The owed table's walk from the oldest row, a sweep.
-	lastOldestWalk  time.Time     // when the last one started
-	oldestWalkTook  time.Duration // what it took
-	oldestWalkCheap bool          // it was short and quick
-	oldestWalking   bool          // one is in flight
+	lastOldestWalk time.Time     // when the last one started
+	oldestWalkTook time.Duration // what it took
+	oldestWalking  bool          // one is in flight
 
 	fresh *freshFloor // the outbox's unkeyed walks
 	keyed *keyedFloor // the outbox's keyed walks
@@ -42,19 +39,13 @@ type claimFloor struct {
 	gen  int // reset counts itself here; claimed ignores a sweep begun before
 }
 
-// The owed table's walk from the oldest row runs every quickWalkEvery
-// while it is cheap (a short walk under cheapWalkTook), else every poll
-// interval and at most oldestShare times what it took.
-const (
-	quickWalkEvery = 100 * time.Millisecond
-	cheapWalkTook  = 20 * time.Millisecond
-	oldestShare    = 100
-)
+// oldestShare bounds the owed table's walk from the oldest row: it runs
+// every poll interval, and at most every this many times what it took.
+const oldestShare = 100
 
 func newClaimFloor(batchSize int, poll time.Duration) *claimFloor {
 	now := time.Now()
-	return &claimFloor{batchSize: batchSize, poll: poll, quickWalk: quickWalkEvery, cheapTook: cheapWalkTook,
-		lastOldestWalk: now, fresh: newFreshFloor(poll, now), keyed: newKeyedFloor()}
+	return &claimFloor{batchSize: batchSize, poll: poll, lastOldestWalk: now, fresh: newFreshFloor(poll, now), keyed: newKeyedFloor()}
 }
 
 // floors is where one claim's walks start: the owed table's unkeyed walks
@@ -103,7 +94,7 @@ func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took tim
 		switch {
 		case fl.gen != f.gen:
 		case fl.oldest:
-			f.walkedFromOldest(snap, wholeBatch, took)
+			f.walkedFromOldest(snap, took)
 		default:
 			f.fresh.swept(rows, fl.fresh, snap, wholeBatch, took)
 		}
@@ -147,7 +138,7 @@ func (f *claimFloor) end(fl floors, ok bool) {
 // floors.
 func (f *claimFloor) reset() {
 	f.highWater, f.safe = 0, 0
-	f.lastOldestWalk, f.oldestWalkTook, f.oldestWalkCheap, f.oldestWalking = time.Now(), 0, false, false
+	f.lastOldestWalk, f.oldestWalkTook, f.oldestWalking = time.Now(), 0, false
 	f.fresh, f.keyed = newFreshFloor(f.poll, time.Now()), newKeyedFloor()
 	f.xmax = 0
 	f.gen++
@@ -162,11 +153,14 @@ func (f *claimFloor) sweepDue(now time.Time) bool {
 }
 
 // walkBack leaves a gap in the outbox's walks from row id on: a batch of
-// this relay's rolled back, and its rows are claimable again.
+// this relay's ended unrecorded, and its rows are claimable again. Its
+// record may still have committed (the reply lost) and moved them to the
+// owed table: the owed walks go back there too.
 func (f *claimFloor) walkBack(id int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.fresh.walkBack(id)
+	f.movedBelow(id)
 }
 
 // movedToOwed lowers the owed table's floor to row id: a batch of this
@@ -175,6 +169,10 @@ func (f *claimFloor) walkBack(id int64) {
 func (f *claimFloor) movedToOwed(id int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.movedBelow(id)
+}
+
+func (f *claimFloor) movedBelow(id int64) {
 	f.safe = min(f.safe, id-1)
 	f.highWater = min(f.highWater, f.safe)
 }
@@ -192,19 +190,14 @@ func (f *claimFloor) oldestWalkDue(now time.Time) bool {
 	if f.oldestWalking {
 		return false
 	}
-	every := max(f.poll, oldestShare*f.oldestWalkTook)
-	if f.oldestWalkCheap {
-		every = min(f.poll, f.quickWalk)
-	}
-	return now.Sub(f.lastOldestWalk) >= every
+	return now.Sub(f.lastOldestWalk) >= max(f.poll, oldestShare*f.oldestWalkTook)
 }
 
 // walkedFromOldest ends the owed table's walk from the oldest row, which
 // took what it could under snap in took: the floors go back to any row still
 // owed below them, and the ordinary claims take it (a whole batch: the rest).
-func (f *claimFloor) walkedFromOldest(snap snapshot, wholeBatch bool, took time.Duration) {
-	f.oldestWalking = false
-	f.oldestWalkTook, f.oldestWalkCheap = took, !wholeBatch && took < f.cheapTook
+func (f *claimFloor) walkedFromOldest(snap snapshot, took time.Duration) {
+	f.oldestWalking, f.oldestWalkTook = false, took
 	if snap.owedLow > 0 && snap.owedLow-1 < f.safe {
 		f.safe = snap.owedLow - 1
 		f.highWater = min(f.highWater, f.safe)

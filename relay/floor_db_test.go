@@ -412,7 +412,7 @@ func TestOwedWalksPassWhatAnOutageLeftDead(t *testing.T) {
 				}
 				defer tx.Rollback(ctx) //nolint:errcheck // a plan only
 				return planBlocks(t, tx, r.store.sql.Claim, pgx.StrictStructArgs(outboxsql.ClaimParams{
-					AMQPActive: true, NATSActive: true, BatchSize: batch, KeyedWindow: keyWindow * batch, KeyedRows: batch / 2,
+					AMQPActive: true, NATSActive: true, AMQPEnabled: true, NATSEnabled: true, BatchSize: batch, KeyedWindow: keyWindow * batch, KeyedRows: batch / 2,
 					OwedFloor: fl.owed, OwedSafe: fl.owedSafe, OwedKeyedFloor: fl.owedKeyed,
 					FreshFrom: fl.fresh.from, FreshTo: math.MaxInt64, KeyedFloor: fl.keyed,
 				}))
@@ -436,5 +436,103 @@ func TestOwedWalksPassWhatAnOutageLeftDead(t *testing.T) {
 				t.Fatalf("nats got %d rows, want %d", got, rows)
 			}
 		})
+	}
+}
+
+// A keyed row parked for RabbitMQ holds its key (SkipParkedKeys off): the
+// later row of its key waits in the owed table. Put back, the parked row is
+// its key's head again and goes first, though the claims' floors rose past
+// it meanwhile. PollInterval is an hour: no walk from the oldest row runs.
+func TestAKeyedRowPutBackFromParkedGoesFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	var first atomic.Int64
+	a.setFail(func(m *Message) error {
+		if m.ID == first.Load() {
+			return &PermanentError{Reason: "refused"}
+		}
+		return nil
+	})
+	var ids [2]int64
+	var msgs [2]string
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ids {
+		if err := tx.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload, key) VALUES ('orders.created', '\x00', 'k')
+			RETURNING id, message_id::text`).Scan(&ids[i], &msgs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.Store(ids[0])
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.start(Config{Sinks: []Sink{a, n}, Workers: 2, PollInterval: time.Hour})
+	testenv.Eventually(t, 10*time.Second, func() bool { return f.state(msgs[0]).amqpParked && f.state(msgs[1]).natsDelivered },
+		"the first row not parked for amqp, or the second not sent to nats")
+	// Rows after them lift the floors past both.
+	done := f.countDone()
+	for range 5 {
+		done += len(f.insert(10, "orders.after"))
+		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done }, "rows after them not delivered")
+	}
+	if got, _ := a.count(msgs[1]); got != 0 {
+		t.Fatal("the second row of the key reached amqp while the first was parked")
+	}
+	first.Store(0)
+	if _, err := RetryParked(ctx, f.pool, f.table, []Target{TargetAMQP}, ParkedIDs(ids[0])); err != nil {
+		t.Fatal(err)
+	}
+	f.insert(1, "orders.after") // a claim
+	testenv.Eventually(t, 10*time.Second, func() bool { got, _ := a.count(msgs[1]); return got == 1 }, "the key's rows never reached amqp")
+	if got, _ := a.count(msgs[0]); got != 1 {
+		t.Fatalf("the key's second row reached amqp before its first, put back from parked (first sent %d times)", got)
+	}
+	checkKeyOrder(t, "amqp", a.confirmedOrder(), map[int64]string{ids[0]: "k", ids[1]: "k"})
+}
+
+// The claim's probes of the owed table count only the targets the phase
+// enables: in the legacy phase an unkeyed row parked for RabbitMQ, which
+// JetStream never had, does not hold the owed floor below it. A keyed one
+// does, for RabbitMQ: put back, it is its key's head.
+func TestOwedProbesCountEnabledTargetsOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	for _, key := range []string{"NULL", "'k'"} {
+		var msg string
+		if err := f.pool.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload, key) VALUES ('orders.created', '\x00', `+key+`)
+			RETURNING message_id::text`).Scan(&msg); err != nil {
+			t.Fatal(err)
+		}
+		f.setRow(msg, `amqp_parked_at = now(), amqp_attempts = 5, amqp_last_error = 'refused'`)
+	}
+	legacy := phase{perTarget[bool]{AMQP: true}}
+	for _, tc := range []struct {
+		name           string
+		enabled        phase
+		unkeyed, keyed bool
+	}{
+		{"legacy: amqp only", legacy, false, true},
+		{"dual write", dualWrite, true, true},
+	} {
+		conn, err := f.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, snap, err := newStore(f.table).claim(ctx, conn, tc.enabled, tc.enabled, 10, false, floors{fresh: freshWalk{from: math.MaxInt64}, keyed: math.MaxInt64}, nil)
+		conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
+		conn.Release()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if snap.owedLow > 0 != tc.unkeyed || snap.owedKeyedLow > 0 != tc.keyed {
+			t.Errorf("%s: the owed table's lowest rows %d (unkeyed), %d (keyed): want the rows parked for amqp found %v, %v",
+				tc.name, snap.owedLow, snap.owedKeyedLow, tc.unkeyed, tc.keyed)
+		}
 	}
 }

@@ -15,30 +15,25 @@ func unkeyed(ids ...int64) []*claimed {
 }
 
 // The owed table's walk from the oldest row is a sweep, due every
-// PollInterval, every quickWalk while it is cheap, and at most oldestShare
-// times what it took; one at a time.
+// PollInterval and at most oldestShare times what it took; one at a time.
 func TestClaimFloorOldestWalkDue(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	for _, tc := range []struct {
 		name     string
-		cheap    bool
 		took     time.Duration
 		lastWalk time.Duration // before now
 		walking  bool
 		want     bool
 	}{
-		{"within PollInterval", false, time.Millisecond, 500 * time.Millisecond, false, false},
-		{"PollInterval passed", false, time.Millisecond, time.Second, false, true},
-		{"cheap, quickWalk passed", true, time.Millisecond, 100 * time.Millisecond, false, true},
-		{"cheap, within quickWalk", true, time.Millisecond, 50 * time.Millisecond, false, false},
-		{"not cheap, quickWalk passed", false, 30 * time.Millisecond, 100 * time.Millisecond, false, false},
-		{"slow: PollInterval passed, not 100 times what it took", false, 50 * time.Millisecond, 4 * time.Second, false, false},
-		{"slow: 100 times what it took passed", false, 50 * time.Millisecond, 5 * time.Second, false, true},
-		{"one in flight", false, time.Millisecond, time.Hour, true, false},
+		{"within PollInterval", time.Millisecond, 500 * time.Millisecond, false, false},
+		{"PollInterval passed", time.Millisecond, time.Second, false, true},
+		{"slow: PollInterval passed, not 100 times what it took", 50 * time.Millisecond, 4 * time.Second, false, false},
+		{"slow: 100 times what it took passed", 50 * time.Millisecond, 5 * time.Second, false, true},
+		{"one in flight", time.Millisecond, time.Hour, true, false},
 	} {
 		f := newClaimFloor(10, time.Second)
-		f.oldestWalkCheap, f.oldestWalkTook, f.oldestWalking = tc.cheap, tc.took, tc.walking
+		f.oldestWalkTook, f.oldestWalking = tc.took, tc.walking
 		f.lastOldestWalk = t0.Add(-tc.lastWalk)
 		fl := f.begin(t0)
 		f.end(fl, true)
@@ -52,23 +47,18 @@ func TestClaimFloorOldestWalkDue(t *testing.T) {
 }
 
 // The walk from the oldest row sends the floors back to the rows still owed
-// below them; it counts as cheap when it came back short within cheapTook;
-// a failed one may run again.
+// below them, and notes what it took; a failed one may run again.
 func TestClaimFloorWalkedFromOldest(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
 	for _, tc := range []struct {
 		name                   string
-		rows                   []*claimed
 		snap                   snapshot
-		took                   time.Duration
 		safe, highWater, keyed int64
-		cheap                  bool
 	}{
-		{"nothing below the floors", unkeyed(1), snapshot{owedLow: 700, owedKeyedLow: 900}, time.Millisecond, 500, 600, 400, true},
-		{"rows put back below them", unkeyed(1), snapshot{owedLow: 120, owedKeyedLow: 90}, time.Millisecond, 119, 119, 89, true},
-		{"slow", unkeyed(1), snapshot{}, time.Second, 500, 600, 400, false},
-		{"full", unkeyed(1, 2), snapshot{}, time.Millisecond, 500, 600, 400, false},
+		{"nothing below the floors", snapshot{owedLow: 700, owedKeyedLow: 900}, 500, 600, 400},
+		{"rows put back below them", snapshot{owedLow: 120, owedKeyedLow: 90}, 119, 119, 89},
+		{"nothing owed", snapshot{}, 500, 600, 400},
 	} {
 		f := newClaimFloor(2, time.Second)
 		f.safe, f.highWater, f.keyed.owed = 500, 600, 400
@@ -77,11 +67,11 @@ func TestClaimFloorWalkedFromOldest(t *testing.T) {
 		if !fl.oldest {
 			t.Fatalf("%s: %+v, want a walk from the oldest row", tc.name, fl)
 		}
-		f.claimed(tc.rows, fl, tc.snap, tc.took)
+		f.claimed(unkeyed(1), fl, tc.snap, 7*time.Millisecond)
 		f.end(fl, true)
-		if f.safe != tc.safe || f.highWater != tc.highWater || f.keyed.owed != tc.keyed || f.oldestWalkCheap != tc.cheap || f.oldestWalking {
-			t.Errorf("%s: safe %d mark %d keyed %d cheap %v walking %v; want %v %v %v %v false",
-				tc.name, f.safe, f.highWater, f.keyed.owed, f.oldestWalkCheap, f.oldestWalking, tc.safe, tc.highWater, tc.keyed, tc.cheap)
+		if f.safe != tc.safe || f.highWater != tc.highWater || f.keyed.owed != tc.keyed || f.oldestWalkTook != 7*time.Millisecond || f.oldestWalking {
+			t.Errorf("%s: safe %d mark %d keyed %d took %v walking %v; want %d %d %d 7ms false",
+				tc.name, f.safe, f.highWater, f.keyed.owed, f.oldestWalkTook, f.oldestWalking, tc.safe, tc.highWater, tc.keyed)
 		}
 	}
 	f := newClaimFloor(2, time.Second)

@@ -41,14 +41,15 @@ type span struct{ from, to int64 }
 // Bounds of the walks below the floor, and how often they run
 // (docs/design.md, "The claim floor").
 const (
-	foldSpan      = 4096            // the next claim walks a gap that starts within this many ids of next
-	sweepSpan     = 1 << 16         // a sweep walks at most this many ids of a farther gap
-	recheckShare  = 100             // a recheck that is not cheap runs every this many times what it took
-	fullWalkEvery = 5 * time.Minute // the walk from the oldest row runs at least this often apart
-	fullShare     = 200             // ...and this many times what it took
-	maxPending    = 4096            // transactions remembered: with more running, safe waits
-	maxGaps       = 256             // gaps kept: with more, they merge into one
-	maxHeld       = 1 << 16         // rows a recheck keeps: with more, the next walks them again
+	cheapWalkTook = 20 * time.Millisecond // a recheck taking less runs every poll interval
+	foldSpan      = 4096                  // the next claim walks a gap that starts within this many ids of next
+	sweepSpan     = 1 << 16               // a sweep walks at most this many ids of a farther gap
+	recheckShare  = 100                   // a recheck that is not cheap runs every this many times what it took
+	fullWalkEvery = 5 * time.Minute       // the walk from the oldest row runs at least this often apart
+	fullShare     = 200                   // ...and this many times what it took
+	maxPending    = 4096                  // transactions remembered: with more running, safe waits
+	maxGaps       = 256                   // gaps kept: with more, they merge into one
+	maxHeld       = 1 << 16               // rows a recheck keeps: with more, the next walks them again
 )
 
 // pendingTxs is, per transaction that ran when a floor passed rows, where
@@ -295,8 +296,9 @@ func (f *freshFloor) walkBack(id int64) {
 	}
 }
 
-// lowest is where the backlog figures start: the lowest id a committed row
-// still owed in the outbox may have. A remembered transaction's rows are
+// lowest is the lowest id a committed row still owed in the outbox may
+// have: where the backlog figures start, and above which the outbox's rows
+// may still move to the owed table. A remembered transaction's rows are
 // left out: no read sees them before it commits, and from then a claim
 // takes them.
 func (f *freshFloor) lowest() int64 {

@@ -134,7 +134,7 @@ func pgArrayElem(v reflect.Value) string {
 // claimParams are the claim's parameters in these tests: both targets, a
 // batch of 500, the first claim's floors; held the rows held.
 func claimParams(held []int64) outboxsql.ClaimParams {
-	return outboxsql.ClaimParams{AMQPActive: true, NATSActive: true, BatchSize: 500, KeyedWindow: 2000, KeyedRows: 250,
+	return outboxsql.ClaimParams{AMQPActive: true, NATSActive: true, AMQPEnabled: true, NATSEnabled: true, BatchSize: 500, KeyedWindow: 2000, KeyedRows: 250,
 		HeldIDs: held, FreshTo: math.MaxInt64}
 }
 
@@ -338,7 +338,7 @@ func TestClaimReturnsRowsInIDOrder(t *testing.T) {
 	defer conn.Release()
 	defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
 
-	rows, _, err := newStore(f.table).claim(ctx, conn, phase{perTarget[bool]{AMQP: true, NATS: true}}, 500, false, floors{}, nil)
+	rows, _, err := newStore(f.table).claim(ctx, conn, dualWrite, dualWrite, 500, false, floors{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

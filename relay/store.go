@@ -69,7 +69,7 @@ type batchSender interface {
 // limit rows per target, at most half of them keyed, in one round trip. The
 // unkeyed walks start past fl (see claimFloor), and a sweep walks nothing
 // else; held are keyed rows this relay's batches in flight hold, not tried.
-func (s *store) claim(ctx context.Context, db batchSender, active phase, limit int, skipParked bool, fl floors, held []int64) ([]*claimed, snapshot, error) {
+func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase, limit int, skipParked bool, fl floors, held []int64) ([]*claimed, snapshot, error) {
 	var snap snapshot
 	b := &pgx.Batch{}
 	for _, q := range outboxsql.BatchBegin {
@@ -86,7 +86,8 @@ func (s *store) claim(ctx context.Context, db batchSender, active phase, limit i
 		}))
 	} else {
 		b.Queue(s.sql.Claim, pgx.StrictStructArgs(outboxsql.ClaimParams{
-			AMQPActive: active.AMQP, NATSActive: active.NATS, BatchSize: limit, SkipParkedKeys: skipParked,
+			AMQPActive: active.AMQP, NATSActive: active.NATS, AMQPEnabled: enabled.AMQP, NATSEnabled: enabled.NATS,
+			BatchSize: limit, SkipParkedKeys: skipParked,
 			KeyedWindow: window, KeyedRows: keyed, OwedFloor: fl.owed, OwedSafe: fl.owedSafe, OwedKeyedFloor: fl.owedKeyed, HeldIDs: held,
 			FreshFrom: fl.fresh.from, FreshTo: to, KeyedFloor: fl.keyed,
 		}))

@@ -12,6 +12,8 @@ import "time"
 type ClaimParams struct {
 	AMQPActive     bool    `db:"amqp_active"`      // RabbitMQ is an active target
 	NATSActive     bool    `db:"nats_active"`      // JetStream is an active target
+	AMQPEnabled    bool    `db:"amqp_enabled"`     // the phase sends RabbitMQ rows (paused or not)
+	NATSEnabled    bool    `db:"nats_enabled"`     // the phase sends JetStream rows (paused or not)
 	BatchSize      int     `db:"batch_size"`       // rows per target the batch takes at most
 	SkipParkedKeys bool    `db:"skip_parked_keys"` // a parked row does not hold its key's later rows
 	KeyedWindow    int     `db:"keyed_window"`     // the oldest keyed rows per target the heads are looked for in

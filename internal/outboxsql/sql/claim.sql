@@ -6,8 +6,10 @@
 -- first row is the statement's snapshot (id 0, an empty message id): its
 -- xmin, xmax and running transaction ids, the outbox's lowest keyed row
 -- above @keyed_floor, NULL (see Recheck), and the owed table's lowest
--- unkeyed row above @owed_safe and keyed row above @owed_keyed_floor still
--- owed to a target; the claimed rows leave them NULL.
+-- unkeyed row above @owed_safe still owed to an enabled target, and its
+-- lowest keyed row above @owed_keyed_floor not yet delivered to one (parked
+-- or not: one put back must stay its key's head); the claimed rows leave
+-- them NULL.
 {{define "Claim"}}
 WITH amqp_heads AS MATERIALIZED ({{template "heads" .AMQP}}
 ), amqp_keyed AS (
@@ -61,7 +63,10 @@ SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 
 	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
 	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > @keyed_floor::bigint), NULL::bigint[],
 	least({{template "lowestOwed" (.AMQP.Above "NULL" "@owed_safe")}}, {{template "lowestOwed" (.NATS.Above "NULL" "@owed_safe")}}),
-	least({{template "lowestOwed" (.AMQP.Above "NOT NULL" "@owed_keyed_floor")}}, {{template "lowestOwed" (.NATS.Above "NOT NULL" "@owed_keyed_floor")}})
+	least({{template "lowestOwed" (.AMQP.Above "NOT NULL" "@owed_keyed_floor")}}, {{template "lowestOwed" (.NATS.Above "NOT NULL" "@owed_keyed_floor")}},
+		(SELECT min(id) FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "parkedIndex"}} AND done_at IS NULL AND id > @owed_keyed_floor::bigint
+		  AND ((@amqp_enabled::boolean AND amqp_parked_at IS NOT NULL AND amqp_delivered_at IS NULL)
+		    OR (@nats_enabled::boolean AND nats_parked_at IS NOT NULL AND nats_delivered_at IS NULL))))
 FROM snap
 UNION ALL
 SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
@@ -132,10 +137,11 @@ SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 	SELECT id FROM skip_scan WHERE {{template "active" .}} AND key NOT IN (SELECT key FROM window_keys) AND key NOT IN ({{template "waitingKeys" .}}){{end}}
 
 -- lowestOwed: the owed table's lowest row above .Floor still owed to the
--- target, keyed or not as .Key says: one probe of a pending index. A parked
--- row is not: one put back (relay.RetryParked) lies below the floors until
--- the next walk from the oldest row.
-{{define "lowestOwed"}}(SELECT min(id) FROM {{.Owed}} WHERE key IS {{.Key}} AND {{template "owed" .}} AND id > {{.Floor}}::bigint){{end}}
+-- target if the phase enables it, keyed or not as .Key says: one probe of a
+-- pending index. A parked row is not owed: an unkeyed one put back
+-- (relay.RetryParked) lies below the floors until the next walk from the
+-- oldest row.
+{{define "lowestOwed"}}(SELECT min(id) FROM {{.Owed}} WHERE @{{.P}}_enabled::boolean AND key IS {{.Key}} AND {{template "owed" .}} AND id > {{.Floor}}::bigint){{end}}
 
 -- active: the target is active, and for a bounded walk, below the bound.
 {{define "active"}}{{.Enabled}}{{with .Bound}} AND {{template "below" .}}{{end}}{{end}}
