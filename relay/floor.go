@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
 // claimFloor is where a relay's claims start their walks, so that during a
@@ -177,11 +179,12 @@ func (f *claimFloor) movedBelow(id int64) {
 	f.highWater = min(f.highWater, f.safe)
 }
 
-// lowestFresh is where the outbox's backlog figures start (freshFloor.lowest).
-func (f *claimFloor) lowestFresh() int64 {
+// statsFloors is where the backlog figures start: the outbox's rows from
+// freshFloor.lowest, the owed table's above its floors.
+func (f *claimFloor) statsFloors() outboxsql.StatsParams {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.fresh.lowest()
+	return outboxsql.StatsParams{Floor: f.fresh.lowest(), OwedFloor: f.safe, OwedKeyedFloor: f.keyed.owed}
 }
 
 // oldestWalkDue reports whether the owed table's walk from the oldest row

@@ -54,17 +54,17 @@ const ExactLimit = outboxsql.ExactLimit
 // index), so the cost does not grow with the backlog beyond ExactLimit index
 // entries.
 func ReadStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target) ([]TargetStats, error) {
-	return readStats(ctx, db, table, targets, 0)
+	return readStats(ctx, db, table, targets, outboxsql.StatsParams{})
 }
 
-// Stats is ReadStats of the targets the relay runs, read from its floor:
-// the outbox's rows below it that no batch holds are deleted ones a long
+// Stats is ReadStats of the targets the relay runs, read from its floors:
+// the rows below them that no batch holds are deleted ones a long
 // transaction keeps on disk, which a read from the oldest would walk.
 func (r *Relay) Stats(ctx context.Context) ([]TargetStats, error) {
-	return readStats(ctx, r.pool, r.cfg.Table, r.Phase().Running, r.floor.lowestFresh())
+	return readStats(ctx, r.pool, r.cfg.Table, r.Phase().Running, r.floor.statsFloors())
 }
 
-func readStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, from int64) ([]TargetStats, error) {
+func readStats(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, from outboxsql.StatsParams) ([]TargetStats, error) {
 	out := make([]TargetStats, 0, len(targets))
 	tx, err := db.BeginTx(ctx, statsTx)
 	if err != nil {
@@ -93,7 +93,7 @@ func statsQueries(table schema.Table, t Target) [3]string {
 	return [3]string{q.Pending, q.Parked, q.LastError}
 }
 
-func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Target, from int64) (TargetStats, error) {
+func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Target, from outboxsql.StatsParams) (TargetStats, error) {
 	q := statsQueries(table, t)
 	s := TargetStats{Target: t}
 	var oldestID *int64
@@ -101,7 +101,7 @@ func readTargetStats(ctx context.Context, tx pgx.Tx, table schema.Table, t Targe
 	var oldestAt *time.Time
 	var lagSec *float64
 	var minID, maxID *int64
-	floor := pgx.StrictStructArgs(outboxsql.StatsParams{Floor: from})
+	floor := pgx.StrictStructArgs(from)
 	err := tx.QueryRow(ctx, q[0], floor).
 		Scan(&s.At, &s.Pending, &s.Retrying, &minID, &maxID, &oldestID, &oldestTopic, &oldestAt, &lagSec)
 	if err != nil {

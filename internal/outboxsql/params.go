@@ -86,7 +86,9 @@ type CleanupParams struct {
 
 // StatsParams are the Pending and LastError statements' of Stats.
 type StatsParams struct {
-	Floor int64 `db:"floor"` // the outbox is read from this id (a relay's floor; 0: all)
+	Floor          int64 `db:"floor"`            // the outbox is read from this id (a relay's floor; 0: all)
+	OwedFloor      int64 `db:"owed_floor"`       // the owed table's unkeyed rows above this id (0: all)
+	OwedKeyedFloor int64 `db:"owed_keyed_floor"` // and its keyed rows above this one (0: all)
 }
 
 // FinishedWithoutNATSParams are FinishedWithoutNATS's.

@@ -5,23 +5,24 @@
 -- pendingFirst: the first .N rows owed to the target in id order, with
 -- columns .Cols (.Fresh for the outbox's, which has no delivery state): a
 -- merge of the owed table's two pending indexes (unkeyed and keyed rows are
--- indexed apart, for the claims) and the outbox's primary key from @floor (a
--- relay's floor: below it the outbox holds only rows a long transaction
--- keeps on disk, deleted; 0 for all).
+-- indexed apart, for the claims) above @owed_floor and @owed_keyed_floor,
+-- and the outbox's primary key from @floor (a relay's floors: below them
+-- the tables hold only rows a long transaction keeps on disk, deleted; 0
+-- for all).
 {{define "pendingFirst"}}(SELECT * FROM (
-		(SELECT {{.Cols}} FROM {{.Owed}} WHERE key IS NULL AND {{template "owed" .}} ORDER BY id LIMIT {{.N}})
+		(SELECT {{.Cols}} FROM {{.Owed}} WHERE key IS NULL AND {{template "owed" .}} AND id > @owed_floor::bigint ORDER BY id LIMIT {{.N}})
 		UNION ALL
-		(SELECT {{.Cols}} FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "owed" .}} ORDER BY id LIMIT {{.N}})
+		(SELECT {{.Cols}} FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "owed" .}} AND id > @owed_keyed_floor::bigint ORDER BY id LIMIT {{.N}})
 		UNION ALL
 		(SELECT {{.Fresh}} FROM {{.Table}} WHERE id >= @floor::bigint ORDER BY id LIMIT {{.N}})
 	) u ORDER BY id LIMIT {{.N}}){{end}}
 
--- pendingLast: the highest id owed to the target (NULL if none). The
--- outbox's is read down to @floor at most: when every row above is deleted, a
+-- pendingLast: the highest id owed to the target (NULL if none). Each table
+-- is read down to its floor at most: when every row above is deleted, a
 -- held horizon keeps them all on disk, and the walk would visit each.
 {{define "pendingLast"}}greatest(
-		(SELECT id FROM {{.Owed}} WHERE key IS NULL AND {{template "owed" .}} ORDER BY id DESC LIMIT 1),
-		(SELECT id FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "owed" .}} ORDER BY id DESC LIMIT 1),
+		(SELECT id FROM {{.Owed}} WHERE key IS NULL AND {{template "owed" .}} AND id > @owed_floor::bigint ORDER BY id DESC LIMIT 1),
+		(SELECT id FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "owed" .}} AND id > @owed_keyed_floor::bigint ORDER BY id DESC LIMIT 1),
 		(SELECT id FROM {{.Table}} WHERE id >= @floor::bigint ORDER BY id DESC LIMIT 1)){{end}}
 
 -- StatsPending: the pending window and its retries, the id range for the
