@@ -27,10 +27,11 @@ type claimFloor struct {
 	// parked: the walk from the oldest row takes those.
 	safe int64
 
-	// The owed table's walk from the oldest row, a sweep.
+	// The owed table's walk from the oldest row: in an ordinary claim while
+	// it is cheap, else a sweep.
 	lastOldestWalk time.Time     // when the last one started
 	oldestWalkTook time.Duration // what it took
-	oldestWalking  bool          // one is in flight
+	oldestWalking  bool          // a sweep of it is in flight
 
 	fresh *freshFloor // the outbox's unkeyed walks
 	keyed *keyedFloor // the outbox's keyed walks
@@ -40,10 +41,6 @@ type claimFloor struct {
 	xmax int64
 	gen  int // reset counts itself here; claimed ignores a sweep begun before
 }
-
-// oldestShare bounds the owed table's walk from the oldest row: it runs
-// every poll interval, and at most every this many times what it took.
-const oldestShare = 100
 
 func newClaimFloor(batchSize int, poll time.Duration) *claimFloor {
 	now := time.Now()
@@ -77,12 +74,17 @@ func (f *claimFloor) begin(now time.Time) floors {
 		f.mu.Unlock()
 		return floors{owed: math.MaxInt64, owedSafe: math.MaxInt64, owedKeyed: math.MaxInt64, fresh: w, keyed: math.MaxInt64, gen: f.gen}
 	}
+	fl := floors{owed: f.highWater, owedSafe: f.safe, owedKeyed: f.keyed.owed, fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen}
 	if f.oldestWalkDue(now) {
-		f.lastOldestWalk, f.oldestWalking = now, true
-		f.mu.Unlock()
-		return floors{oldest: true, fresh: freshWalk{from: math.MaxInt64}, keyed: math.MaxInt64, gen: f.gen}
+		f.lastOldestWalk = now
+		if f.oldestWalkTook >= cheapWalkTook { // slow: beside the claims
+			f.oldestWalking = true
+			f.mu.Unlock()
+			return floors{oldest: true, fresh: freshWalk{from: math.MaxInt64}, keyed: math.MaxInt64, gen: f.gen}
+		}
+		fl.owed, fl.owedSafe, fl.owedKeyed = 0, 0, 0
 	}
-	return floors{owed: f.highWater, owedSafe: f.safe, owedKeyed: f.keyed.owed, fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen}
+	return fl
 }
 
 // claimed places the next claims after one that walked from fl under snap
@@ -111,7 +113,10 @@ func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took tim
 	f.xmax = snap.xmax
 	f.fresh.advance(rows, fl.fresh, snap, wholeBatch, took)
 	f.keyed.advance(snap, f.fresh.safe)
-	f.advance(rows, snap)
+	if fl.owed == 0 {
+		f.oldestWalkTook = took
+	}
+	f.advance(rows, fl.owed, snap)
 	return false
 }
 
@@ -151,7 +156,7 @@ func (f *claimFloor) reset() {
 func (f *claimFloor) sweepDue(now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.fresh.sweepDue(now) || f.oldestWalkDue(now)
+	return f.fresh.sweepDue(now) || (f.oldestWalkDue(now) && f.oldestWalkTook >= cheapWalkTook)
 }
 
 // walkBack leaves a gap in the outbox's walks from row id on: a batch of
@@ -188,12 +193,9 @@ func (f *claimFloor) statsFloors() outboxsql.StatsParams {
 }
 
 // oldestWalkDue reports whether the owed table's walk from the oldest row
-// is due, none being in flight.
+// is due, no sweep of it being in flight.
 func (f *claimFloor) oldestWalkDue(now time.Time) bool {
-	if f.oldestWalking {
-		return false
-	}
-	return now.Sub(f.lastOldestWalk) >= max(f.poll, oldestShare*f.oldestWalkTook)
+	return !f.oldestWalking && now.Sub(f.lastOldestWalk) >= f.poll
 }
 
 // walkedFromOldest ends the owed table's walk from the oldest row, which
@@ -211,13 +213,13 @@ func (f *claimFloor) walkedFromOldest(snap snapshot, took time.Duration) {
 }
 
 // advance places the owed table's next unkeyed walks after an ordinary
-// claim that took rows under snap, after the outbox's floors moved: a full
-// claim moves the high-water mark; safe rises to just below the lowest row
-// still owed the claim saw, or to where the outbox's rows may still start
-// (docs/design.md, "The claim floor"), and a short claim starts the next
-// walk there.
-func (f *claimFloor) advance(rows []*claimed, snap snapshot) {
-	f.safe = f.fresh.lowest()
+// claim from floor that took rows under snap, after the outbox's floors
+// moved: safe rises to just below the lowest row still owed the claim saw,
+// or to where the outbox's rows may still move from (docs/design.md, "The
+// claim floor"). A full claim moves the high-water mark, to its top if it
+// walked from the oldest row; a short one starts the next walk at safe.
+func (f *claimFloor) advance(rows []*claimed, floor int64, snap snapshot) {
+	f.safe = f.fresh.movable()
 	if snap.owedLow > 0 {
 		f.safe = min(f.safe, snap.owedLow-1)
 	}
@@ -225,9 +227,15 @@ func (f *claimFloor) advance(rows []*claimed, snap snapshot) {
 		f.highWater = f.safe
 		return
 	}
+	var top int64
 	for _, c := range rows {
 		if !c.msg.HasKey && !c.fresh {
-			f.highWater = max(f.highWater, c.msg.ID)
+			top = max(top, c.msg.ID)
 		}
+	}
+	if floor == 0 {
+		f.highWater = top
+	} else {
+		f.highWater = max(f.highWater, top)
 	}
 }

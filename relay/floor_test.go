@@ -14,34 +14,42 @@ func unkeyed(ids ...int64) []*claimed {
 	return rows
 }
 
-// The owed table's walk from the oldest row is a sweep, due every
-// PollInterval and at most oldestShare times what it took; one at a time.
+// The owed table's walk from the oldest row is due every PollInterval: in
+// the next ordinary claim while it is cheap, else as a sweep beside the
+// claims, one at a time.
 func TestClaimFloorOldestWalkDue(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	for _, tc := range []struct {
-		name     string
-		took     time.Duration
-		lastWalk time.Duration // before now
-		walking  bool
-		want     bool
+		name       string
+		took       time.Duration // the last walk from the oldest row
+		lastWalk   time.Duration // before now
+		walking    bool
+		walk, wide bool // a walk from the oldest row; as a sweep
 	}{
-		{"within PollInterval", time.Millisecond, 500 * time.Millisecond, false, false},
-		{"PollInterval passed", time.Millisecond, time.Second, false, true},
-		{"slow: PollInterval passed, not 100 times what it took", 50 * time.Millisecond, 4 * time.Second, false, false},
-		{"slow: 100 times what it took passed", 50 * time.Millisecond, 5 * time.Second, false, true},
-		{"one in flight", time.Millisecond, time.Hour, true, false},
+		{"within PollInterval", time.Millisecond, 500 * time.Millisecond, false, false, false},
+		{"PollInterval passed, cheap: in the claim", time.Millisecond, time.Second, false, true, false},
+		{"PollInterval passed, slow: a sweep", 50 * time.Millisecond, time.Second, false, true, true},
+		{"a sweep in flight", 50 * time.Millisecond, time.Hour, true, false, false},
 	} {
 		f := newClaimFloor(10, time.Second)
 		f.oldestWalkTook, f.oldestWalking = tc.took, tc.walking
 		f.lastOldestWalk = t0.Add(-tc.lastWalk)
+		f.highWater, f.safe, f.keyed.owed = 70, 60, 40
+		due := f.sweepDue(t0)
 		fl := f.begin(t0)
 		f.end(fl, true)
-		if fl.oldest != tc.want || f.sweepDue(t0) {
-			t.Errorf("%s: a walk from the oldest row %v, want %v (due after: %v)", tc.name, fl.oldest, tc.want, f.sweepDue(t0))
+		walk := fl.oldest || fl.owed == 0
+		if walk != tc.walk || fl.oldest != tc.wide || due != tc.wide {
+			t.Errorf("%s: %+v (sweep due %v), want a walk from the oldest row %v, a sweep %v", tc.name, fl, due, tc.walk, tc.wide)
 		}
-		if tc.want && (fl.owed != 0 || fl.owedSafe != 0 || fl.owedKeyed != 0 || fl.fresh.from != math.MaxInt64 || fl.keyed != math.MaxInt64 || !fl.beside()) {
+		switch {
+		case fl.oldest && (fl.owed != 0 || fl.owedSafe != 0 || fl.owedKeyed != 0 || fl.fresh.from != math.MaxInt64 || fl.keyed != math.MaxInt64 || !fl.beside()):
 			t.Errorf("%s: %+v, want the owed table from 0 and no outbox row, beside the claims", tc.name, fl)
+		case tc.walk && !fl.oldest && (fl.owedSafe != 0 || fl.owedKeyed != 0 || fl.beside()):
+			t.Errorf("%s: %+v, want every owed walk and probe from 0, in the lock", tc.name, fl)
+		case !tc.walk && (fl.owed != 70 || fl.owedSafe != 60 || fl.owedKeyed != 40):
+			t.Errorf("%s: %+v, want owed 70 safe 60 keyed 40", tc.name, fl)
 		}
 	}
 }
@@ -62,7 +70,7 @@ func TestClaimFloorWalkedFromOldest(t *testing.T) {
 	} {
 		f := newClaimFloor(2, time.Second)
 		f.safe, f.highWater, f.keyed.owed = 500, 600, 400
-		f.lastOldestWalk = now.Add(-time.Hour)
+		f.lastOldestWalk, f.oldestWalkTook = now.Add(-time.Hour), time.Second
 		fl := f.begin(now)
 		if !fl.oldest {
 			t.Fatalf("%s: %+v, want a walk from the oldest row", tc.name, fl)
@@ -75,7 +83,7 @@ func TestClaimFloorWalkedFromOldest(t *testing.T) {
 		}
 	}
 	f := newClaimFloor(2, time.Second)
-	f.lastOldestWalk = now.Add(-time.Hour)
+	f.lastOldestWalk, f.oldestWalkTook = now.Add(-time.Hour), time.Second
 	fl := f.begin(now)
 	f.end(fl, false)
 	if f.oldestWalking {
@@ -84,8 +92,9 @@ func TestClaimFloorWalkedFromOldest(t *testing.T) {
 }
 
 // advance after an ordinary claim: safe rises to just below the lowest row
-// still owed the claim saw, or to where the outbox's rows may still start;
-// a full claim moves the high-water mark, a short one sends it to safe.
+// still owed the claim saw, or to where the outbox's rows may still move
+// from; a full claim moves the high-water mark (from the oldest row: to its
+// top), a short one sends it to safe.
 func TestClaimFloorAdvance(t *testing.T) {
 	t.Parallel()
 	type state struct{ highWater, safe int64 }
@@ -93,33 +102,37 @@ func TestClaimFloorAdvance(t *testing.T) {
 		name   string
 		before state
 		rows   []*claimed
+		floor  int64
 		fresh  int64 // the outbox's lowest row that may still move to the owed table
 		snap   snapshot
 		want   state
 	}{
+		{"full claim from 0 sends the mark to its top",
+			state{highWater: 500, safe: 400}, unkeyed(10, 11, 12), 0, 900, snapshot{owedLow: 10},
+			state{highWater: 12, safe: 9}},
 		{"full claim raises the mark",
-			state{highWater: 100, safe: 50}, unkeyed(101, 102, 103), 900, snapshot{owedLow: 60},
+			state{highWater: 100, safe: 50}, unkeyed(101, 102, 103), 100, 900, snapshot{owedLow: 60},
 			state{highWater: 103, safe: 59}},
 		{"full claim below the mark keeps it",
-			state{highWater: 200, safe: 50}, unkeyed(101, 102, 103), 900, snapshot{owedLow: 60},
+			state{highWater: 200, safe: 50}, unkeyed(101, 102, 103), 100, 900, snapshot{owedLow: 60},
 			state{highWater: 200, safe: 59}},
 		{"short claim, rows still owed: below the lowest",
-			state{highWater: 90, safe: 50}, unkeyed(60, 70), 900, snapshot{owedLow: 60},
+			state{highWater: 90, safe: 50}, unkeyed(60, 70), 50, 900, snapshot{owedLow: 60},
 			state{highWater: 59, safe: 59}},
-		{"short claim, nothing owed: to where the outbox's rows may start",
-			state{highWater: 90, safe: 50}, unkeyed(60, 70), 900, snapshot{},
+		{"short claim, nothing owed: to where the outbox's rows may move from",
+			state{highWater: 90, safe: 50}, unkeyed(60, 70), 50, 900, snapshot{},
 			state{highWater: 900, safe: 900}},
 		{"past a long transaction: its xid is not waited for",
-			state{highWater: 50, safe: 50}, nil, 900, snapshot{xmin: 5, xmax: 90, xip: []int64{5}},
+			state{highWater: 50, safe: 50}, nil, 50, 900, snapshot{xmin: 5, xmax: 90, xip: []int64{5}},
 			state{highWater: 900, safe: 900}},
-		{"the outbox's rows may start lower: safe follows them down",
-			state{highWater: 500, safe: 500}, nil, 300, snapshot{},
+		{"the outbox's rows may move from lower: safe follows them down",
+			state{highWater: 500, safe: 500}, nil, 500, 300, snapshot{},
 			state{highWater: 300, safe: 300}},
 	} {
 		f := newClaimFloor(3, time.Second)
 		f.highWater, f.safe = tc.before.highWater, tc.before.safe
-		f.fresh.next, f.fresh.rechecked = tc.fresh, tc.fresh
-		f.advance(tc.rows, tc.snap)
+		f.fresh.next, f.fresh.safe = tc.fresh, tc.fresh
+		f.advance(tc.rows, tc.floor, tc.snap)
 		if got := (state{f.highWater, f.safe}); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}

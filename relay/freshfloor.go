@@ -302,10 +302,19 @@ func (f *freshFloor) walkBack(id int64) {
 // left out: no read sees them before it commits, and from then a claim
 // takes them.
 func (f *freshFloor) lowest() int64 {
-	low := min(f.rechecked, f.next)
+	low := min(f.rechecked, f.movable())
 	if len(f.held) > 0 {
 		low = min(low, f.held[0])
 	}
+	return low
+}
+
+// movable is the lowest id a row may have that is still in the outbox and
+// that a batch of this relay's may yet claim, or one of another relay's
+// running when the floor passed it; below it the outbox's rows may still
+// move to the owed table only in batches of this relay's in flight.
+func (f *freshFloor) movable() int64 {
+	low := min(f.next, f.safe)
 	for _, g := range f.gaps {
 		low = min(low, g.from)
 	}

@@ -305,3 +305,32 @@ func TestFreshFloorRecheckCostIsWhatItAdds(t *testing.T) {
 		}
 	}
 }
+
+// movable, where the outbox's rows may still move to the owed table from,
+// is the lowest of where the claims start and the gaps; lowest, where the
+// backlog figures start, also waits for the recheck.
+func TestFreshFloorMovable(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                 string
+		next, safe, recheck  int64
+		held                 []int64
+		gaps, sweeping       []span
+		wantMovable, wantLow int64
+	}{
+		{"the claims' start", 500, 500, 500, nil, nil, nil, 500, 500},
+		{"safe below next", 600, 500, 600, nil, nil, nil, 500, 500},
+		{"a gap", 500, 500, 500, nil, []span{{300, 400}}, nil, 300, 300},
+		{"a sweep's gap", 500, 500, 500, nil, nil, []span{{200, 250}}, 200, 200},
+		{"the recheck behind: not movable's", 500, 500, 100, []int64{50}, nil, nil, 500, 50},
+	} {
+		f := newFreshFloor(time.Second, time.Unix(0, 0))
+		f.next, f.safe, f.rechecked, f.held, f.gaps = tc.next, tc.safe, tc.recheck, tc.held, tc.gaps
+		if tc.sweeping != nil {
+			f.sweeping = &freshWalk{gaps: tc.sweeping}
+		}
+		if got, low := f.movable(), f.lowest(); got != tc.wantMovable || low != tc.wantLow {
+			t.Errorf("%s: movable %d lowest %d, want %d %d", tc.name, got, low, tc.wantMovable, tc.wantLow)
+		}
+	}
+}
