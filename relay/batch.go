@@ -284,8 +284,6 @@ func firstErr(errs []error) string {
 	return ""
 }
 
-// lowestFresh is the lowest id of the outbox's unkeyed rows among rows, -1
-// if none.
 // movedToOwed is the lowest of the outbox's unkeyed rows in rows that rec
 // leaves owed, so moves to the owed table, or -1: none.
 func movedToOwed(rows []*claimed, rec *batchRecord) int64 {

@@ -8,10 +8,10 @@ type keyedFloor struct {
 	// transaction in pending; advance raises it to just below the lowest
 	// keyed row a claim saw above it.
 	floor int64
-	// Every keyed row owed in the owed table lies above owed, but for rows
-	// put back from parked: it is floor, or just below the lowest such row
-	// a claim saw above it. Rows move there only from the outbox, from
-	// above floor.
+	// Every keyed row in the owed table not yet delivered to an enabled
+	// target, parked or not, lies above owed: it is floor, or just below
+	// the lowest such row a claim saw above it. Rows move there only from
+	// the outbox, from above floor.
 	owed int64
 	// pending maps each transaction running when floor rose to where its
 	// rows may start; a claim that sees it ended sends floor back there.
