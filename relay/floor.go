@@ -17,18 +17,20 @@ type claimFloor struct {
 	mu sync.Mutex
 
 	batchSize int
-	poll      time.Duration // walk the owed table from its oldest row this often
+	poll      time.Duration // the outbox's recheck runs this often while cheap
 
 	// The owed table's unkeyed walks: advance writes these after each
 	// ordinary claim, and begin reads them before the next.
 	highWater int64 // the next walks start past it
 	// Every unkeyed row owed in the owed table lies above safe, and so does
-	// every row the outbox may still move there, but for rows put back from
-	// parked: the walk from the oldest row takes those.
+	// every row the outbox may still move there; rows put back below it
+	// send it back (putBack).
 	safe int64
 
 	// The owed table's walk from the oldest row: in an ordinary claim while
-	// it is cheap, else a sweep.
+	// it is cheap, else a sweep. It runs when asked (oldestWanted), and as a
+	// backstop at least fullWalkEvery apart.
+	oldestWanted   bool
 	lastOldestWalk time.Time     // when the last one started
 	oldestWalkTook time.Duration // what it took
 	oldestWalking  bool          // a sweep of it is in flight
@@ -76,7 +78,7 @@ func (f *claimFloor) begin(now time.Time) floors {
 	}
 	fl := floors{owed: f.highWater, owedSafe: f.safe, owedKeyed: f.keyed.owed, fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen}
 	if f.oldestWalkDue(now) {
-		f.lastOldestWalk = now
+		f.lastOldestWalk, f.oldestWanted = now, false
 		if f.oldestWalkTook >= cheapWalkTook { // slow: beside the claims
 			f.oldestWalking = true
 			f.mu.Unlock()
@@ -123,6 +125,9 @@ func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took tim
 // end ends the claim begin started: claimed, or not (ok false).
 func (f *claimFloor) end(fl floors, ok bool) {
 	if !fl.beside() {
+		if !ok && fl.owed == 0 { // it may have been the walk from the oldest row
+			f.oldestWanted = true
+		}
 		f.mu.Unlock()
 		return
 	}
@@ -132,7 +137,7 @@ func (f *claimFloor) end(fl floors, ok bool) {
 		switch {
 		case fl.gen != f.gen:
 		case fl.oldest:
-			f.oldestWalking = false
+			f.oldestWalking, f.oldestWanted = false, true
 		default:
 			f.fresh.unsweep(fl.fresh)
 		}
@@ -145,7 +150,7 @@ func (f *claimFloor) end(fl floors, ok bool) {
 // floors.
 func (f *claimFloor) reset() {
 	f.highWater, f.safe = 0, 0
-	f.lastOldestWalk, f.oldestWalkTook, f.oldestWalking = time.Now(), 0, false
+	f.lastOldestWalk, f.oldestWalkTook, f.oldestWalking, f.oldestWanted = time.Now(), 0, false, false
 	f.fresh, f.keyed = newFreshFloor(f.poll, time.Now()), newKeyedFloor()
 	f.xmax = 0
 	f.gen++
@@ -179,6 +184,26 @@ func (f *claimFloor) movedToOwed(id int64) {
 	f.movedBelow(id)
 }
 
+// putBack lowers the owed table's floors, keyed and not, to row id: rows
+// from id on were put back in line from parked, or moved there by another
+// relay's late confirms (the notification's payload).
+func (f *claimFloor) putBack(id int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.movedBelow(id)
+	f.keyed.owed = min(f.keyed.owed, id-1)
+}
+
+// owedFromOldest asks for the owed table's walk from the oldest row: rows
+// may have been put back below its floors unannounced (the listener missed
+// notifications, or the phase enabled a target again).
+func (f *claimFloor) owedFromOldest() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// Floors at 0 (no claim has moved them) walk from the oldest row anyway.
+	f.oldestWanted = f.oldestWanted || f.highWater > 0 || f.safe > 0 || f.keyed.owed > 0
+}
+
 func (f *claimFloor) movedBelow(id int64) {
 	f.safe = min(f.safe, id-1)
 	f.highWater = min(f.highWater, f.safe)
@@ -193,9 +218,10 @@ func (f *claimFloor) statsFloors() outboxsql.StatsParams {
 }
 
 // oldestWalkDue reports whether the owed table's walk from the oldest row
-// is due, no sweep of it being in flight.
+// is due, no sweep of it being in flight: asked for, or as a backstop, as
+// the outbox's (freshFloor.fromOldestDue).
 func (f *claimFloor) oldestWalkDue(now time.Time) bool {
-	return !f.oldestWalking && now.Sub(f.lastOldestWalk) >= f.poll
+	return !f.oldestWalking && (f.oldestWanted || now.Sub(f.lastOldestWalk) >= max(fullWalkEvery, fullShare*f.oldestWalkTook))
 }
 
 // walkedFromOldest ends the owed table's walk from the oldest row, which

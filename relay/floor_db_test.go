@@ -375,9 +375,7 @@ func TestOwedWalksPassWhatAnOutageLeftDead(t *testing.T) {
 			testenv.Eventually(t, time.Minute, func() bool { return a.total() == rows }, "amqp did not get every row while nats was down")
 			n.setDown(nil)
 			testenv.Eventually(t, time.Minute, func() bool { return f.countDone() == rows }, "nats did not catch up on the owed rows")
-			// Rows after it lift the floors past it, once the outbox's recheck
-			// passed the rows the outage's batches held: every PollInterval,
-			// or a hundred times what it took (over the outage's dead rows).
+			// Rows after it lift the floors past it.
 			var last string
 			past := func() bool {
 				r.floor.mu.Lock()
@@ -396,6 +394,23 @@ func TestOwedWalksPassWhatAnOutageLeftDead(t *testing.T) {
 				testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == rows+after }, "rows after the outage not delivered")
 				return past()
 			}, "the owed table's floors never passed the outage's rows")
+			// Nor does the walk from the oldest row step over them every
+			// PollInterval: nothing asked for it, and its backstop is minutes
+			// apart.
+			r.floor.mu.Lock()
+			lastWalk := r.floor.lastOldestWalk
+			r.floor.mu.Unlock()
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+				after += 10
+				f.insert(10, "orders.after")
+				testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == rows+after }, "rows after the outage not delivered")
+			}
+			r.floor.mu.Lock()
+			walked := r.floor.lastOldestWalk != lastWalk
+			r.floor.mu.Unlock()
+			if walked {
+				t.Error("the owed table was walked from its oldest row again within 3 poll intervals")
+			}
 			cancel()
 			<-stopped
 
@@ -493,6 +508,53 @@ func TestAKeyedRowPutBackFromParkedGoesFirst(t *testing.T) {
 		t.Fatalf("the key's second row reached amqp before its first, put back from parked (first sent %d times)", got)
 	}
 	checkKeyOrder(t, "amqp", a.confirmedOrder(), map[int64]string{ids[0]: "k", ids[1]: "k"})
+}
+
+// An unkeyed row parked for RabbitMQ is not owed, so the owed floors pass
+// it. Put back, it is taken at once, with no row after it: RetryParked's
+// notification sends every relay's owed floors back to it. The backstop
+// walk from the oldest row is minutes away.
+func TestAnUnkeyedRowPutBackFromParkedIsTakenAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	a, n := newFake(TargetAMQP), newFake(TargetNATS)
+	refuse := atomic.Bool{}
+	refuse.Store(true)
+	a.setFail(func(m *Message) error {
+		if refuse.Load() && m.Topic == "orders.refused" {
+			return &PermanentError{Reason: "refused"}
+		}
+		return nil
+	})
+	msg := f.insert(1, "orders.refused")[0]
+	r, _, _ := f.start(Config{Sinks: []Sink{a, n}, Workers: 2})
+	testenv.Eventually(t, 10*time.Second, func() bool { s := f.state(msg); return s.amqpParked && s.natsDelivered },
+		"the row not parked for amqp and sent to nats")
+	done := f.countDone()
+	for range 3 {
+		done += len(f.insert(10, "orders.after"))
+		testenv.Eventually(t, 10*time.Second, func() bool { return f.countDone() == done }, "rows after it not delivered")
+	}
+	var id int64
+	if err := f.pool.QueryRow(ctx, `SELECT id FROM `+f.table.Owed()+` WHERE message_id = @m`, pgx.NamedArgs{"m": msg}).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	r.floor.mu.Lock()
+	passed, next := r.floor.safe >= id, r.floor.lastOldestWalk.Add(fullWalkEvery)
+	r.floor.mu.Unlock()
+	if !passed {
+		t.Fatalf("the owed floor did not pass the parked row %d: the test shows nothing", id)
+	}
+	refuse.Store(false)
+	if _, err := RetryParked(ctx, f.pool, f.table, []Target{TargetAMQP}, ParkedIDs(id)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { got, _ := a.count(msg); return got == 1 },
+		"the row put back never reached amqp")
+	if time.Now().After(next) {
+		t.Fatal("the backstop walk from the oldest row was due: the test shows nothing")
+	}
 }
 
 // The claim's probes of the owed table count only the targets the phase

@@ -14,9 +14,10 @@ func unkeyed(ids ...int64) []*claimed {
 	return rows
 }
 
-// The owed table's walk from the oldest row is due every PollInterval: in
-// the next ordinary claim while it is cheap, else as a sweep beside the
-// claims, one at a time.
+// The owed table's walk from the oldest row runs when asked (a listener
+// that reconnected, a phase switched) and as a backstop at least
+// fullWalkEvery apart, fullShare times what it took: in the next ordinary
+// claim while it is cheap, else as a sweep beside the claims, one at a time.
 func TestClaimFloorOldestWalkDue(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)
@@ -24,18 +25,25 @@ func TestClaimFloorOldestWalkDue(t *testing.T) {
 		name       string
 		took       time.Duration // the last walk from the oldest row
 		lastWalk   time.Duration // before now
+		asked      bool
 		walking    bool
 		walk, wide bool // a walk from the oldest row; as a sweep
 	}{
-		{"within PollInterval", time.Millisecond, 500 * time.Millisecond, false, false, false},
-		{"PollInterval passed, cheap: in the claim", time.Millisecond, time.Second, false, true, false},
-		{"PollInterval passed, slow: a sweep", 50 * time.Millisecond, time.Second, false, true, true},
-		{"a sweep in flight", 50 * time.Millisecond, time.Hour, true, false, false},
+		{"PollInterval passed, not asked", time.Millisecond, time.Minute, false, false, false, false},
+		{"asked, cheap: in the claim", time.Millisecond, 0, true, false, true, false},
+		{"asked, slow: a sweep", 50 * time.Millisecond, 0, true, false, true, true},
+		{"backstop, cheap: in the claim", time.Millisecond, fullWalkEvery, false, false, true, false},
+		{"backstop, slow: a sweep", 50 * time.Millisecond, fullWalkEvery, false, false, true, true},
+		{"backstop, slower: fullShare times what it took", 2 * time.Second, fullWalkEvery, false, false, false, false},
+		{"asked, a sweep in flight", 50 * time.Millisecond, time.Hour, true, true, false, false},
 	} {
 		f := newClaimFloor(10, time.Second)
 		f.oldestWalkTook, f.oldestWalking = tc.took, tc.walking
 		f.lastOldestWalk = t0.Add(-tc.lastWalk)
 		f.highWater, f.safe, f.keyed.owed = 70, 60, 40
+		if tc.asked {
+			f.owedFromOldest()
+		}
 		due := f.sweepDue(t0)
 		fl := f.begin(t0)
 		f.end(fl, true)
@@ -50,6 +58,37 @@ func TestClaimFloorOldestWalkDue(t *testing.T) {
 			t.Errorf("%s: %+v, want every owed walk and probe from 0, in the lock", tc.name, fl)
 		case !tc.walk && (fl.owed != 70 || fl.owedSafe != 60 || fl.owedKeyed != 40):
 			t.Errorf("%s: %+v, want owed 70 safe 60 keyed 40", tc.name, fl)
+		}
+		if tc.walk && f.oldestWanted {
+			t.Errorf("%s: still asked for after the walk began", tc.name)
+		}
+	}
+}
+
+// Floors no claim has moved walk from the oldest row anyway: asking for it
+// then costs nothing more.
+func TestClaimFloorOldestWalkAskedAtZero(t *testing.T) {
+	t.Parallel()
+	f := newClaimFloor(10, time.Second)
+	f.owedFromOldest()
+	if f.oldestWanted {
+		t.Error("asked for a walk from the oldest row with every floor at 0")
+	}
+}
+
+// A walk from the oldest row that fails, in the claim or as a sweep, is
+// asked for again.
+func TestClaimFloorOldestWalkFailedRunsAgain(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	for _, took := range []time.Duration{time.Millisecond, 50 * time.Millisecond} {
+		f := newClaimFloor(10, time.Second)
+		f.lastOldestWalk, f.oldestWalkTook, f.highWater = now, took, 70
+		f.owedFromOldest()
+		fl := f.begin(now)
+		f.end(fl, false)
+		if !f.oldestWanted || f.oldestWalking {
+			t.Errorf("took %v: after a failed walk from the oldest row: asked %v, in flight %v; want true, false", took, f.oldestWanted, f.oldestWalking)
 		}
 	}
 }
@@ -168,6 +207,18 @@ func TestClaimFloorOwedFloors(t *testing.T) {
 	f.movedToOwed(450)
 	if f.safe != 119 {
 		t.Errorf("rows moved above safe lowered it to %d", f.safe)
+	}
+
+	// Rows put back in line (a notification's payload) send the keyed
+	// floor back too.
+	f.highWater, f.safe, f.keyed.owed = 500, 400, 300
+	f.putBack(90)
+	if f.safe != 89 || f.highWater != 89 || f.keyed.owed != 89 {
+		t.Errorf("after rows put back from 90: safe %d mark %d keyed %d, want 89 89 89", f.safe, f.highWater, f.keyed.owed)
+	}
+	f.putBack(200)
+	if f.safe != 89 || f.keyed.owed != 89 {
+		t.Errorf("rows put back above the floors raised them to %d, %d", f.safe, f.keyed.owed)
 	}
 }
 

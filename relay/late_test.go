@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/relayd/relayd/internal/outboxsql"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -161,5 +162,49 @@ func TestStopCutsShortALateRecordUnderWay(t *testing.T) {
 	}
 	if took := time.Since(start); took < lateStopGrace-time.Second {
 		t.Errorf("Run returned after %v: the late record was not given its grace", took)
+	}
+}
+
+// Late confirms that move rows from the outbox to the owed table announce
+// the lowest of them to every relay: another relay's owed floors may have
+// passed them. The notification comes with the commit.
+func TestLateConfirmsAnnounceTheRowsTheyMove(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	msgs := f.insert(3, "orders.created")
+	keys, err := readWakeKeys(ctx, f.pool, f.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, outboxsql.Listen(keys.channel)); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `UNLISTEN *`) //nolint:errcheck // the pool's connection, for the next user
+	var low int64
+	if err := f.pool.QueryRow(ctx, `SELECT min(id) FROM `+f.table.Ident()+` WHERE message_id = ANY(@m::uuid[])`,
+		pgx.NamedArgs{"m": msgs[1:]}).Scan(&low); err != nil {
+		t.Fatal(err)
+	}
+	_, moved, err := newStore(f.table).recordLate(ctx, f.pool, TargetAMQP, msgs[1:], dualWrite, time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved != low {
+		t.Fatalf("recordLate moved from row %d, want %d", moved, low)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := conn.Conn().WaitForNotification(wctx)
+	if err != nil {
+		t.Fatalf("no notification after the late confirms moved rows: %v", err)
+	}
+	if got := putBackIn(n.Payload); got != low {
+		t.Fatalf("notification payload %q: want the lowest row moved, %d", n.Payload, low)
 	}
 }

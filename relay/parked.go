@@ -88,24 +88,25 @@ func ParkedIDs(ids ...int64) ParkedRows { return ParkedRows{ids: ids} }
 // the given targets. Attempts start again from 0, and a row no broker owes
 // a publish of forgets its route (docs/routes.md, "Changing routes").
 // Safe while relays run (a relay holding one of the rows makes the update
-// wait for its batch); it wakes idle relays. It returns how many (row,
-// target) pairs were put back.
+// wait for its batch); it wakes idle relays and sends every relay's owed
+// floors back to the rows. It returns how many (row, target) pairs were
+// put back.
 func RetryParked(ctx context.Context, db *pgxpool.Pool, table schema.Table, targets []Target, which ParkedRows) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		low := int64(0)
 		for _, t := range targets {
-			tag, err := tx.Exec(ctx, outboxsql.For(table).RetryParked.Get(string(t)), pgx.StrictStructArgs(outboxsql.RetryParkedParams{All: which.all, IDs: which.ids}))
-			if err != nil {
+			var put, lowest int64
+			if err := tx.QueryRow(ctx, outboxsql.For(table).RetryParked.Get(string(t)),
+				pgx.StrictStructArgs(outboxsql.RetryParkedParams{All: which.all, IDs: which.ids})).Scan(&put, &lowest); err != nil {
 				return err
 			}
-			n += tag.RowsAffected()
+			n += put
+			if lowest > 0 && (low == 0 || lowest < low) {
+				low = lowest
+			}
 		}
-		channel, err := notifyChannel(ctx, tx, table)
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, outboxsql.Notify, pgx.StrictStructArgs(outboxsql.NotifyParams{Channel: channel}))
-		return err
+		return notify(ctx, tx, table, low)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("retry parked: %w", err)

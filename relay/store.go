@@ -19,11 +19,12 @@ import (
 
 // store holds the relay's SQL for one outbox table (package outboxsql).
 type store struct {
-	sql *outboxsql.Statements
+	table schema.Table
+	sql   *outboxsql.Statements
 }
 
 func newStore(t schema.Table) *store {
-	return &store{sql: outboxsql.For(t)}
+	return &store{table: t, sql: outboxsql.For(t)}
 }
 
 // keyWindow times the batch size is how many of the oldest keyed rows owed
@@ -329,6 +330,11 @@ func (s *store) recordLate(ctx context.Context, pool *pgxpool.Pool, t Target, ms
 	}
 	if len(done.doneIDs) > 0 {
 		if _, err := tx.Exec(ctx, s.sql.Record, pgx.StrictStructArgs(done.params())); err != nil {
+			return 0, moved, err
+		}
+	}
+	if moved >= 0 { // rows the other relays' owed floors may have passed
+		if err := notify(ctx, tx, s.table, moved); err != nil {
 			return 0, moved, err
 		}
 	}

@@ -142,8 +142,9 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 		return false, fmt.Errorf("listen: %w", err)
 	}
 	errs.OK()
-	r.reconnected.signal() // Postgres may be back: workers stalled after its errors retry now
-	r.wake.signal()        // rows may have arrived while not listening
+	r.reconnected.signal()   // Postgres may be back: workers stalled after its errors retry now
+	r.wake.signal()          // rows may have arrived while not listening
+	r.floor.owedFromOldest() // and rows been put back in the owed table (a notification lost)
 	sql := outboxsql.For(r.cfg.Table)
 	lock := wakeLock{conn: conn, key: keys.lock, maxID: sql.MaxID, state: sql.WakeLockState}
 	for {
@@ -151,11 +152,14 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 		if err != nil {
 			return true, fmt.Errorf("listen: wake lock: %w", err)
 		}
-		notified, err := r.waitNotification(ctx, conn, retry)
+		n, err := r.waitNotification(ctx, conn, retry)
 		if err != nil {
 			return true, fmt.Errorf("listen: %w", err)
 		}
-		if notified {
+		if n != nil {
+			if id := putBackIn(n.Payload); id > 0 {
+				r.floor.putBack(id)
+			}
 			r.wake.signal()
 		}
 	}
@@ -268,9 +272,9 @@ func (l *wakeLock) take(ctx context.Context, claimed int64) (top int64, relayHol
 	return top, relayHolds, err
 }
 
-// waitNotification waits for a notification (true), a change of the idle
-// state, or retry (when not 0).
-func (r *Relay) waitNotification(ctx context.Context, conn *pgx.Conn, retry time.Duration) (bool, error) {
+// waitNotification waits for a notification (returned), a change of the
+// idle state, or retry (when not 0): nil.
+func (r *Relay) waitNotification(ctx context.Context, conn *pgx.Conn, retry time.Duration) (*pgconn.Notification, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	if retry > 0 {
 		cancel()
@@ -285,14 +289,14 @@ func (r *Relay) waitNotification(ctx context.Context, conn *pgx.Conn, retry time
 		case <-wctx.Done():
 		}
 	}()
-	_, err := conn.WaitForNotification(wctx)
+	n, err := conn.WaitForNotification(wctx)
 	interrupted := err != nil && ctx.Err() == nil && wctx.Err() != nil && !conn.IsClosed()
 	cancel()
 	<-watched // a change it took is read by the next syncWakeLock
 	if interrupted {
-		return false, nil // the state changed, or time to try the lock again
+		return nil, nil // the state changed, or time to try the lock again
 	}
-	return err == nil, err
+	return n, err
 }
 
 // wakeKeys are the channel a producer notifies and the wake lock it tests.
@@ -344,8 +348,28 @@ func readWakeKeys(ctx context.Context, db rowQuerier, t schema.Table) (wakeKeys,
 	return keys, nil
 }
 
-// notifyChannel is the channel the table's producers notify.
-func notifyChannel(ctx context.Context, db rowQuerier, t schema.Table) (string, error) {
-	keys, err := readWakeKeys(ctx, db, t)
-	return keys.channel, err
+// notify wakes the relays listening on the table's channel when tx
+// commits. putBack, when above 0, is the lowest id of the owed table's rows
+// tx put back in line or moved there: their owed floors may have passed it.
+func notify(ctx context.Context, tx pgx.Tx, t schema.Table, putBack int64) error {
+	keys, err := readWakeKeys(ctx, tx, t)
+	if err != nil {
+		return err
+	}
+	p := outboxsql.NotifyParams{Channel: keys.channel}
+	if putBack > 0 {
+		p.Payload = strconv.FormatInt(putBack, 10)
+	}
+	_, err = tx.Exec(ctx, outboxsql.Notify, pgx.StrictStructArgs(p))
+	return err
+}
+
+// putBackIn is the id a notification's payload says rows were put back in
+// the owed table from (notify), or 0: rows committed in the outbox.
+func putBackIn(payload string) int64 {
+	id, err := strconv.ParseInt(payload, 10, 64)
+	if err != nil || id <= 0 {
+		return 0
+	}
+	return id
 }

@@ -253,6 +253,21 @@ func TestWakeDefaultPattern(t *testing.T) {
 	}
 }
 
+// A notification's payload: empty from producers (rows committed), the
+// lowest id put back in the owed table from RetryParked and late confirms.
+func TestPutBackIn(t *testing.T) {
+	for _, tc := range []struct {
+		payload string
+		want    int64
+	}{
+		{"", 0}, {"123", 123}, {"0", 0}, {"-5", 0}, {"x", 0}, {"99999999999999999999", 0},
+	} {
+		if got := putBackIn(tc.payload); got != tc.want {
+			t.Errorf("putBackIn(%q) = %d, want %d", tc.payload, got, tc.want)
+		}
+	}
+}
+
 // While a producer's long transaction holds the wake lock shared, the idle
 // relay cannot take it and producers do not notify: the relay watches for
 // their rows, and claims each at once, however long the lock has been held.

@@ -48,8 +48,10 @@ var ReadBegin = []string{"BEGIN READ ONLY", "SET LOCAL enable_seqscan = off"}
 // LockTimeout sets the transaction's lock_timeout (LockTimeoutParams).
 const LockTimeout = `SELECT set_config('lock_timeout', @lock_timeout, true)`
 
-// Notify wakes the idle relays listening on a channel (NotifyParams).
-const Notify = `SELECT pg_notify(@channel, '')`
+// Notify wakes the idle relays listening on a channel (NotifyParams). A
+// payload is the lowest id of rows put back in the owed table (RetryParked)
+// or moved there late (Late): the relays' owed floors go back to it.
+const Notify = `SELECT pg_notify(@channel, @payload)`
 
 // WakeDefault reads created_at's default in the table @table (its quoted
 // identifier), as Postgres prints it, where migration 00016 keeps the

@@ -250,6 +250,7 @@ type LockTimeoutParams struct {
 // NotifyParams are Notify's.
 type NotifyParams struct {
 	Channel string `db:"channel"` // the channel the relays listen on
+	Payload string `db:"payload"` // "" (rows committed), or the lowest id put back in the owed table
 }
 
 // MaxIDParams are MaxID's.

@@ -26,11 +26,16 @@ ORDER BY id DESC LIMIT @limit
 -- @ids or every one when @all; attempts start again from 0. A row no target
 -- has a publish outstanding for (each has it, or is parked) forgets its
 -- route: it goes by its topic and headers as they are now, which the
--- operator may have fixed.
+-- operator may have fixed. It returns how many it put back and the lowest
+-- id (0: none), which the relays' owed floors may have passed.
 {{define "RetryParked"}}
-UPDATE {{.Owed}}
-SET {{.P}}_parked_at = NULL, {{.P}}_attempts = 0, {{.P}}_retry_at = NULL,
-	({{template "routeColumns"}}) = (SELECT {{template "routeColumns"}} WHERE NOT (
-		(amqp_delivered_at IS NOT NULL OR amqp_parked_at IS NOT NULL) AND (nats_delivered_at IS NOT NULL OR nats_parked_at IS NOT NULL)))
-WHERE {{.P}}_parked_at IS NOT NULL AND (@all OR id = ANY(@ids))
+WITH put AS (
+	UPDATE {{.Owed}}
+	SET {{.P}}_parked_at = NULL, {{.P}}_attempts = 0, {{.P}}_retry_at = NULL,
+		({{template "routeColumns"}}) = (SELECT {{template "routeColumns"}} WHERE NOT (
+			(amqp_delivered_at IS NOT NULL OR amqp_parked_at IS NOT NULL) AND (nats_delivered_at IS NOT NULL OR nats_parked_at IS NOT NULL)))
+	WHERE {{.P}}_parked_at IS NOT NULL AND (@all OR id = ANY(@ids))
+	RETURNING id
+)
+SELECT count(*), coalesce(min(id), 0) FROM put
 {{end}}
