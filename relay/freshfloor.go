@@ -43,7 +43,7 @@ type span struct{ from, to int64 }
 const (
 	cheapWalkTook = 20 * time.Millisecond // a recheck taking less runs every poll interval
 	foldSpan      = 4096                  // the next claim walks a gap that starts within this many ids of next
-	sweepSpan     = 1 << 16               // a sweep walks at most this many ids of a farther gap
+	sweepSpan     = 1 << 13               // a sweep walks at most this many ids of a farther gap
 	recheckShare  = 100                   // a recheck that is not cheap runs every this many times what it took
 	fullWalkEvery = 5 * time.Minute       // the walk from the oldest row runs at least this often apart
 	fullShare     = 200                   // ...and this many times what it took
