@@ -143,8 +143,8 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 	}
 	errs.OK()
 	r.reconnected.signal()   // Postgres may be back: workers stalled after its errors retry now
-	r.wake.signal()          // rows may have arrived while not listening
-	r.floor.owedFromOldest() // and rows been put back in the owed table (a notification lost)
+	r.floor.owedFromOldest() // rows may have been put back in the owed table unannounced
+	r.wake.signal()          // and rows arrived while not listening: the claim it wakes takes both
 	sql := outboxsql.For(r.cfg.Table)
 	lock := wakeLock{conn: conn, key: keys.lock, maxID: sql.MaxID, state: sql.WakeLockState}
 	for {
