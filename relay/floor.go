@@ -219,9 +219,9 @@ func (f *claimFloor) statsFloors() outboxsql.StatsParams {
 
 // oldestWalkDue reports whether the owed table's walk from the oldest row
 // is due, no sweep of it being in flight: asked for, or as a backstop, as
-// the outbox's (freshFloor.fromOldestDue).
+// the outbox's.
 func (f *claimFloor) oldestWalkDue(now time.Time) bool {
-	return !f.oldestWalking && (f.oldestWanted || now.Sub(f.lastOldestWalk) >= max(fullWalkEvery, fullShare*f.oldestWalkTook))
+	return !f.oldestWalking && (f.oldestWanted || backstopDue(now, f.lastOldestWalk, f.oldestWalkTook))
 }
 
 // walkedFromOldest ends the owed table's walk from the oldest row, which

@@ -176,7 +176,13 @@ func (f *freshFloor) sweepDue(now time.Time) bool {
 func (f *freshFloor) far(g span) bool { return f.next-g.from > foldSpan }
 
 func (f *freshFloor) fromOldestDue(now time.Time) bool {
-	return now.Sub(f.lastFromOldest) >= max(fullWalkEvery, fullShare*f.fromOldestTook)
+	return backstopDue(now, f.lastFromOldest, f.fromOldestTook)
+}
+
+// backstopDue reports whether a walk from the oldest row, of the outbox or
+// of the owed table, is due as a backstop: last started then and took took.
+func backstopDue(now, last time.Time, took time.Duration) bool {
+	return now.Sub(last) >= max(fullWalkEvery, fullShare*took)
 }
 
 func (f *freshFloor) recheckDue(now time.Time) bool {
