@@ -33,7 +33,7 @@ func (r *Relay) cleanup(ctx context.Context) {
 	}
 }
 
-// CleanupOnce finishes the next slice's stranded rows (rows JetStream has
+// CleanupOnce finishes the next slice of stranded rows (rows JetStream has
 // that RabbitMQ owed before the move to nats only), then deletes, 1000 at a
 // time, the record of delivered ids and the backfill's record of moved ids
 // past retention; it returns the first error.
@@ -71,20 +71,21 @@ func (r *Relay) CleanupOnce(ctx context.Context) error {
 // committed later) is at most a batch's lease older.
 const trimMargin = 10 * time.Minute
 
-// strandedCursor is where finishStranded's next slice of the outbox starts.
+// strandedCursor is where finishStranded's next slice of stranded rows starts.
 // mu keeps two CleanupOnce calls from walking the same slice.
 type strandedCursor struct {
 	mu    sync.Mutex
 	from  int64 // finishStranded moves it to the last id it read; the next slice starts past it
-	slice int   // how many rows a slice reads; tests make it small
+	slice int   // how many rows a slice finishes at most; tests make it small
 }
 
-// strandedSliceRows is how many outbox rows each finishStranded goes through.
+// strandedSliceRows is how many stranded rows each finishStranded finishes at most.
 const strandedSliceRows = 50000
 
 // finishStranded moves out of the outbox, in the nats-only phase, rows
 // JetStream has that RabbitMQ owed before the move, which no batch claims:
-// the next slice of rows each call (docs/design.md, "Stranded rows"). It
+// the next slice of them each call, by an index that holds only them
+// (docs/design.md, "Stranded rows"). It
 // runs wholly before or after a change of the table's phase; while one is
 // being made it leaves the slice to the next call.
 func (r *Relay) finishStranded(ctx context.Context) error {
@@ -98,6 +99,11 @@ func (r *Relay) finishStranded(ctx context.Context) error {
 	// Read committed, whatever the database's default: Finish's snapshot
 	// is its own statement's.
 	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		// A planner that costs the owed table's heap for the whole id range
+		// would read it all rather than the stranded rows' index.
+		if _, err := tx.Exec(ctx, outboxsql.OnIndexes); err != nil {
+			return err
+		}
 		var free bool
 		if err := tx.QueryRow(ctx, r.store.sql.PhaseShare).Scan(&free); err != nil || !free {
 			return cmp.Or(err, errPhaseChanging)

@@ -35,11 +35,15 @@ const ExactLimit = 10000
 // serve, few enough to stay cheap on a large table.
 const ActiveWindow = 1000
 
-// BatchBegin opens a batch's transaction with generic plans kept on the
-// outbox's indexes (docs/design.md, "Plans"), transaction-local. It goes out
-// in the claim's round trip. Do not modify.
-var BatchBegin = []string{"BEGIN", "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), " +
-	"set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)"}
+// OnIndexes keeps the transaction's plans generic and on the tables'
+// indexes, in their order, however stale the planner's statistics are
+// (docs/design.md, "Plans"). Do not modify.
+const OnIndexes = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), " +
+	"set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)"
+
+// BatchBegin opens a batch's transaction with OnIndexes. It goes out in the
+// claim's round trip.
+var BatchBegin = []string{"BEGIN", OnIndexes}
 
 // ReadBegin opens a read-only transaction whose statements stay on the
 // tables' indexes however stale the planner's statistics are. Do not modify.

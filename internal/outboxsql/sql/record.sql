@@ -118,17 +118,18 @@ FROM unnest(@ids::bigint[], @route_exchanges::text[], @route_routing_keys::text[
 WHERE o.id = u.id AND o.nats_subject IS NULL
 {{end}}
 
--- Finish moves the rows JetStream has (the nats-only phase) out of the next
--- slice of the owed table in id order, past @after, at most @limit rows: the primary
--- key's order, never a scan of the whole backlog. It returns the slice's
--- last id, its rows, and the rows moved. It moves nothing once the table's
--- phase is set to another: a relay that has not read the change yet would
--- finish rows the relays in dual write still send RabbitMQ. It runs after
--- PhaseShare, in its transaction, so its snapshot sees every change before
--- it and no change commits until it has.
+-- Finish moves the rows JetStream has (the nats-only phase) out of the owed
+-- table, in id order past @after, at most @limit rows: through the owed_in_nats
+-- index (00020), which holds only them, never the owed table's other rows
+-- or the dead ones a held horizon keeps. It returns the slice's last id, its
+-- rows, and the rows moved. It moves nothing once the table's phase is set
+-- to another: a relay that has not read the change yet would finish rows
+-- the relays in dual write still send RabbitMQ. It runs after PhaseShare, in
+-- its transaction, so its snapshot sees every change before it and no
+-- change commits until it has.
 {{define "Finish"}}
 WITH slice AS MATERIALIZED (
-	SELECT id FROM {{.Owed}} WHERE id > @after ORDER BY id LIMIT @limit
+	SELECT id FROM {{.Owed}} WHERE nats_delivered_at IS NOT NULL AND done_at IS NULL AND id > @after ORDER BY id LIMIT @limit
 ), del AS (
 	DELETE FROM {{.Owed}} o WHERE o.id IN (
 		SELECT id FROM {{.Owed}} WHERE id IN (SELECT id FROM slice) AND nats_delivered_at IS NOT NULL AND done_at IS NULL

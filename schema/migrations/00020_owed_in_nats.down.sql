@@ -1,0 +1,2 @@
+-- +relayd no-transaction
+DROP INDEX CONCURRENTLY IF EXISTS {{.Qualified "owed_in_nats"}};
