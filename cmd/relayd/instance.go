@@ -28,7 +28,8 @@ func instanceName() string {
 // reportInstance writes this relay's phase to <table>_instances every
 // phase.BeatEvery until ctx is done, then removes it, so that `relayd
 // status`, `cutover check`, the backfill and the replay see every running
-// relay's phase. ctx should end once the relay's batches have.
+// relay's phase; every phase.PruneEvery it forgets the relays long silent.
+// ctx should end once the relay's batches have.
 func reportInstance(ctx context.Context, pool *pgxpool.Pool, table schema.Table, r *relay.Relay, log *slog.Logger) {
 	in := phase.Instance{Instance: instanceName(), Version: version, StartedAt: time.Now()}
 	select { // not the phase the relay starts in, but the one it runs
@@ -39,11 +40,18 @@ func reportInstance(ctx context.Context, pool *pgxpool.Pool, table schema.Table,
 	errs := errlog.New(log, "report this relay's phase")
 	t := time.NewTicker(phase.BeatEvery)
 	defer t.Stop()
+	var pruned time.Time
 	for {
 		s := r.Phase()
 		in.Phase, in.Pinned = reportedPhase(s), s.Pinned
 		bctx, cancel := context.WithTimeout(ctx, phase.BeatEvery)
-		if err := phase.Beat(bctx, pool, table, in); err != nil && ctx.Err() == nil {
+		err := phase.Beat(bctx, pool, table, in)
+		if err == nil && time.Since(pruned) >= phase.PruneEvery {
+			if err = phase.Prune(bctx, pool, table); err == nil {
+				pruned = time.Now()
+			}
+		}
+		if err != nil && ctx.Err() == nil {
 			errs.Error(err)
 		} else {
 			errs.OK()

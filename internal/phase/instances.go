@@ -29,21 +29,30 @@ type Instance struct {
 const (
 	BeatEvery = 2 * time.Second
 	Seen      = 5 * BeatEvery
-	// forgetAfter is when a relay that stopped reporting (killed) is
-	// deleted from the table.
-	forgetAfter = 24 * time.Hour
+	// ForgetAfter is when a relay that stopped reporting (killed) is
+	// deleted from the table; PruneEvery how often a relay deletes them.
+	ForgetAfter = 24 * time.Hour
+	PruneEvery  = time.Hour
 )
 
-// Beat writes in's report, and forgets relays silent for a day.
+// Beat writes in's report.
 func Beat(ctx context.Context, db *pgxpool.Pool, table schema.Table, in Instance) error {
-	q := outboxsql.For(table)
-	b := &pgx.Batch{}
-	b.Queue(q.InstanceBeat, pgx.StrictStructArgs(outboxsql.InstanceBeatParams{
+	_, err := db.Exec(ctx, outboxsql.For(table).InstanceBeat, pgx.StrictStructArgs(outboxsql.InstanceBeatParams{
 		Instance: in.Instance, Phase: string(in.Phase), Pinned: in.Pinned, Version: in.Version, StartedAt: in.StartedAt,
 	}))
-	b.Queue(q.InstancesPrune, pgx.StrictStructArgs(outboxsql.InstancesPruneParams{ForgetAfterMS: forgetAfter.Milliseconds()}))
-	if err := db.SendBatch(ctx, b).Close(); err != nil {
+	if err != nil {
 		return fmt.Errorf("report this relay in %s: %w", table.Side("instances"), err)
+	}
+	return nil
+}
+
+// Prune forgets the relays silent for ForgetAfter. It reads the whole
+// table, every version of each relay's report a held horizon keeps: run
+// it every PruneEvery, not at every beat.
+func Prune(ctx context.Context, db *pgxpool.Pool, table schema.Table) error {
+	_, err := db.Exec(ctx, outboxsql.For(table).InstancesPrune, pgx.StrictStructArgs(outboxsql.InstancesPruneParams{ForgetAfterMS: ForgetAfter.Milliseconds()}))
+	if err != nil {
+		return fmt.Errorf("forget the relays silent for %s in %s: %w", ForgetAfter, table.Side("instances"), err)
 	}
 	return nil
 }

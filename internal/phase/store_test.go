@@ -182,3 +182,48 @@ func TestRunningAstray(t *testing.T) {
 		t.Errorf("after a:1 left: %+v", running)
 	}
 }
+
+// Prune forgets the relays silent for ForgetAfter, killed ones; Beat does
+// not, so that a relay's beats do not read the whole table, every version
+// of every report a held horizon keeps.
+func TestPruneForgetsSilentRelays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	silent := map[string]time.Duration{"a:1": 0, "b:2": phase.ForgetAfter - time.Hour, "c:3": phase.ForgetAfter + time.Minute}
+	for name, ago := range silent {
+		if err := phase.Beat(ctx, pool, table, phase.Instance{Instance: name, Phase: phase.Dual, Version: "v", StartedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE `+table.Side("instances")+` SET seen_at = now() - $2 * interval '1 millisecond' WHERE instance = $1`,
+			name, ago.Milliseconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reports := func() []string {
+		t.Helper()
+		var names []string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(instance ORDER BY instance), '{}') FROM `+table.Side("instances")).Scan(&names); err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	for _, step := range []struct {
+		what string
+		do   func() error
+		want []string
+	}{
+		{"a beat", func() error {
+			return phase.Beat(ctx, pool, table, phase.Instance{Instance: "a:1", Phase: phase.Dual, Version: "v", StartedAt: time.Now()})
+		}, []string{"a:1", "b:2", "c:3"}},
+		{"a prune", func() error { return phase.Prune(ctx, pool, table) }, []string{"a:1", "b:2"}},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatal(err)
+		}
+		if got := reports(); !slices.Equal(got, step.want) {
+			t.Errorf("after %s: reports %v, want %v", step.what, got, step.want)
+		}
+	}
+}
