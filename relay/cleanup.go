@@ -82,12 +82,12 @@ type strandedCursor struct {
 // strandedSliceRows is how many stranded rows each finishStranded finishes at most.
 const strandedSliceRows = 50000
 
-// finishStranded moves out of the outbox, in the nats-only phase, rows
+// finishStranded moves out of the owed table, in the nats-only phase, rows
 // JetStream has that RabbitMQ owed before the move, which no batch claims:
 // the next slice of them each call, by an index that holds only them
-// (docs/design.md, "Stranded rows"). It
-// runs wholly before or after a change of the table's phase; while one is
-// being made it leaves the slice to the next call.
+// (docs/design.md, "Stranded rows"). It runs wholly before or after a change
+// of the table's phase; while one is being made it leaves the slice to the
+// next call.
 func (r *Relay) finishStranded(ctx context.Context) error {
 	if !r.phase.now().NATSOnly() {
 		return nil
