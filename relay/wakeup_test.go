@@ -80,7 +80,9 @@ func TestProducersNotifyOnlyWhileARelayWaits(t *testing.T) {
 // (and so from sleeping) until it commits.
 func TestRowCommittedAsTheRelayGoesToSleep(t *testing.T) {
 	t.Parallel()
-	const poll = 2 * time.Second
+	// Long, so that a row left to the poll cannot pass for one claimed at
+	// once on a loaded machine.
+	const poll = time.Minute
 	for _, tc := range []struct {
 		name         string
 		commitBefore bool // commit inside the hook, before the lock is tried
@@ -125,22 +127,18 @@ func TestRowCommittedAsTheRelayGoesToSleep(t *testing.T) {
 			if err := <-hooked; err != nil {
 				t.Fatal(err)
 			}
-			start := time.Now()
 			if !tc.commitBefore {
 				after := tries.Load()
 				testenv.Eventually(t, 10*time.Second, func() bool { return tries.Load() >= after+3 }, "relay did not try the wake lock again")
 				if pid := wakeLockHolder(t, f.pool, f.table); pid != 0 {
 					t.Fatalf("relay (pid %d) took the wake lock while an insert was uncommitted", pid)
 				}
-				start = time.Now()
 				if err := tx.Commit(ctx); err != nil {
 					t.Fatal(err)
 				}
 			}
-			testenv.Eventually(t, 2*poll+5*time.Second, func() bool { return f.countDone() == 2 }, "row inserted as the relay went to sleep not delivered")
-			if took := time.Since(start); took > poll/2 {
-				t.Fatalf("row claimed %v after it committed, want at once (poll interval %v)", took, poll)
-			}
+			testenv.Eventually(t, poll/2, func() bool { return f.countDone() == 2 },
+				"row inserted as the relay went to sleep not delivered within half the poll interval: it waits for the poll")
 		})
 	}
 }
