@@ -10,6 +10,7 @@ import (
 
 	"github.com/relayd/relayd/internal/cutover"
 	"github.com/relayd/relayd/internal/phase"
+	"github.com/relayd/relayd/internal/phase/phasetest"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -59,9 +60,7 @@ func TestCheckRelaydPhases(t *testing.T) {
 				}
 			}
 			for _, r := range tc.relays {
-				if err := phase.Beat(ctx, pool, table, phase.Instance{Instance: r.name, Phase: r.phase, Pinned: r.pinned, Version: "test", StartedAt: time.Now()}); err != nil {
-					t.Fatal(err)
-				}
+				phasetest.Relay(t, pool, table, phase.Instance{Instance: r.name, Phase: r.phase, Pinned: r.pinned, Version: "test", StartedAt: time.Now()})
 			}
 			res, err := cutover.Check(ctx, cfg)
 			if err != nil {

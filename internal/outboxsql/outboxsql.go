@@ -134,7 +134,8 @@ type Statements struct {
 
 	// The shared phase and the running relays (package phase).
 	PhaseRead, PhaseLock, PhaseShare, PhaseSet, PhaseHistory string
-	InstanceBeat, InstanceLeave, InstancesPrune, Instances   string
+	InstancePresent, InstanceBeat, InstanceLeave             string
+	InstancesPrune, Instances                                string
 
 	// `relayd replay`: what RabbitMQ has, and the run's record (package
 	// replay).
@@ -240,6 +241,7 @@ func render(t schema.Table) *Statements {
 		PhaseShare:               exec("PhaseShare", d),
 		PhaseSet:                 exec("PhaseSet", d),
 		PhaseHistory:             exec("PhaseHistory", d),
+		InstancePresent:          exec("InstancePresent", d),
 		InstanceBeat:             exec("InstanceBeat", d),
 		InstanceLeave:            exec("InstanceLeave", d),
 		InstancesPrune:           exec("InstancesPrune", d),

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/relayd/relayd/internal/phase"
+	"github.com/relayd/relayd/internal/phase/phasetest"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -44,10 +45,8 @@ func TestCheckPhase(t *testing.T) {
 				t.Fatal(err)
 			}
 			for in, p := range tc.relays {
-				if err := phase.Beat(ctx, pool, table, phase.Instance{Instance: in, Phase: p, Pinned: tc.pinned && p == phase.NATS,
-					Version: "test", StartedAt: time.Now()}); err != nil {
-					t.Fatal(err)
-				}
+				phasetest.Relay(t, pool, table, phase.Instance{Instance: in, Phase: p, Pinned: tc.pinned && p == phase.NATS,
+					Version: "test", StartedAt: time.Now()})
 			}
 			var logged strings.Builder
 			r := &runner{cfg: Config{DB: pool, Table: table, DryRun: tc.dryRun}, log: slog.New(slog.NewTextHandler(&logged, nil))}

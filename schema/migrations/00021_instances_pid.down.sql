@@ -1,0 +1,1 @@
+ALTER TABLE {{.Qualified "instances"}} DROP COLUMN pid;
