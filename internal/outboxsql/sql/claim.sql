@@ -156,9 +156,11 @@ SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 
 -- keyFree: no earlier row of row .Row's key is owed to the target in the
 -- owed table: for a fresh row, and for a row the amqp walk took, so that it
--- goes to JetStream in the same batch.
+-- goes to JetStream in the same batch. Every such row lies above
+-- @owed_keyed_floor, as for the heads: the probe starts there, past the
+-- rows of the key delivered meanwhile, which a held horizon keeps.
 {{define "keyFree"}}NOT EXISTS (
-		SELECT 1 FROM {{.Owed}} e WHERE e.key = {{.Row}}.key AND e.id < {{.Row}}.id
+		SELECT 1 FROM {{.Owed}} e WHERE e.key = {{.Row}}.key AND e.id > @owed_keyed_floor::bigint AND e.id < {{.Row}}.id
 		  AND e.{{.P}}_delivered_at IS NULL AND e.done_at IS NULL
 		  AND (NOT @skip_parked_keys::boolean OR e.{{.P}}_parked_at IS NULL)){{end}}
 
