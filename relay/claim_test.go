@@ -250,5 +250,54 @@ func TestKeyOrderAcrossTheTwoTables(t *testing.T) {
 	}
 }
 
+// An owed keyed row waits for an earlier row of its key still in the
+// outbox though the keyed floor passed that row, while its transaction ran:
+// the claim's probe starts where that transaction's rows may, once the
+// claim's snapshot shows it ended.
+func TestOwedKeyedRowWaitsForARowTheKeyedFloorPassed(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	var xid, early int64
+	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload, key) VALUES ('t', '\x00', 'k') RETURNING id`).Scan(&early); err != nil {
+		t.Fatal(err)
+	}
+	var later int64
+	if err := f.pool.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload, key) VALUES ('t', '\x00', 'k') RETURNING id`).Scan(&later); err != nil {
+		t.Fatal(err)
+	}
+	// The later row went to JetStream and waits for RabbitMQ's retry; the
+	// keyed floor rose past the early row while its transaction ran.
+	testenv.SetState(t, f.pool, f.table, `amqp_attempts = 1, amqp_retry_at = now() - interval '1 second', amqp_last_error = 'x', nats_delivered_at = now()`,
+		"id = @id", pgx.NamedArgs{"id": later})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
+	fl := floors{fresh: freshWalk{from: later}, keyed: later, freshKeyed: later, pendingXIDs: []int64{xid}, pendingFrom: []int64{early - 1}}
+	rows, _, err := newStore(f.table).claim(ctx, conn, dualWrite, dualWrite, 500, false, fl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rows {
+		if c.msg.ID == later {
+			t.Fatalf("claimed the later row %d while the early row %d of its key is in the outbox", later, early)
+		}
+	}
+}
+
 // dualWrite is the phase that enables both targets.
 var dualWrite = phase{perTarget[bool]{AMQP: true, NATS: true}}

@@ -56,6 +56,11 @@ type floors struct {
 	owed, owedSafe, owedKeyed int64
 	fresh                     freshWalk
 	keyed                     int64
+	// An owed keyed row's probe of the outbox for an earlier row of its
+	// key starts at freshKeyed, or at the from of a pending transaction
+	// the claim's snapshot shows ended: 0 in a sweep.
+	freshKeyed               int64
+	pendingXIDs, pendingFrom []int64
 	// oldest marks a sweep of the owed table from its oldest row: the
 	// outbox is not walked.
 	oldest bool
@@ -76,7 +81,11 @@ func (f *claimFloor) begin(now time.Time) floors {
 		f.mu.Unlock()
 		return floors{owed: math.MaxInt64, owedSafe: math.MaxInt64, owedKeyed: math.MaxInt64, fresh: w, keyed: math.MaxInt64, gen: f.gen}
 	}
-	fl := floors{owed: f.highWater, owedSafe: f.safe, owedKeyed: f.keyed.owed, fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen}
+	fl := floors{owed: f.highWater, owedSafe: f.safe, owedKeyed: f.keyed.owed, fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen,
+		freshKeyed: f.keyed.floor}
+	for x, from := range f.keyed.pending {
+		fl.pendingXIDs, fl.pendingFrom = append(fl.pendingXIDs, x), append(fl.pendingFrom, from)
+	}
 	if f.oldestWalkDue(now) {
 		f.lastOldestWalk, f.oldestWanted = now, false
 		if f.oldestWalkTook >= cheapWalkTook { // slow: beside the claims

@@ -91,6 +91,7 @@ func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase
 			BatchSize: limit, SkipParkedKeys: skipParked,
 			KeyedWindow: window, KeyedRows: keyed, OwedFloor: fl.owed, OwedSafe: fl.owedSafe, OwedKeyedFloor: fl.owedKeyed, HeldIDs: held,
 			FreshFrom: fl.fresh.from, FreshTo: to, KeyedFloor: fl.keyed,
+			FreshKeyedFloor: fl.freshKeyed, KeyedPendingXIDs: fl.pendingXIDs, KeyedPendingFrom: fl.pendingFrom,
 		}))
 	}
 	br := db.SendBatch(ctx, b)

@@ -25,6 +25,12 @@ type ClaimParams struct {
 	FreshFrom      int64   `db:"fresh_from"`       // the outbox's unkeyed walk takes ids above it...
 	FreshTo        int64   `db:"fresh_to"`         // ...up to this one
 	KeyedFloor     int64   `db:"keyed_floor"`      // the outbox's keyed walks take ids above it
+	// An owed keyed row's probe for an earlier row of its key in the
+	// outbox starts above FreshKeyedFloor, or the KeyedPendingFrom of a
+	// KeyedPendingXIDs transaction the claim's snapshot shows ended.
+	FreshKeyedFloor  int64   `db:"fresh_keyed_floor"`
+	KeyedPendingXIDs []int64 `db:"keyed_pending_xids"`
+	KeyedPendingFrom []int64 `db:"keyed_pending_from"`
 }
 
 // RecheckParams are Recheck's.

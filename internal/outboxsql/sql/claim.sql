@@ -151,8 +151,15 @@ SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 {{define "below"}}id < CASE WHEN @amqp_active::boolean AND (SELECT count(*) FROM {{.Walk}}) >= {{.Limit}} THEN (SELECT max(id) FROM {{.Walk}}) ELSE 9223372036854775807 END{{end}}
 
 -- noFreshBefore: no earlier row of the owed row's key is still in the outbox
--- (its transaction committed after this row was first claimed).
-{{define "noFreshBefore"}}NOT EXISTS (SELECT 1 FROM {{.Table}} e WHERE e.key = {{.Owed}}.key AND e.id < {{.Owed}}.id){{end}}
+-- (its transaction committed after this row was first claimed). Every keyed
+-- row this claim can see there lies above @fresh_keyed_floor, or is of a
+-- remembered transaction its snapshot shows ended, whose rows start at its
+-- @keyed_pending_from: the probe starts at the lowest of those, past the
+-- key's rows deleted meanwhile, which a held horizon keeps.
+{{define "noFreshBefore"}}NOT EXISTS (SELECT 1 FROM {{.Table}} e WHERE e.key = {{.Owed}}.key AND e.id < {{.Owed}}.id
+	  AND e.id > (SELECT least(@fresh_keyed_floor::bigint, min(p.f))
+		FROM unnest(@keyed_pending_xids::bigint[], @keyed_pending_from::bigint[]) p(x, f)
+		WHERE pg_visible_in_snapshot(x::text::xid8, pg_current_snapshot()))){{end}}
 
 -- keyFree: no earlier row of row .Row's key is owed to the target in the
 -- owed table: for a fresh row, and for a row the amqp walk took, so that it
