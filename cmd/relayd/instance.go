@@ -34,26 +34,25 @@ type phaseSource interface {
 	Phase() relay.PhaseState
 }
 
-// presenceRetry paces the reconnections of the report's session, as the
-// listener's: a relay is not listed until its session is back.
-var presenceRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: time.Second, Jitter: 0.5}
+// presenceRetry paces the reconnections of the report's session.
+var presenceRetry = backoff.Doubling{Floor: 100 * time.Millisecond, Cap: 5 * time.Second, Jitter: 0.5}
 
 // instanceReport lists this relay in <table>_instances, on a session of its own
 // whose presence lock says it runs, so that `relayd status`, `cutover
 // check`, the backfill and the replay see every running relay's phase.
 type instanceReport struct {
-	pool   *pgxpool.Pool // whose config the session copies
-	table  schema.Table
-	src    phaseSource
-	every  time.Duration // phase.BeatEvery: how often it looks at the phase
-	log    *slog.Logger
-	looked func(error) // tests: after each look, with Postgres's refusal if any
+	pool  *pgxpool.Pool // whose config the session copies
+	table schema.Table
+	src   phaseSource
+	every time.Duration // phase.BeatEvery: how often it looks at the phase
+	log   *slog.Logger
+	beat  func() // tests: after each look that reached Postgres
 }
 
 // reportInstance reports this relay until ctx is done, then removes its
 // row. ctx should end once the relay's batches have.
 func reportInstance(ctx context.Context, pool *pgxpool.Pool, table schema.Table, src phaseSource, log *slog.Logger) {
-	rp := instanceReport{pool: pool, table: table, src: src, every: phase.BeatEvery, log: log, looked: func(error) {}}
+	rp := instanceReport{pool: pool, table: table, src: src, every: phase.BeatEvery, log: log, beat: func() {}}
 	rp.run(ctx)
 }
 
@@ -70,11 +69,6 @@ func (rp *instanceReport) run(ctx context.Context) {
 	for {
 		reached, err := rp.session(ctx, &in, &pruned, errs)
 		if ctx.Err() != nil {
-			// Not listed once its session has ended, the row would stay
-			// until the prune.
-			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			phase.Leave(lctx, rp.pool, rp.table, in.Instance) //nolint:errcheck // then it waits for the prune
-			cancel()
 			return
 		}
 		errs.Error(err)
@@ -96,13 +90,19 @@ func (rp *instanceReport) session(ctx context.Context, in *phase.Instance, prune
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
 	}
+	var p *phase.Presence
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		conn.Close(cctx)
-		cancel()
+		// The row goes first: a row left behind is not listed once the
+		// session ends, but waits for the prune.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if p != nil && ctx.Err() != nil {
+			p.Leave(lctx, in.Instance) //nolint:errcheck // not listed without the session
+		}
+		conn.Close(lctx)
 	}()
 	pctx, cancel := context.WithTimeout(ctx, phase.BeatEvery)
-	p, err := phase.Present(pctx, conn, rp.table)
+	p, err = phase.Present(pctx, conn, rp.table)
 	cancel()
 	if err != nil {
 		return false, err
@@ -115,9 +115,8 @@ func (rp *instanceReport) session(ctx context.Context, in *phase.Instance, prune
 		in.Phase, in.Pinned = reportedPhase(s), s.Pinned
 		bctx, cancel := context.WithTimeout(ctx, phase.BeatEvery)
 		if !reached || in.Phase != written.Phase || in.Pinned != written.Pinned {
-			if err = p.Report(bctx, *in); err == nil {
-				reached, written = true, *in
-			}
+			err = p.Report(bctx, *in)
+			reached, written = reached || err == nil, *in
 		} else {
 			err = p.Check(bctx)
 		}
@@ -127,17 +126,14 @@ func (rp *instanceReport) session(ctx context.Context, in *phase.Instance, prune
 			}
 		}
 		cancel()
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return reached, nil
-		case err != nil && conn.IsClosed():
+		if err != nil {
+			if ctx.Err() != nil {
+				return reached, nil
+			}
 			return reached, err
-		case err != nil: // refused (a revoked grant): the session stays, and the next look tries again
-			errs.Error(err)
-		default:
-			errs.OK()
 		}
-		rp.looked(err)
+		errs.OK()
+		rp.beat()
 		select {
 		case <-ctx.Done():
 			return reached, nil

@@ -106,8 +106,8 @@ func (p *Presence) Prune(ctx context.Context) error {
 }
 
 // Leave removes the report of the stopping relay instance.
-func Leave(ctx context.Context, db *pgxpool.Pool, table schema.Table, instance string) error {
-	_, err := db.Exec(ctx, outboxsql.For(table).InstanceLeave, pgx.StrictStructArgs(outboxsql.InstanceLeaveParams{Instance: instance}))
+func (p *Presence) Leave(ctx context.Context, instance string) error {
+	_, err := p.conn.Exec(ctx, outboxsql.For(p.table).InstanceLeave, pgx.StrictStructArgs(outboxsql.InstanceLeaveParams{Instance: instance}))
 	return err
 }
 

@@ -26,7 +26,7 @@ func TestRunningAstray(t *testing.T) {
 		return phase.Instance{Instance: name, Phase: p, Pinned: pinned, Version: v, StartedAt: started}
 	}
 	phasetest.Relay(t, pool, table, in("b:2", phase.AMQP, true, "v1"))
-	phasetest.Relay(t, pool, table, in("a:1", phase.Dual, false, "v2"))
+	a, _ := phasetest.Relay(t, pool, table, in("a:1", phase.Dual, false, "v2"))
 	_, killed := phasetest.Relay(t, pool, table, in("c:3", phase.Dual, false, "v2"))
 	// Rows no live presence lock backs: relays of an earlier version, seen
 	// a second and a minute ago, and a row whose pid is a session that
@@ -87,7 +87,7 @@ func TestRunningAstray(t *testing.T) {
 	if len(astray) != 1 || astray[0].Instance != "b:2" {
 		t.Errorf("Astray from dual: %+v, want b:2", astray)
 	}
-	if err := phase.Leave(ctx, pool, table, "a:1"); err != nil {
+	if err := a.Leave(ctx, "a:1"); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := names(), []string{"b:2", "d:4"}; !slices.Equal(got, want) {

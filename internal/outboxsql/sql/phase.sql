@@ -41,12 +41,10 @@ WITH reused AS (DELETE FROM {{.Instances}} WHERE pid = pg_backend_pid())
 SELECT pg_try_advisory_lock('{{.Instances}}'::regclass::oid::int4, pg_backend_pid())
 {{end}}
 
--- present: the relay of row i holds its presence lock (false, not NULL, for
--- a row without a pid). The subquery is not correlated: pg_locks is read
--- once, not per row.
-{{define "present"}}(i.pid IS NOT NULL AND i.pid IN (SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+-- present: the relay of row i holds its presence lock.
+{{define "present"}}EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid = i.pid
 	AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND l.classid = '{{.Instances}}'::regclass::oid AND l.objid = l.pid::oid AND l.objsubid = 2)){{end}}
+	AND l.classid = '{{.Instances}}'::regclass::oid AND l.objid = i.pid::oid AND l.objsubid = 2){{end}}
 
 -- InstanceBeat: @instance, its @phase, @pinned or not, its @version and
 -- when it @started_at, bound to this session, which holds InstancePresent.
