@@ -16,7 +16,6 @@ import (
 
 	"github.com/relayd/relayd/backfill"
 	"github.com/relayd/relayd/internal/phase"
-	"github.com/relayd/relayd/internal/phase/phasetest"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/outbox"
 )
@@ -810,9 +809,11 @@ func TestBackfillRefusesWhileARelayReportsPhaseAMQP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.legacyPublish([]amqp.Publishing{{MessageId: "dw-2", Body: []byte("x"), DeliveryMode: amqp.Persistent}}, "orders.dw")
-	phasetest.Relay(t, e.pool, e.table, phase.Instance{
+	if err := phase.Beat(context.Background(), e.pool, e.table, phase.Instance{
 		Instance: "old-pod:1", Phase: phase.AMQP, Pinned: true, Version: "test", StartedAt: time.Now(),
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	out, err := e.backfillWithin(t, 30*time.Second)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "old-pod:1 runs phase amqp") {

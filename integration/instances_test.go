@@ -89,30 +89,3 @@ func TestStoppingRelayReportsUntilItsBatchesEnd(t *testing.T) {
 	}
 	t.Logf("%d polls while the batch ran out", polls)
 }
-
-// A killed relay is no longer listed as running as soon as Postgres sees
-// its connection close, not once a report has gone stale: its presence
-// lock went with its session.
-func TestKilledRelayIsNoLongerListed(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	r := e.startRelay("relay")
-	listed := func() bool {
-		in, err := phase.Running(ctx, e.pool, e.table)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(in) == 1
-	}
-	testenv.Eventually(t, 30*time.Second, listed, "the relay did not report itself")
-	r.kill()
-	killed := time.Now()
-	// Under phase.Seen: a stale report would still be listed.
-	testenv.Eventually(t, phase.Seen/2, func() bool { return !listed() }, "the killed relay is still listed")
-	t.Logf("no longer listed %s after the kill", time.Since(killed).Round(time.Millisecond))
-	var rows int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Side("instances")).Scan(&rows); err != nil || rows != 1 {
-		t.Errorf("%d rows (%v): want the killed relay's row kept, for the prune", rows, err)
-	}
-}

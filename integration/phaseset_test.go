@@ -14,7 +14,6 @@ import (
 
 	"github.com/relayd/relayd/internal/cutover"
 	"github.com/relayd/relayd/internal/phase"
-	"github.com/relayd/relayd/internal/phase/phasetest"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -55,13 +54,9 @@ func TestPhaseSetNATSGuardRails(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFlags := []string{"--consumer", durable, "--queue", e.queue, "--quiet-period", "1s"}
-	var relay *phase.Presence
 	beat := func(p phase.Name, pinned bool) {
 		t.Helper()
-		in := phase.Instance{Instance: "it-host:4242", Phase: p, Pinned: pinned, Version: "test", StartedAt: time.Now()}
-		if relay == nil {
-			relay, _ = phasetest.Relay(t, e.pool, e.table, in)
-		} else if err := relay.Report(ctx, in); err != nil {
+		if err := phase.Beat(ctx, e.pool, e.table, phase.Instance{Instance: "it-host:4242", Phase: p, Pinned: pinned, Version: "test", StartedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -273,7 +273,7 @@ func instanceRows(in consoleInput) ([]instanceView, string) {
 	case len(out) == 0:
 		return out, "No relay reports itself (none running, or this relay has not reported yet)."
 	}
-	return out, fmt.Sprintf("The running relays: each is listed while its session with Postgres lives, and its phase within %s of a switch.", phase.BeatEvery)
+	return out, fmt.Sprintf("Relays that reported within %s; each reports every %s.", phase.Seen, phase.BeatEvery)
 }
 
 func parkedSection(in consoleInput) parkedView {

@@ -195,11 +195,7 @@ func printPhase(w io.Writer, st phaseState) {
 			differ++
 			note = "<- not the table's phase (" + string(st.Phase.Phase) + ")"
 		}
-		seen := "now" // its session lives
-		if r.Age > 0 {
-			seen = r.Age.Round(100*time.Millisecond).String() + " ago"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Instance.Instance, r.Phase, pinned, r.Version, seen, note)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%s\n", r.Instance.Instance, r.Phase, pinned, r.Version, r.Age.Round(100*time.Millisecond), note)
 	}
 	tw.Flush()
 	for line := range strings.Lines(b.String()) { // the note column pads the others

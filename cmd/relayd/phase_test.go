@@ -10,7 +10,6 @@ import (
 	"github.com/sethvargo/go-envconfig"
 
 	"github.com/relayd/relayd/internal/phase"
-	"github.com/relayd/relayd/internal/phase/phasetest"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/schema"
 )
@@ -81,6 +80,7 @@ func showJSON(t *testing.T, env map[string]string, args ...string) phaseDoc {
 func TestPhaseShow(t *testing.T) {
 	t.Parallel()
 	env, table, _ := phaseSetup(t)
+	ctx := context.Background()
 	pool := testenv.Pool(t)
 
 	for _, args := range [][]string{{"phase"}, {"phase", "show"}} {
@@ -97,7 +97,9 @@ func TestPhaseShow(t *testing.T) {
 		{Instance: "h1:10", Phase: phase.Dual, Version: "v2", StartedAt: time.Now()},
 		{Instance: "h2:20", Phase: phase.AMQP, Pinned: true, Version: "v2", StartedAt: time.Now()},
 	} {
-		phasetest.Relay(t, pool, table, in)
+		if err := phase.Beat(ctx, pool, table, in); err != nil {
+			t.Fatal(err)
+		}
 	}
 	out := mustRun(t, env, "phase")
 	for _, want := range []string{"phase  dual (runbook step 1, dual write)", "by alice@h1: start dual write", "h1:10", "not the table's phase (dual)", "1 of 2 relays do not run the table's phase"} {

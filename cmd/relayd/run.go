@@ -90,9 +90,8 @@ var errShutdownTimeout = errors.New("in-flight batches did not finish within REL
 // finished, or RELAY_SHUTDOWN_TIMEOUT has passed.
 func serve(ctx context.Context, cfg *config, log *slog.Logger, tp trace.TracerProvider) error {
 	// A connection per worker, and one each for the cleanup, late confirms,
-	// stats, /readyz, the phase read and the console. The listener and the
-	// instance report hold sessions of their own, outside it.
-	pool, err := connectPostgres(ctx, cfg, int32(cfg.Workers+6), log)
+	// stats, /readyz, the phase read, the instance report and the console.
+	pool, err := connectPostgres(ctx, cfg, int32(cfg.Workers+7), log)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/relayd/relayd/internal/phase"
-	"github.com/relayd/relayd/internal/phase/phasetest"
 	"github.com/relayd/relayd/internal/testenv"
 	"github.com/relayd/relayd/relay"
 )
@@ -122,7 +121,9 @@ func TestStatusPhaseAndRelays(t *testing.T) {
 	if _, err := phase.Set(ctx, pool, table, phase.Change{Phase: phase.Dual, ChangedBy: "a@h"}, phase.Change{}, false); err != nil {
 		t.Fatal(err)
 	}
-	phasetest.Relay(t, pool, table, phase.Instance{Instance: "h9:99", Phase: phase.NATS, Pinned: true, Version: "v3", StartedAt: time.Now()})
+	if err := phase.Beat(ctx, pool, table, phase.Instance{Instance: "h9:99", Phase: phase.NATS, Pinned: true, Version: "v3", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	out := mustRun(t, env, "status")
 	if !strings.Contains(out, "TARGET") || !strings.Contains(out, "phase  dual (runbook step 1, dual write)") {
 		t.Errorf("status: want the targets and the phase:\n%s", out)

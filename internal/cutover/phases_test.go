@@ -10,7 +10,6 @@ import (
 
 	"github.com/relayd/relayd/internal/cutover"
 	"github.com/relayd/relayd/internal/phase"
-	"github.com/relayd/relayd/internal/phase/phasetest"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -60,7 +59,9 @@ func TestCheckRelaydPhases(t *testing.T) {
 				}
 			}
 			for _, r := range tc.relays {
-				phasetest.Relay(t, pool, table, phase.Instance{Instance: r.name, Phase: r.phase, Pinned: r.pinned, Version: "test", StartedAt: time.Now()})
+				if err := phase.Beat(ctx, pool, table, phase.Instance{Instance: r.name, Phase: r.phase, Pinned: r.pinned, Version: "test", StartedAt: time.Now()}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			res, err := cutover.Check(ctx, cfg)
 			if err != nil {

@@ -134,8 +134,7 @@ type Statements struct {
 
 	// The shared phase and the running relays (package phase).
 	PhaseRead, PhaseLock, PhaseShare, PhaseSet, PhaseHistory string
-	InstancePresent, InstanceBeat, InstanceLeave             string
-	InstancesPrune, Instances                                string
+	InstanceBeat, InstanceLeave, InstancesPrune, Instances   string
 
 	// `relayd replay`: what RabbitMQ has, and the run's record (package
 	// replay).
@@ -241,7 +240,6 @@ func render(t schema.Table) *Statements {
 		PhaseShare:               exec("PhaseShare", d),
 		PhaseSet:                 exec("PhaseSet", d),
 		PhaseHistory:             exec("PhaseHistory", d),
-		InstancePresent:          exec("InstancePresent", d),
 		InstanceBeat:             exec("InstanceBeat", d),
 		InstanceLeave:            exec("InstanceLeave", d),
 		InstancesPrune:           exec("InstancesPrune", d),

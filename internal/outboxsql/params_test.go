@@ -30,7 +30,7 @@ var paramsOf = map[string]any{
 	"Known": KnownParams{}, "RecordMoved": RecordMovedParams{}, "BackfillMoved": BackfillMovedParams{},
 	"VerifyOutbox": VerifyParams{}, "VerifyBackfill": VerifyParams{},
 	"PhaseRead": nil, "PhaseLock": nil, "PhaseShare": nil, "PhaseSet": PhaseSetParams{}, "PhaseHistory": nil,
-	"InstancePresent": nil, "InstanceBeat": InstanceBeatParams{}, "InstanceLeave": InstanceLeaveParams{},
+	"InstanceBeat": InstanceBeatParams{}, "InstanceLeave": InstanceLeaveParams{},
 	"InstancesPrune": InstancesPruneParams{}, "Instances": InstancesParams{},
 	"ReplayDelivered": ReplayDeliveredParams{}, "ReplayOwed": ReplayOwedParams{}, "ReplayBackfilled": ReplayBackfilledParams{},
 	"ReplayStranded": ReplayStrandedParams{},

@@ -129,3 +129,101 @@ func TestLastPeriod(t *testing.T) {
 		})
 	}
 }
+
+// Running lists the relays that reported lately, not those silent for
+// longer than Seen; Astray picks those not in a phase.
+func TestRunningAstray(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	started := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
+	for _, in := range []phase.Instance{
+		{Instance: "b:2", Phase: phase.AMQP, Pinned: true, Version: "v1", StartedAt: started},
+		{Instance: "a:1", Phase: phase.Dual, Version: "v2", StartedAt: started},
+		{Instance: "c:3", Phase: phase.Dual, Version: "v2", StartedAt: started},
+	} {
+		if err := phase.Beat(ctx, pool, table, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// c:3 last reported a minute ago: stopped without leaving.
+	if _, err := pool.Exec(ctx, `UPDATE `+table.Side("instances")+` SET seen_at = now() - interval '1 minute' WHERE instance = 'c:3'`); err != nil {
+		t.Fatal(err)
+	}
+	running, err := phase.Running(ctx, pool, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, in := range running {
+		names = append(names, in.Instance)
+		if in.Age < 0 || in.Age > phase.Seen || !in.StartedAt.Equal(started) {
+			t.Errorf("%s: age %v, started %v; want within %v, started %v", in.Instance, in.Age, in.StartedAt, phase.Seen, started)
+		}
+	}
+	if !slices.Equal(names, []string{"a:1", "b:2"}) {
+		t.Fatalf("Running: %v, want [a:1 b:2] (c:3 silent for a minute)", names)
+	}
+	if b := running[1]; b.Phase != phase.AMQP || !b.Pinned || b.Version != "v1" {
+		t.Errorf("b:2: %+v", b)
+	}
+	astray := phase.Astray(running, phase.Dual)
+	if len(astray) != 1 || astray[0].Instance != "b:2" {
+		t.Errorf("Astray from dual: %+v, want b:2", astray)
+	}
+	if err := phase.Leave(ctx, pool, table, "a:1"); err != nil {
+		t.Fatal(err)
+	}
+	if running, _ := phase.Running(ctx, pool, table); len(running) != 1 || running[0].Instance != "b:2" {
+		t.Errorf("after a:1 left: %+v", running)
+	}
+}
+
+// Prune forgets the relays silent for ForgetAfter, killed ones; Beat does
+// not, so that a relay's beats do not read the whole table, every version
+// of every report a held horizon keeps.
+func TestPruneForgetsSilentRelays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	table := testenv.Outbox(t, pool)
+	silent := map[string]time.Duration{"a:1": 0, "b:2": phase.ForgetAfter - time.Hour, "c:3": phase.ForgetAfter + time.Minute}
+	for name, ago := range silent {
+		if err := phase.Beat(ctx, pool, table, phase.Instance{Instance: name, Phase: phase.Dual, Version: "v", StartedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE `+table.Side("instances")+` SET seen_at = now() - $2 * interval '1 millisecond' WHERE instance = $1`,
+			name, ago.Milliseconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reports := func() []string {
+		t.Helper()
+		var names []string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(instance ORDER BY instance), '{}') FROM `+table.Side("instances")).Scan(&names); err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	for _, step := range []struct {
+		what string
+		do   func() error
+		want []string
+	}{
+		{"a beat", func() error {
+			return phase.Beat(ctx, pool, table, phase.Instance{Instance: "a:1", Phase: phase.Dual, Version: "v", StartedAt: time.Now()})
+		}, []string{"a:1", "b:2", "c:3"}},
+		{"a prune", func() error { return phase.Prune(ctx, pool, table) }, []string{"a:1", "b:2"}},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatal(err)
+		}
+		if got := reports(); !slices.Equal(got, step.want) {
+			t.Errorf("after %s: reports %v, want %v", step.what, got, step.want)
+		}
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/relayd/relayd/internal/phase"
-	"github.com/relayd/relayd/internal/phase/phasetest"
 	"github.com/relayd/relayd/internal/testenv"
 )
 
@@ -45,8 +44,10 @@ func TestCheckPhase(t *testing.T) {
 				t.Fatal(err)
 			}
 			for in, p := range tc.relays {
-				phasetest.Relay(t, pool, table, phase.Instance{Instance: in, Phase: p, Pinned: tc.pinned && p == phase.NATS,
-					Version: "test", StartedAt: time.Now()})
+				if err := phase.Beat(ctx, pool, table, phase.Instance{Instance: in, Phase: p, Pinned: tc.pinned && p == phase.NATS,
+					Version: "test", StartedAt: time.Now()}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			var logged strings.Builder
 			r := &runner{cfg: Config{DB: pool, Table: table, DryRun: tc.dryRun}, log: slog.New(slog.NewTextHandler(&logged, nil))}

@@ -31,45 +31,22 @@ RETURNING changed_at
 -- PhaseHistory: every change, oldest first.
 {{define "PhaseHistory"}}SELECT phase, changed_at, changed_by, reason, forced FROM {{.PhaseHistory}} ORDER BY id{{end}}
 
--- InstancePresent: this session takes its presence lock, the instances
--- table's oid and its backend pid, which no other session has: the relay
--- is running while the session lives, with no row rewritten to say so
--- (under a held horizon each version would stay). A killed relay's row
--- whose pid this session reuses goes. False: another session holds it.
-{{define "InstancePresent"}}
-WITH reused AS (DELETE FROM {{.Instances}} WHERE pid = pg_backend_pid())
-SELECT pg_try_advisory_lock('{{.Instances}}'::regclass::oid::int4, pg_backend_pid())
-{{end}}
-
--- present: the relay of row i holds its presence lock.
-{{define "present"}}EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid = i.pid
-	AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND l.classid = '{{.Instances}}'::regclass::oid AND l.objid = i.pid::oid AND l.objsubid = 2){{end}}
-
 -- InstanceBeat: @instance, its @phase, @pinned or not, its @version and
--- when it @started_at, bound to this session, which holds InstancePresent.
+-- when it @started_at; the database's clock says when it was seen.
 {{define "InstanceBeat"}}
-INSERT INTO {{.Instances}} (instance, phase, pinned, version, started_at, pid)
-VALUES (@instance, @phase, @pinned, @version, @started_at, pg_backend_pid())
+INSERT INTO {{.Instances}} (instance, phase, pinned, version, started_at) VALUES (@instance, @phase, @pinned, @version, @started_at)
 ON CONFLICT (instance) DO UPDATE SET phase = excluded.phase, pinned = excluded.pinned,
-	version = excluded.version, started_at = excluded.started_at, pid = excluded.pid, seen_at = now()
+	version = excluded.version, started_at = excluded.started_at, seen_at = now()
 {{end}}
 
 -- InstanceLeave: @instance stopped.
 {{define "InstanceLeave"}}DELETE FROM {{.Instances}} WHERE instance = @instance{{end}}
 
--- InstancesPrune: forget the relays that are not running and last wrote
--- their row @forget_after_ms milliseconds ago or more (killed ones).
-{{define "InstancesPrune"}}
-DELETE FROM {{.Instances}} i WHERE seen_at < now() - @forget_after_ms * interval '1 millisecond' AND NOT {{template "present" .}}
-{{end}}
+-- InstancesPrune: forget relays not seen for @forget_after_ms milliseconds (killed ones).
+{{define "InstancesPrune"}}DELETE FROM {{.Instances}} WHERE seen_at < now() - @forget_after_ms * interval '1 millisecond'{{end}}
 
--- Instances: the running relays, and how long ago each was seen: those
--- holding their presence lock now, and those of an earlier version (no
--- pid) that wrote their row in the last @seen_ms milliseconds.
+-- Instances: the relays seen in the last @seen_ms milliseconds, and how long ago.
 {{define "Instances"}}
-SELECT instance, phase, pinned, version, started_at, seen, extract(epoch FROM now() - seen)
-FROM (SELECT i.*, CASE WHEN i.pid IS NULL THEN i.seen_at ELSE now() END AS seen FROM {{.Instances}} i
-	WHERE CASE WHEN i.pid IS NULL THEN i.seen_at >= now() - @seen_ms * interval '1 millisecond' ELSE {{template "present" .}} END) i
-ORDER BY instance
+SELECT instance, phase, pinned, version, started_at, seen_at, extract(epoch FROM now() - seen_at)
+FROM {{.Instances}} WHERE seen_at >= now() - @seen_ms * interval '1 millisecond' ORDER BY instance
 {{end}}

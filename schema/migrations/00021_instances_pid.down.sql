@@ -1,1 +1,0 @@
-ALTER TABLE {{.Qualified "instances"}} DROP COLUMN pid;
