@@ -299,5 +299,69 @@ func TestOwedKeyedRowWaitsForARowTheKeyedFloorPassed(t *testing.T) {
 	}
 }
 
+// A producer writes a key's rows in order: A commits before B is inserted.
+// The keyed floor passed A while A's transaction ran; the claim that first
+// sees it ended takes A, not B, though the floor has not gone back yet.
+func TestFreshKeyedHeadIsARowTheKeyedFloorPassed(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	st, cf := newStore(f.table), newClaimFloor(500, time.Minute)
+	claimOnce := func() []*claimed {
+		t.Helper()
+		conn, err := f.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
+		fl := cf.begin(time.Now())
+		if fl.beside() {
+			cf.end(fl, false)
+			t.Fatal("a sweep, not an ordinary claim")
+		}
+		rows, snap, err := st.claim(ctx, conn, dualWrite, dualWrite, 500, false, fl, nil)
+		if err != nil {
+			cf.end(fl, false)
+			t.Fatal(err)
+		}
+		cf.claimed(rows, fl, snap, time.Millisecond)
+		cf.end(fl, true)
+		return rows
+	}
+	insert := func(db interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}, key string) (id int64) {
+		t.Helper()
+		if err := db.QueryRow(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload, key) VALUES ('t', '\x00', $1) RETURNING id`, key).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	claimOnce()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	a := insert(tx, "k")
+	insert(f.pool, "j")
+	claimOnce() // sees the row of j, not A: the floor rises past A
+	if cf.keyed.floor < a {
+		t.Fatalf("the keyed floor %d did not pass A %d: the case is not set", cf.keyed.floor, a)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := insert(f.pool, "k")
+	var took []int64
+	for _, r := range claimOnce() {
+		took = append(took, r.msg.ID)
+	}
+	if slices.Contains(took, b) || !slices.Contains(took, a) {
+		t.Errorf("claimed %v: want A %d, not B %d of the same key, committed after it", took, a, b)
+	}
+}
+
 // dualWrite is the phase that enables both targets.
 var dualWrite = phase{perTarget[bool]{AMQP: true, NATS: true}}

@@ -150,43 +150,47 @@ SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 -- back full (.Limit rows), so JetStream does not run ahead of RabbitMQ.
 {{define "below"}}id < CASE WHEN @amqp_active::boolean AND (SELECT count(*) FROM {{.Walk}}) >= {{.Limit}} THEN (SELECT max(id) FROM {{.Walk}}) ELSE 9223372036854775807 END{{end}}
 
--- noFreshBefore: no earlier row of the owed row's key is still in the outbox
--- (its transaction committed after this row was first claimed). Every keyed
--- row this claim can see there lies above @fresh_keyed_floor, or is of a
--- remembered transaction its snapshot shows ended, whose rows start at its
--- @keyed_pending_from: the probe starts at the lowest of those, past the
--- key's rows deleted meanwhile, which a held horizon keeps.
-{{define "noFreshBefore"}}NOT EXISTS (SELECT 1 FROM {{.Table}} e WHERE e.key = {{.Owed}}.key AND e.id < {{.Owed}}.id
-	  AND e.id > (SELECT least(@fresh_keyed_floor::bigint, min(p.f))
+-- keyedFrom: where the outbox's keyed rows this claim can see start: above
+-- the floor . (@keyed_floor, or @fresh_keyed_floor), or at the
+-- @keyed_pending_from of a transaction remembered when the floor passed its
+-- rows (@keyed_pending_xids) that the claim's snapshot shows ended.
+{{define "keyedFrom"}}(SELECT least({{.}}::bigint, min(p.f))
 		FROM unnest(@keyed_pending_xids::bigint[], @keyed_pending_from::bigint[]) p(x, f)
-		WHERE pg_visible_in_snapshot(x::text::xid8, pg_current_snapshot()))){{end}}
+		WHERE pg_visible_in_snapshot(x::text::xid8, pg_current_snapshot())){{end}}
+
+-- noFreshBefore: no earlier row of the owed row's key is still in the outbox
+-- (its transaction committed after this row was first claimed). The probe
+-- starts at keyedFrom, past the key's rows deleted meanwhile, which a held
+-- horizon keeps.
+{{define "noFreshBefore"}}NOT EXISTS (SELECT 1 FROM {{.Table}} e WHERE e.key = {{.Owed}}.key AND e.id < {{.Owed}}.id
+	  AND e.id > {{template "keyedFrom" "@fresh_keyed_floor"}}){{end}}
 
 -- keyFree: no earlier row of row .Row's key is owed to the target in the
 -- owed table: for a fresh row, and for a row the amqp walk took, so that it
--- goes to JetStream in the same batch. Every such row lies above
--- @owed_keyed_floor, as for the heads: the probe starts there, past the
--- rows of the key delivered meanwhile, which a held horizon keeps.
+-- goes to JetStream in the same batch.
 {{define "keyFree"}}NOT EXISTS (
-		SELECT 1 FROM {{.Owed}} e WHERE e.key = {{.Row}}.key AND e.id > @owed_keyed_floor::bigint AND e.id < {{.Row}}.id
+		SELECT 1 FROM {{.Owed}} e WHERE e.key = {{.Row}}.key AND e.id < {{.Row}}.id
 		  AND e.{{.P}}_delivered_at IS NULL AND e.done_at IS NULL
 		  AND (NOT @skip_parked_keys::boolean OR e.{{.P}}_parked_at IS NULL)){{end}}
 
 -- freshHeads: the first row of each key among the outbox's oldest
--- @keyed_window keyed rows above @keyed_floor, less the keys waiting for
--- every active target, topped up as heads does by a skip scan of key_order.
+-- @keyed_window keyed rows from keyedFrom, less the keys waiting for every
+-- active target, topped up as heads does by a skip scan of key_order. From
+-- keyedFrom, not @keyed_floor: a row the floor passed while its transaction
+-- ran is its key's head once that ended, before the floor goes back.
 {{define "freshHeads"}}WITH RECURSIVE window_keys AS MATERIALIZED (
 		SELECT key, min(id) AS id, count(*) AS n FROM (
-			SELECT id, key FROM {{.Table}} WHERE (@amqp_active::boolean OR @nats_active::boolean) AND key IS NOT NULL AND id > @keyed_floor::bigint
+			SELECT id, key FROM {{.Table}} WHERE (@amqp_active::boolean OR @nats_active::boolean) AND key IS NOT NULL AND id > {{template "keyedFrom" "@keyed_floor"}}
 			  AND NOT ({{template "keyWaits" .}})
 			ORDER BY id LIMIT @keyed_window) r
 		GROUP BY key
 	), skip_scan(key, id, n) AS (
 		SELECT k.key, k.id, 1 FROM (
-			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND id > @keyed_floor::bigint ORDER BY key, id LIMIT 1) k
+			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND id > {{template "keyedFrom" "@keyed_floor"}} ORDER BY key, id LIMIT 1) k
 		WHERE (@amqp_active::boolean OR @nats_active::boolean) AND (SELECT sum(n) >= @keyed_window AND count(*) * 4 < @keyed_window FROM window_keys)
 		UNION ALL
 		SELECT k.key, k.id, skip_scan.n + 1 FROM skip_scan CROSS JOIN LATERAL (
-			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND key > skip_scan.key AND id > @keyed_floor::bigint ORDER BY key, id LIMIT 1) k
+			SELECT key, id FROM {{.Table}} WHERE key IS NOT NULL AND key > skip_scan.key AND id > {{template "keyedFrom" "@keyed_floor"}} ORDER BY key, id LIMIT 1) k
 		WHERE skip_scan.n < @keyed_rows * 2
 	)
 	SELECT id FROM window_keys
