@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -429,6 +431,21 @@ func TestOwedWalksPassWhatAnOutageLeftDead(t *testing.T) {
 				t.Fatal(err)
 			}
 			testenv.Eventually(t, time.Minute, func() bool { return owedKeys() == 20 }, "the second outage's rows did not move to the owed table")
+			// Until the relay's claims have seen the transactions it
+			// remembers end, the next claim walks back to where their rows
+			// may start, once: the plan below is of the claims after.
+			settled := func() bool {
+				r.floor.mu.Lock()
+				xids := slices.Collect(maps.Keys(r.floor.keyed.pending))
+				r.floor.mu.Unlock()
+				var ended bool
+				if err := f.pool.QueryRow(ctx, `SELECT coalesce(bool_or(pg_visible_in_snapshot(x::text::xid8, pg_current_snapshot())), false)
+					FROM unnest($1::bigint[]) x`, xids).Scan(&ended); err != nil {
+					t.Fatal(err)
+				}
+				return !ended
+			}
+			testenv.Eventually(t, 30*time.Second, settled, "the relay's claims did not see the transactions it remembers end")
 			cancel()
 			<-stopped
 
