@@ -309,25 +309,12 @@ func TestFreshKeyedHeadIsARowTheKeyedFloorPassed(t *testing.T) {
 	st, cf := newStore(f.table), newClaimFloor(500, time.Minute)
 	claimOnce := func() []*claimed {
 		t.Helper()
-		conn, err := f.pool.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Release()
-		defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // nothing to keep
 		fl := cf.begin(time.Now())
 		if fl.beside() {
 			cf.end(fl, false)
 			t.Fatal("a sweep, not an ordinary claim")
 		}
-		rows, snap, err := st.claim(ctx, conn, dualWrite, dualWrite, 500, false, fl, nil)
-		if err != nil {
-			cf.end(fl, false)
-			t.Fatal(err)
-		}
-		cf.claimed(rows, fl, snap, time.Millisecond)
-		cf.end(fl, true)
-		return rows
+		return claimWith(t, f.pool, st, cf, fl, dualWrite, dualWrite, 500)
 	}
 	insert := func(db interface {
 		QueryRow(context.Context, string, ...any) pgx.Row

@@ -294,3 +294,26 @@ func planBlocks(t *testing.T, tx pgx.Tx, query string, args ...any) float64 {
 	p := plan[0]["Plan"].(map[string]any)
 	return p["Shared Hit Blocks"].(float64) + p["Shared Read Blocks"].(float64)
 }
+
+// claimWith runs the claim cf began at fl as a worker's would, in a
+// transaction it rolls back, and moves cf's floors as after a claim that
+// took the rows it returns.
+func claimWith(t *testing.T, pool *pgxpool.Pool, st *store, cf *claimFloor, fl floors, enabled, active phase, limit int) []*claimed {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		cf.end(fl, false)
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // the floors only
+	rows, snap, err := st.claim(ctx, conn, enabled, active, limit, false, fl, nil)
+	if err != nil {
+		cf.end(fl, false)
+		t.Fatal(err)
+	}
+	cf.claimed(rows, fl, snap, time.Millisecond)
+	cf.end(fl, true)
+	return rows
+}
