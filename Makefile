@@ -37,7 +37,7 @@ test-short: $(NODE_DEPS) ## unit tests only (no services needed)
 bench: ## measure relayd against this machine's ceilings (local services, 5–10 min): markdown table, bench-results.json
 	$(GO) run ./cmd/relayd-bench -version "$(VERSION)" -out bench-results.json
 
-bench-horizon: ## the long-transaction soak: each kind held 10 min at 1,500 rows/s (about 25 min): bench-horizon.json
+bench-horizon: ## the long-transaction soak: each kind held 10 min at 1,500 rows/s (about 30 min): bench-horizon.json
 	$(GO) run ./cmd/relayd-bench -version "$(VERSION)" -only horizon -out bench-horizon.json
 
 lint: ## gofmt, go.mod tidy, go vet and staticcheck

@@ -14,8 +14,8 @@ import (
 
 // Horizon is one run of the long-transaction soak (-only horizon): one
 // relayd, dual write, while producers commit single rows at Rate; after a
-// baseline window a transaction of Kind holds VACUUM's horizon for
-// HoldSeconds, then ends, and a window more is measured.
+// warm-up window and a baseline one a transaction of Kind holds VACUUM's
+// horizon for HoldSeconds, then ends, and a window more is measured.
 type Horizon struct {
 	Kind        string          `json:"kind"`
 	Rate        int             `json:"rate"`
@@ -40,7 +40,7 @@ type Horizon struct {
 // it, and core-seconds per 10k of them.
 type HorizonWindow struct {
 	StartSeconds float64 `json:"start_seconds"`
-	Phase        string  `json:"phase"` // baseline, hold, after
+	Phase        string  `json:"phase"` // warm-up, baseline, hold, after
 	Rows         int     `json:"rows"`
 	P50Ms        float64 `json:"p50_ms"`
 	P99Ms        float64 `json:"p99_ms"`
@@ -78,8 +78,11 @@ func (b *bench) horizon(ctx context.Context, kind string) (h Horizon, err error)
 	}
 	defer cr.close()
 	b.checkpoint(ctx)
+	// The warm-up keeps the relay's start and the producers' first
+	// connections out of the baseline the hold is held against.
 	window, hold := b.o.HorizonWindow, b.o.HorizonHold
-	total := window + hold + window
+	warm := window
+	total := warm + window + hold + window
 	rec := &recorder{t0: time.Now(), m: make(map[string]*latencyRec, b.o.HorizonRate*int(total/time.Second+1))}
 	stopConsumers, err := b.latencyConsumers(ctx, cr, rec)
 	if err != nil {
@@ -118,9 +121,11 @@ func (b *bench) horizon(ctx context.Context, kind string) (h Horizon, err error)
 	edges := []edge{{at: time.Since(rec.t0), cpu: takeCPUSnap()}}
 	phaseAt := func(at time.Duration) string {
 		switch {
-		case at < edges[0].at+window:
+		case at < edges[0].at+warm:
+			return "warm-up"
+		case at < edges[0].at+warm+window:
 			return "baseline"
-		case at < edges[0].at+window+hold:
+		case at < edges[0].at+warm+window+hold:
 			return "hold"
 		}
 		return "after"
@@ -133,7 +138,7 @@ func (b *bench) horizon(ctx context.Context, kind string) (h Horizon, err error)
 	}()
 	var heldID string
 	var heldCommit time.Duration
-	for next := edges[0].at + window; next <= edges[0].at+total; next += window {
+	for next := edges[0].at + warm; next <= edges[0].at+total; next += window {
 		if !backoff.Sleep(ctx, next-time.Since(rec.t0)) {
 			return h, ctx.Err()
 		}

@@ -167,8 +167,8 @@ func (l testLog) Write(p []byte) (int, error) {
 }
 
 // TestHorizonSmoke runs the long-transaction soak small (-smoke -only
-// horizon), which the whole run leaves out: each kind's windows, baseline,
-// hold and after, with rows and latencies, and the held row's arrival.
+// horizon), which the whole run leaves out: each kind's windows, warm-up,
+// baseline, hold and after, with rows and latencies, and the held row's arrival.
 func TestHorizonSmoke(t *testing.T) {
 	o := smokeOptions(t)
 	o.Only = onlyFlag("horizon")
@@ -192,8 +192,8 @@ func TestHorizonSmoke(t *testing.T) {
 				t.Errorf("%s, window at %.0f s (%s): %d rows, p99 %v ms; want rows and a latency", h.Kind, w.StartSeconds, w.Phase, w.Rows, w.P99Ms)
 			}
 		}
-		if phases["baseline"] != 1 || phases["hold"] < 2 || phases["after"] != 1 {
-			t.Errorf("%s: windows by phase %v, want 1 baseline, the hold's, 1 after", h.Kind, phases)
+		if phases["warm-up"] != 1 || phases["baseline"] != 1 || phases["hold"] < 2 || phases["after"] != 1 {
+			t.Errorf("%s: windows by phase %v, want 1 warm-up, 1 baseline, the hold's, 1 after", h.Kind, phases)
 		}
 		if h.BytesBefore <= 0 || h.BytesHoldEnd <= h.BytesBefore || h.BytesAfterVacuum <= 0 {
 			t.Errorf("%s: outbox %d bytes before, %d at the hold's end, %d after VACUUM; want it grown during the hold", h.Kind, h.BytesBefore, h.BytesHoldEnd, h.BytesAfterVacuum)
