@@ -61,7 +61,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 
 	// One claim at a time, each starting where the one before it ended; a
 	// sweep below them runs beside them.
-	fl := r.floor.begin(time.Now())
+	fl := r.floor.begin(time.Now(), enabled)
 	res.belowFloor = fl.beside()
 	if res.belowFloor {
 		// It may walk for a while: rows committed meanwhile wake another

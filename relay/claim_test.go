@@ -309,7 +309,7 @@ func TestFreshKeyedHeadIsARowTheKeyedFloorPassed(t *testing.T) {
 	st, cf := newStore(f.table), newClaimFloor(500, time.Minute)
 	claimOnce := func() []*claimed {
 		t.Helper()
-		fl := cf.begin(time.Now())
+		fl := cf.begin(time.Now(), dualWrite)
 		if fl.beside() {
 			cf.end(fl, false)
 			t.Fatal("a sweep, not an ordinary claim")

@@ -38,6 +38,11 @@ type claimFloor struct {
 	fresh *freshFloor // the outbox's unkeyed walks
 	keyed *keyedFloor // the outbox's keyed walks
 
+	// owedFor is the phase whose targets the owed floors count: the
+	// probes skip rows owed only to the others. A claim of a phase that
+	// enables another target walks the owed table from its oldest row.
+	owedFor phase
+
 	// xmax is the newest ordinary claim's first unassigned transaction id: a
 	// lower one means the database went back in history (reset).
 	xmax int64
@@ -63,26 +68,27 @@ type floors struct {
 	pendingXIDs, pendingFrom []int64
 	// oldest marks a sweep of the owed table from its oldest row: the
 	// outbox is not walked.
-	oldest bool
-	gen    int
+	oldest  bool
+	gen     int
+	enabled phase // the targets the claim's phase enables
 }
 
 // beside reports whether the claim is a sweep: it runs beside the ordinary
 // claims, without the floor's lock.
 func (fl floors) beside() bool { return fl.fresh.belowFloor || fl.oldest }
 
-// begin returns where one claim's walks start. An ordinary claim holds the
-// floor's lock until end; a sweep (fl.beside) does not: it walks only the
-// outbox below where the ordinary claims start, or only the owed table from
-// its oldest row.
-func (f *claimFloor) begin(now time.Time) floors {
+// begin returns where one claim of phase enabled starts its walks. An
+// ordinary claim holds the floor's lock until end; a sweep (fl.beside)
+// does not: it walks only the outbox below where the ordinary claims start,
+// or only the owed table from its oldest row.
+func (f *claimFloor) begin(now time.Time, enabled phase) floors {
 	f.mu.Lock()
 	if w, ok := f.fresh.startSweep(now); ok {
 		f.mu.Unlock()
 		return floors{owed: math.MaxInt64, owedSafe: math.MaxInt64, owedKeyed: math.MaxInt64, fresh: w, keyed: math.MaxInt64, gen: f.gen}
 	}
 	fl := floors{owed: f.highWater, owedSafe: f.safe, owedKeyed: f.keyed.owed, fresh: f.fresh.start(), keyed: f.keyed.floor, gen: f.gen,
-		freshKeyed: f.keyed.floor}
+		freshKeyed: f.keyed.floor, enabled: enabled}
 	for x, from := range f.keyed.pending {
 		fl.pendingXIDs, fl.pendingFrom = append(fl.pendingXIDs, x), append(fl.pendingFrom, from)
 	}
@@ -93,6 +99,9 @@ func (f *claimFloor) begin(now time.Time) floors {
 			f.mu.Unlock()
 			return floors{oldest: true, fresh: freshWalk{from: math.MaxInt64}, keyed: math.MaxInt64, gen: f.gen}
 		}
+		fl.owed, fl.owedSafe, fl.owedKeyed = 0, 0, 0
+	}
+	if !f.owedFor.covers(enabled) { // a target enabled again: its rows lie below the floors
 		fl.owed, fl.owedSafe, fl.owedKeyed = 0, 0, 0
 	}
 	return fl
@@ -121,7 +130,7 @@ func (f *claimFloor) claimed(rows []*claimed, fl floors, snap snapshot, took tim
 		f.reset()
 		return true
 	}
-	f.xmax = snap.xmax
+	f.xmax, f.owedFor = snap.xmax, fl.enabled
 	f.fresh.advance(rows, fl.fresh, snap, wholeBatch, took)
 	f.keyed.advance(snap, f.fresh.safe)
 	if fl.owed == 0 {
@@ -161,7 +170,7 @@ func (f *claimFloor) reset() {
 	f.highWater, f.safe = 0, 0
 	f.lastOldestWalk, f.oldestWalkTook, f.oldestWalking, f.oldestWanted = time.Now(), 0, false, false
 	f.fresh, f.keyed = newFreshFloor(f.poll, time.Now()), newKeyedFloor()
-	f.xmax = 0
+	f.xmax, f.owedFor = 0, phase{}
 	f.gen++
 }
 
@@ -205,7 +214,7 @@ func (f *claimFloor) putBack(id int64) {
 
 // owedFromOldest asks for the owed table's walk from the oldest row: rows
 // may have been put back below its floors unannounced (the listener missed
-// notifications, or the phase enabled a target again).
+// notifications).
 func (f *claimFloor) owedFromOldest() {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -443,7 +443,7 @@ func TestOwedWalksPassWhatAnOutageLeftDead(t *testing.T) {
 				if tries == 12 {
 					t.Fatal("12 claims and the floors have not settled")
 				}
-				fl = r.floor.begin(r.floor.lastOldestWalk)
+				fl = r.floor.begin(r.floor.lastOldestWalk, dualWrite)
 				if !fl.beside() {
 					if ordinary == 2 {
 						r.floor.end(fl, true)
@@ -634,5 +634,83 @@ func TestOwedProbesCountEnabledTargetsOnly(t *testing.T) {
 			t.Errorf("%s: the owed table's lowest rows %d (unkeyed), %d (keyed): want the rows parked for amqp found %v, %v",
 				tc.name, snap.owedLow, snap.owedKeyedLow, tc.unkeyed, tc.keyed)
 		}
+	}
+}
+
+// A claim's snapshot lists the running transactions below its xmax only, one
+// past the newest ended. X, begun after Y, is above it when Y takes its
+// row's id after X's and commits first: the claim takes Y's row over X's.
+// The floors remember X all the same, and the claims after its commit take
+// its row. (Another test's commit between Y's and the claim puts X in the
+// list instead: the run then checks the listed case.)
+func TestFloorsRememberTransactionsFromXmaxUp(t *testing.T) {
+	t.Parallel()
+	for _, keyed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keyed %v", keyed), func(t *testing.T) {
+			ctx := context.Background()
+			f := setupOwnDatabase(t)
+			st, cf := newStore(f.table), newClaimFloor(10, time.Hour)
+			ins := `INSERT INTO ` + f.table.Ident() + ` (topic, payload, key) VALUES ('orders.created', '\x00', $1) RETURNING id`
+			var key any
+			if keyed {
+				key = "k"
+			}
+			scan := func(row pgx.Row) (v int64) {
+				t.Helper()
+				if err := row.Scan(&v); err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+			y, err := f.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer y.Rollback(ctx) //nolint:errcheck // committed below
+			scan(y.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`))
+			x, err := f.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer x.Rollback(ctx) //nolint:errcheck // committed below
+			xRow := scan(x.QueryRow(ctx, ins, key))
+			xID := scan(x.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`))
+			yRow := scan(y.QueryRow(ctx, ins, nil))
+			if err := y.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			fl := cf.begin(time.Now(), dualWrite)
+			conn, err := f.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows, snap, err := st.claim(ctx, conn, dualWrite, dualWrite, 10, false, fl, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cf.claimed(rows, fl, snap, time.Millisecond)
+			cf.end(fl, true)
+			conn.Exec(ctx, `ROLLBACK`) //nolint:errcheck // the floors only
+			conn.Release()
+			t.Logf("X %d (row %d), Y's row %d: xmax %d, listed %v, the claim's id %d", xID, xRow, yRow, snap.xmax, snap.xip, snap.xid)
+			if _, ok := cf.fresh.pending[xID]; !ok || cf.fresh.safe < yRow {
+				t.Fatalf("the floor at %d past Y's row %d, X not remembered (%v)", cf.fresh.safe, yRow, cf.fresh.pending)
+			}
+			if _, ok := cf.keyed.pending[xID]; keyed && !ok {
+				t.Fatalf("the keyed floor at %d, X not remembered (%v)", cf.keyed.floor, cf.keyed.pending)
+			}
+			if err := x.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 { // the claim that sees X ended, and the one that walks its gap
+				for _, c := range claimWith(t, f.pool, st, cf, cf.begin(time.Now(), dualWrite), dualWrite, dualWrite, 10) {
+					if c.msg.ID == xRow {
+						return
+					}
+				}
+			}
+			t.Fatalf("X's row %d left behind the floors (fresh %d, keyed %d)", xRow, cf.fresh.safe, cf.keyed.floor)
+		})
 	}
 }

@@ -45,7 +45,7 @@ func TestClaimFloorOldestWalkDue(t *testing.T) {
 			f.owedFromOldest()
 		}
 		due := f.sweepDue(t0)
-		fl := f.begin(t0)
+		fl := f.begin(t0, phase{})
 		f.end(fl, true)
 		walk := fl.oldest || fl.owed == 0
 		if walk != tc.walk || fl.oldest != tc.wide || due != tc.wide {
@@ -85,7 +85,7 @@ func TestClaimFloorOldestWalkFailedRunsAgain(t *testing.T) {
 		f := newClaimFloor(10, time.Second)
 		f.lastOldestWalk, f.oldestWalkTook, f.highWater = now, took, 70
 		f.owedFromOldest()
-		fl := f.begin(now)
+		fl := f.begin(now, phase{})
 		f.end(fl, false)
 		if !f.oldestWanted || f.oldestWalking {
 			t.Errorf("took %v: after a failed walk from the oldest row: asked %v, in flight %v; want true, false", took, f.oldestWanted, f.oldestWalking)
@@ -110,7 +110,7 @@ func TestClaimFloorWalkedFromOldest(t *testing.T) {
 		f := newClaimFloor(2, time.Second)
 		f.safe, f.highWater, f.keyed.owed = 500, 600, 400
 		f.lastOldestWalk, f.oldestWalkTook = now.Add(-time.Hour), time.Second
-		fl := f.begin(now)
+		fl := f.begin(now, phase{})
 		if !fl.oldest {
 			t.Fatalf("%s: %+v, want a walk from the oldest row", tc.name, fl)
 		}
@@ -123,7 +123,7 @@ func TestClaimFloorWalkedFromOldest(t *testing.T) {
 	}
 	f := newClaimFloor(2, time.Second)
 	f.lastOldestWalk, f.oldestWalkTook = now.Add(-time.Hour), time.Second
-	fl := f.begin(now)
+	fl := f.begin(now, phase{})
 	f.end(fl, false)
 	if f.oldestWalking {
 		t.Error("a failed walk from the oldest row still in flight")
@@ -162,7 +162,7 @@ func TestClaimFloorAdvance(t *testing.T) {
 			state{highWater: 90, safe: 50}, unkeyed(60, 70), 50, 900, snapshot{},
 			state{highWater: 900, safe: 900}},
 		{"past a long transaction: its xid is not waited for",
-			state{highWater: 50, safe: 50}, nil, 50, 900, snapshot{xmin: 5, xmax: 90, xip: []int64{5}},
+			state{highWater: 50, safe: 50}, nil, 50, 900, snapshot{xmin: 5, xmax: 90, xid: 90, xip: []int64{5}},
 			state{highWater: 900, safe: 900}},
 		{"the outbox's rows may move from lower: safe follows them down",
 			state{highWater: 500, safe: 500}, nil, 500, 300, snapshot{},
@@ -186,14 +186,14 @@ func TestClaimFloorOwedFloors(t *testing.T) {
 	now := time.Unix(1000, 0)
 	f := newClaimFloor(10, time.Hour)
 	f.lastOldestWalk, f.highWater, f.safe, f.keyed.owed = now, 70, 60, 40
-	fl := f.begin(now)
+	fl := f.begin(now, phase{})
 	f.end(fl, true)
 	if fl.owed != 70 || fl.owedSafe != 60 || fl.owedKeyed != 40 || fl.beside() {
 		t.Errorf("ordinary claim: %+v, want owed 70 safe 60 keyed 40", fl)
 	}
 	f.fresh.gaps = []span{{1, 2}} // far below next: a sweep
 	f.fresh.next = 1 << 20
-	fl = f.begin(now)
+	fl = f.begin(now, phase{})
 	f.end(fl, false)
 	if !fl.fresh.belowFloor || fl.owed != math.MaxInt64 || fl.owedSafe != math.MaxInt64 || fl.owedKeyed != math.MaxInt64 {
 		t.Errorf("sweep %+v: want the owed table's walks and probes past every row", fl)
@@ -232,9 +232,9 @@ func TestClaimFloorResetsWhenTransactionIDsGoBack(t *testing.T) {
 	f := newClaimFloor(10, time.Hour)
 	claim := func(xmax int64, rows ...int64) bool {
 		t.Helper()
-		fl := f.begin(now)
+		fl := f.begin(now, phase{})
 		defer f.end(fl, true)
-		return f.claimed(fresh(rows...), fl, snapshot{xmin: xmax, xmax: xmax}, time.Millisecond)
+		return f.claimed(fresh(rows...), fl, snapshot{xmin: xmax, xmax: xmax, xid: xmax}, time.Millisecond)
 	}
 	if claim(100, 5000) || claim(101, 9000) {
 		t.Fatal("a reset with xmax going up")
@@ -242,7 +242,7 @@ func TestClaimFloorResetsWhenTransactionIDsGoBack(t *testing.T) {
 	f.mu.Lock()
 	f.fresh.gaps = []span{{10, 20}} // far below next: a sweep
 	f.mu.Unlock()
-	sweep := f.begin(now)
+	sweep := f.begin(now, phase{})
 	if !sweep.fresh.belowFloor {
 		t.Fatalf("%+v, want a sweep", sweep)
 	}
@@ -256,5 +256,33 @@ func TestClaimFloorResetsWhenTransactionIDsGoBack(t *testing.T) {
 	if f.fresh.safe != 0 || f.fresh.next != 0 || f.keyed.floor != 0 || f.highWater != 0 || len(f.fresh.gaps) != 0 || f.fresh.sweeping != nil {
 		t.Fatalf("after the reset: fresh safe %d next %d gaps %v sweeping %v, keyed %d, owed %d; want all at the start",
 			f.fresh.safe, f.fresh.next, f.fresh.gaps, f.fresh.sweeping != nil, f.keyed.floor, f.highWater)
+	}
+}
+
+// The owed floors count the targets of the phase the claims before ran: a
+// claim of a phase that enables another walks the owed table from its
+// oldest row; one of the same phase, or of fewer targets, from the floors.
+func TestClaimFloorOwedFloorsFollowThePhase(t *testing.T) {
+	t.Parallel()
+	amqpOnly, natsOnly := phase{perTarget[bool]{AMQP: true}}, phase{perTarget[bool]{NATS: true}}
+	for _, tc := range []struct {
+		name        string
+		last, claim phase
+		fromOldest  bool
+	}{
+		{"the same phase", dualWrite, dualWrite, false},
+		{"fewer targets", dualWrite, amqpOnly, false},
+		{"JetStream enabled again", amqpOnly, dualWrite, true},
+		{"the other target", amqpOnly, natsOnly, true},
+		{"no claim yet", phase{}, amqpOnly, true},
+	} {
+		now := time.Now()
+		f := newClaimFloor(10, time.Hour)
+		f.highWater, f.safe, f.keyed.owed, f.owedFor = 70, 60, 50, tc.last
+		fl := f.begin(now, tc.claim)
+		f.end(fl, true)
+		if got := fl.owed == 0 && fl.owedSafe == 0 && fl.owedKeyed == 0; got != tc.fromOldest || fl.beside() {
+			t.Errorf("%s: owed floors %d, %d, %d (a sweep: %v); want from the oldest row: %v", tc.name, fl.owed, fl.owedSafe, fl.owedKeyed, fl.beside(), tc.fromOldest)
+		}
 	}
 }

@@ -158,8 +158,7 @@ func (r *Relay) readPhase(ctx context.Context, errs *errlog.Limiter) bool {
 	s := r.Phase()
 	if switched {
 		r.log.Info("phase changed: following the table's", "phase", s.Running)
-		r.floor.owedFromOldest() // a target enabled again: its rows owed lie below the floors
-		r.wake.signal()          // idle workers claim under the new phase at once
+		r.wake.signal() // idle workers claim under the new phase at once
 	}
 	if warn != "" {
 		r.log.Error(warn, "running", s.Running, "table", s.Table)

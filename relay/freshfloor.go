@@ -56,13 +56,15 @@ const (
 // its rows may start.
 type pendingTxs map[int64]int64
 
-// remember notes each of xip not noted yet with from, and reports whether it
-// did: not when that would pass maxPending.
-func (p pendingTxs) remember(xip []int64, from int64) bool {
-	if len(p)+len(xip) > maxPending {
+// remember notes each transaction snap shows unended not noted yet with
+// from, and reports whether it did: not when that would pass maxPending, or
+// when snap cannot bound them (snapshot.unended).
+func (p pendingTxs) remember(snap snapshot, from int64) bool {
+	xs, ok := snap.unended()
+	if !ok || len(p)+len(xs) > maxPending {
 		return false
 	}
-	for _, x := range xip {
+	for _, x := range xs {
 		if _, ok := p[x]; !ok {
 			p[x] = from
 		}
@@ -246,7 +248,7 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, wholeB
 // transaction running at snap. A full walk too, so that during a backlog
 // the next short one does not walk back over the rows the full ones took.
 func (f *freshFloor) raise(w freshWalk, top int64, snap snapshot) {
-	if w.from <= f.safe && top > f.safe && f.pending.remember(snap.xip, f.safe) {
+	if w.from <= f.safe && top > f.safe && f.pending.remember(snap, f.safe) {
 		f.safe = top
 	}
 }
@@ -265,7 +267,7 @@ func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, wholeBat
 		// Its rows are passed: a transaction running at its snapshot may
 		// have rows among them, as at a raise of safe.
 		f.recheckTook = max(0, took-f.claimTook)
-		if len(left) <= maxHeld && f.pending.remember(snap.xip, w.from) {
+		if len(left) <= maxHeld && f.pending.remember(snap, w.from) {
 			f.rechecked, f.held = w.to, left
 		}
 		return

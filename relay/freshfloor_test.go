@@ -146,51 +146,51 @@ func TestFreshFloorAdvance(t *testing.T) {
 	}{
 		{"a short walk raises safe, remembering the running transactions",
 			state{next: 50, safe: 50, pending: map[int64]int64{}},
-			fresh(60, 70), 50, false, snapshot{xmin: 5, xmax: 9, xip: []int64{5, 7}},
+			fresh(60, 70), 50, false, snapshot{xmin: 5, xmax: 9, xid: 9, xip: []int64{5, 7}},
 			state{next: 70, safe: 70, pending: map[int64]int64{5: 50, 7: 50}}},
 		{"a transaction already remembered keeps where its rows may start",
 			state{next: 70, safe: 70, pending: map[int64]int64{5: 50}},
-			fresh(80), 70, false, snapshot{xmin: 5, xmax: 9, xip: []int64{5}},
+			fresh(80), 70, false, snapshot{xmin: 5, xmax: 9, xid: 9, xip: []int64{5}},
 			state{next: 80, safe: 80, pending: map[int64]int64{5: 50}}},
 		{"ended, and its rows were in this walk: forgotten",
 			state{next: 80, safe: 80, pending: map[int64]int64{5: 80}},
-			nil, 80, false, snapshot{xmin: 9, xmax: 9},
+			nil, 80, false, snapshot{xmin: 9, xmax: 9, xid: 9},
 			state{next: 80, safe: 80, pending: map[int64]int64{}}},
 		{"ended below this walk: forgotten, its rows below it a gap",
 			state{next: 80, safe: 80, pending: map[int64]int64{5: 50, 6: 60}},
-			fresh(90), 80, false, snapshot{xmin: 6, xmax: 9, xip: []int64{6}},
+			fresh(90), 80, false, snapshot{xmin: 6, xmax: 9, xid: 9, xip: []int64{6}},
 			state{next: 90, safe: 90, gaps: []span{{50, 80}}, pending: map[int64]int64{6: 60}}},
 		{"a walk from a gap takes it and those above, and raises safe",
 			state{next: 90, safe: 90, gaps: []span{{20, 30}, {50, 80}, {85, 90}}, pending: map[int64]int64{6: 60}},
-			fresh(55, 95), 50, false, snapshot{xmin: 6, xmax: 9, xip: []int64{6}},
+			fresh(55, 95), 50, false, snapshot{xmin: 6, xmax: 9, xid: 9, xip: []int64{6}},
 			state{next: 95, safe: 95, gaps: []span{{20, 30}}, pending: map[int64]int64{6: 60}}},
 		{"a transaction still running stays",
 			state{next: 90, safe: 90, pending: map[int64]int64{5: 50}},
-			nil, 90, false, snapshot{xmin: 5, xmax: 12, xip: []int64{5, 11}},
+			nil, 90, false, snapshot{xmin: 5, xmax: 12, xid: 12, xip: []int64{5, 11}},
 			state{next: 90, safe: 90, pending: map[int64]int64{5: 50}}},
 		{"a full walk from safe raises it too",
 			state{next: 50, safe: 50, pending: map[int64]int64{}},
-			fresh(60, 70, 80), 50, true, snapshot{xmin: 5, xmax: 9, xip: []int64{5}},
+			fresh(60, 70, 80), 50, true, snapshot{xmin: 5, xmax: 9, xid: 9, xip: []int64{5}},
 			state{next: 80, safe: 80, pending: map[int64]int64{5: 50}}},
 		{"a full walk from next moves next on",
 			state{next: 100, safe: 50, pending: map[int64]int64{}},
-			fresh(101, 102, 103), 100, true, snapshot{xmin: 5, xmax: 6},
+			fresh(101, 102, 103), 100, true, snapshot{xmin: 5, xmax: 6, xid: 6},
 			state{next: 103, safe: 50, pending: map[int64]int64{}}},
 		{"a full walk from below next goes on from its top",
 			state{next: 500, safe: 400, gaps: []span{{5, 500}}, pending: map[int64]int64{}},
-			fresh(10, 11, 12), 5, true, snapshot{xmin: 5, xmax: 6},
+			fresh(10, 11, 12), 5, true, snapshot{xmin: 5, xmax: 6, xid: 6},
 			state{next: 12, safe: 400, pending: map[int64]int64{}}},
 		{"a full walk from below next that took none of the outbox's rows goes on from its start",
 			state{next: 500, safe: 400, gaps: []span{{300, 500}}, pending: map[int64]int64{}},
-			unkeyed(10, 11, 12), 300, true, snapshot{xmin: 5, xmax: 6},
+			unkeyed(10, 11, 12), 300, true, snapshot{xmin: 5, xmax: 6, xid: 6},
 			state{next: 300, safe: 400, pending: map[int64]int64{}}},
 		{"a short walk above safe raises nothing, and the next walks from safe",
 			state{next: 90, safe: 50, pending: map[int64]int64{}},
-			fresh(95), 90, false, snapshot{xmin: 100, xmax: 101},
+			fresh(95), 90, false, snapshot{xmin: 100, xmax: 101, xid: 101},
 			state{next: 50, safe: 50, pending: map[int64]int64{}}},
 		{"keyed rows and the owed table's do not count",
 			state{next: 50, safe: 50, pending: map[int64]int64{}},
-			append(unkeyed(99), &claimed{msg: Message{ID: 98, HasKey: true}, fresh: true}), 50, false, snapshot{xmin: 5, xmax: 6},
+			append(unkeyed(99), &claimed{msg: Message{ID: 98, HasKey: true}, fresh: true}), 50, false, snapshot{xmin: 5, xmax: 6, xid: 6},
 			state{next: 50, safe: 50, pending: map[int64]int64{}}},
 	} {
 		f := newFreshFloor(time.Second, time.Unix(0, 0))
@@ -212,7 +212,7 @@ func TestFreshFloorBoundsPending(t *testing.T) {
 	for i := range xip {
 		xip[i] = int64(i + 10)
 	}
-	f.advance(fresh(5), freshWalk{}, snapshot{xmin: 10, xmax: int64(maxPending + 20), xip: xip}, false, 0)
+	f.advance(fresh(5), freshWalk{}, snapshot{xmin: 10, xmax: int64(maxPending + 20), xid: int64(maxPending + 20), xip: xip}, false, 0)
 	if f.safe != 0 || len(f.pending) != 0 {
 		t.Fatalf("safe %d with %d transactions remembered, want 0 and none", f.safe, len(f.pending))
 	}
@@ -268,7 +268,7 @@ func TestFreshFloorRecheck(t *testing.T) {
 	if !ok || !w.recheck || w.from != 0 || w.to != 9000 {
 		t.Fatalf("sweep %v %+v, want a recheck of (0, 9000]", ok, w)
 	}
-	f.swept(fresh(10), w, snapshot{xmin: 5, xmax: 9, xip: []int64{5}, left: []int64{20, 8000}}, false, time.Millisecond)
+	f.swept(fresh(10), w, snapshot{xmin: 5, xmax: 9, xid: 9, xip: []int64{5}, left: []int64{20, 8000}}, false, time.Millisecond)
 	if f.rechecked != 9000 || !slices.Equal(f.held, []int64{20, 8000}) || f.lowest() != 20 || !maps.Equal(f.pending, map[int64]int64{5: 0}) {
 		t.Fatalf("rechecked %d, held %v, lowest %d, pending %v; want 9000, [20 8000], 20, map[5:0]", f.rechecked, f.held, f.lowest(), f.pending)
 	}

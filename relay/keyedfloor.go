@@ -29,7 +29,7 @@ func (k *keyedFloor) advance(snap snapshot, visible int64) {
 	if snap.keyedLow > 0 {
 		to = snap.keyedLow - 1
 	}
-	if to > k.floor && k.pending.remember(snap.xip, k.floor) {
+	if to > k.floor && k.pending.remember(snap, k.floor) {
 		k.floor = to
 	}
 	// A transaction that ended before snap: its rows below the floor were

@@ -23,19 +23,27 @@ func TestKeyedFloorAdvance(t *testing.T) {
 		owed    int64
 	}{
 		{"to just below the lowest keyed row", 10, map[int64]int64{},
-			snapshot{xmin: 5, xmax: 9, xip: []int64{5, 7}, keyedLow: 50}, 80, 49, map[int64]int64{5: 10, 7: 10}, 49},
+			snapshot{xmin: 5, xmax: 9, xid: 9, xip: []int64{5, 7}, keyedLow: 50}, 80, 49, map[int64]int64{5: 10, 7: 10}, 49},
 		{"no keyed row: to where every id was taken", 10, map[int64]int64{},
-			snapshot{xmin: 9, xmax: 9}, 80, 80, map[int64]int64{}, 80},
+			snapshot{xmin: 9, xmax: 9, xid: 9}, 80, 80, map[int64]int64{}, 80},
 		{"a keyed row owed in the owed table: the owed floor below it", 10, map[int64]int64{},
-			snapshot{xmin: 9, xmax: 9, owedKeyedLow: 30}, 80, 80, map[int64]int64{}, 29},
+			snapshot{xmin: 9, xmax: 9, xid: 9, owedKeyedLow: 30}, 80, 80, map[int64]int64{}, 29},
 		{"one owed above the floor: the owed floor is the floor", 10, map[int64]int64{},
-			snapshot{xmin: 9, xmax: 9, keyedLow: 50, owedKeyedLow: 70}, 80, 49, map[int64]int64{}, 49},
+			snapshot{xmin: 9, xmax: 9, xid: 9, keyedLow: 50, owedKeyedLow: 70}, 80, 49, map[int64]int64{}, 49},
 		{"never down to a lower one", 60, map[int64]int64{},
-			snapshot{xmin: 9, xmax: 9, keyedLow: 50}, 80, 60, map[int64]int64{}, 60},
+			snapshot{xmin: 9, xmax: 9, xid: 9, keyedLow: 50}, 80, 60, map[int64]int64{}, 60},
 		{"a transaction already remembered keeps where its rows may start", 49, map[int64]int64{5: 10},
-			snapshot{xmin: 5, xmax: 9, xip: []int64{5}, keyedLow: 70}, 80, 69, map[int64]int64{5: 10}, 69},
+			snapshot{xmin: 5, xmax: 9, xid: 9, xip: []int64{5}, keyedLow: 70}, 80, 69, map[int64]int64{5: 10}, 69},
 		{"one ended: back to where its rows may start", 49, map[int64]int64{5: 10, 7: 30},
-			snapshot{xmin: 7, xmax: 9, xip: []int64{7}, keyedLow: 70, owedKeyedLow: 60}, 80, 10, map[int64]int64{7: 30}, 10},
+			snapshot{xmin: 7, xmax: 9, xid: 9, xip: []int64{7}, keyedLow: 70, owedKeyedLow: 60}, 80, 10, map[int64]int64{7: 30}, 10},
+		// Postgres lists only the running ids below xmax, one past the newest
+		// ended: those from xmax up to the claim's own id may hold rows too.
+		{"ids from xmax up to the claim's own: remembered", 10, map[int64]int64{},
+			snapshot{xmin: 9, xmax: 9, xid: 11, keyedLow: 50}, 80, 49, map[int64]int64{9: 10, 10: 10}, 49},
+		{"one remembered from xmax up, still not below xmax: not ended", 49, map[int64]int64{9: 10},
+			snapshot{xmin: 9, xmax: 9, xid: 12, keyedLow: 70}, 80, 69, map[int64]int64{9: 10, 10: 49, 11: 49}, 69},
+		{"a claim with no id of its own: the floor stays", 10, map[int64]int64{},
+			snapshot{xmin: 9, xmax: 9, keyedLow: 50}, 80, 10, map[int64]int64{}, 10},
 	} {
 		k := newKeyedFloor()
 		k.floor, k.pending = tc.floor, tc.pending

@@ -42,23 +42,40 @@ type claimed struct {
 }
 
 // snapshot is the claim statement's snapshot: the oldest transaction still
-// running, the first transaction id not yet assigned, and the transactions
-// running between them; and what it showed of the outbox: the lowest keyed
+// running, the one after the newest ended, and the transactions running
+// between them; the claim's own transaction id (0: none), which bounds the
+// running ones at and above xmax the snapshot does not list; and what it showed of the outbox: the lowest keyed
 // row above the keyed floor (0: none), or, to a recheck, the rows it saw and
 // did not take; and of the owed table: its lowest unkeyed and keyed rows
 // still owed above the owed floors (0: none).
 type snapshot struct {
 	xmin, xmax   int64
 	xip          []int64
+	xid          int64
 	keyedLow     int64
 	left         []int64
 	owedLow      int64
 	owedKeyedLow int64
 }
 
-// running reports whether transaction x ran at the snapshot.
+// running reports whether transaction x had not ended at the snapshot: it
+// is listed, or not below xmax (Postgres lists only the running ids below).
 func (s snapshot) running(x int64) bool {
-	return x >= s.xmin && x < s.xmax && slices.Contains(s.xip, x)
+	return x >= s.xmax || (x >= s.xmin && slices.Contains(s.xip, x))
+}
+
+// unended returns the transactions that may have rows the snapshot does not
+// show below rows it does: those it lists, and those from xmax up to the
+// claim's own id. ok is false when the claim took no id: those are unbounded.
+func (s snapshot) unended() (xs []int64, ok bool) {
+	if s.xid == 0 || s.xid-s.xmax > maxPending {
+		return nil, false
+	}
+	xs = slices.Clone(s.xip)
+	for x := s.xmax; x < s.xid; x++ {
+		xs = append(xs, x)
+	}
+	return xs, true
 }
 
 // batchSender is a connection that pipelines statements.
@@ -80,11 +97,13 @@ func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase
 	if fl.fresh.belowFloor { // the outbox's unkeyed rows only
 		window, keyed, to = 0, 0, fl.fresh.to
 	}
+	xidQuery := outboxsql.ClaimXID
 	if fl.fresh.recheck {
 		b.Queue(s.sql.Recheck, pgx.StrictStructArgs(outboxsql.RecheckParams{
 			AMQPActive: active.AMQP, NATSActive: active.NATS,
 			From: fl.fresh.from, To: fl.fresh.to, HeldBefore: fl.fresh.ids, Limit: limit,
 		}))
+		xidQuery = outboxsql.RecheckXID // a recheck that takes nothing still passes rows
 	} else {
 		b.Queue(s.sql.Claim, pgx.StrictStructArgs(outboxsql.ClaimParams{
 			AMQPActive: active.AMQP, NATSActive: active.NATS, AMQPEnabled: enabled.AMQP, NATSEnabled: enabled.NATS,
@@ -94,6 +113,7 @@ func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase
 			FreshKeyedFloor: fl.freshKeyed, KeyedPendingXIDs: fl.pendingXIDs, KeyedPendingFrom: fl.pendingFrom,
 		}))
 	}
+	b.Queue(xidQuery)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	for range outboxsql.BatchBegin {
@@ -142,6 +162,11 @@ func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase
 		return nil, snap, fmt.Errorf("claim batch: %w", err)
 	}
 	rows.Close()
+	var xid *int64
+	if err := br.QueryRow().Scan(&xid); err != nil {
+		return nil, snap, fmt.Errorf("claim batch: its transaction id: %w", err)
+	}
+	snap.xid = deref(xid)
 	// The walks come back one after the other, each in id order; the batch
 	// is published in id order. Sorted here: an ORDER BY over the walks'
 	// rows, payloads and all, costs Postgres much of the claim's time.

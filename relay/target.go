@@ -82,6 +82,9 @@ func (p phase) Has(t Target) bool { return p.Get(t) }
 // Any reports whether the set has a target.
 func (p phase) Any() bool { return p.AMQP || p.NATS }
 
+// covers reports whether p enables every target q does.
+func (p phase) covers(q phase) bool { return (p.AMQP || !q.AMQP) && (p.NATS || !q.NATS) }
+
 // NATSOnly reports whether JetStream is the only target.
 func (p phase) NATSOnly() bool { return p.NATS && !p.AMQP }
 

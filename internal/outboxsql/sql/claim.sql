@@ -7,11 +7,13 @@
 -- xmin, xmax and running transaction ids, the outbox's lowest keyed row
 -- above @keyed_floor, NULL (see Recheck), and the owed table's lowest
 -- unkeyed row above @owed_safe still owed to an enabled target, and its
--- lowest keyed row above @owed_keyed_floor not yet delivered to one (parked
+-- lowest keyed row above owed_keyed_from not yet delivered to one (parked
 -- or not: one put back must stay its key's head); the claimed rows leave
--- them NULL.
+-- them NULL. owed_keyed_from is keyedFrom of @owed_keyed_floor: another
+-- relay may have moved an ended transaction's rows the floor passed there.
 {{define "Claim"}}
-WITH amqp_heads AS MATERIALIZED ({{template "heads" .AMQP}}
+WITH owed_keyed_from AS MATERIALIZED (SELECT {{template "keyedFrom" "@owed_keyed_floor"}} AS f
+), amqp_heads AS MATERIALIZED ({{template "heads" .AMQP}}
 ), amqp_keyed AS (
 	SELECT {{template "claimColumns"}}, true AS want_amqp,
 		(@nats_active::boolean AND {{template "claimable" .NATS}} AND {{template "keyFree" (.NATS.Of .Owed)}}) AS want_nats
@@ -63,8 +65,8 @@ SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 
 	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
 	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > @keyed_floor::bigint), NULL::bigint[],
 	least({{template "lowestOwed" (.AMQP.Above "NULL" "@owed_safe")}}, {{template "lowestOwed" (.NATS.Above "NULL" "@owed_safe")}}),
-	least({{template "lowestOwed" (.AMQP.Above "NOT NULL" "@owed_keyed_floor")}}, {{template "lowestOwed" (.NATS.Above "NOT NULL" "@owed_keyed_floor")}},
-		(SELECT min(id) FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "parkedIndex"}} AND done_at IS NULL AND id > @owed_keyed_floor::bigint
+	least({{template "lowestOwed" (.AMQP.Above "NOT NULL" "(SELECT f FROM owed_keyed_from)")}}, {{template "lowestOwed" (.NATS.Above "NOT NULL" "(SELECT f FROM owed_keyed_from)")}},
+		(SELECT min(id) FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "parkedIndex"}} AND done_at IS NULL AND id > (SELECT f FROM owed_keyed_from)
 		  AND ((@amqp_enabled::boolean AND amqp_parked_at IS NOT NULL AND amqp_delivered_at IS NULL)
 		    OR (@nats_enabled::boolean AND nats_parked_at IS NOT NULL AND nats_delivered_at IS NULL))))
 FROM snap
@@ -118,7 +120,7 @@ SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 {{define "heads"}}WITH RECURSIVE window_keys AS MATERIALIZED (
 		SELECT key, min(id) AS id, count(*) AS n FROM (
 			SELECT id, key FROM {{.Owed}} WHERE {{template "active" .}} AND key IS NOT NULL AND {{template "owed" .}}
-			  AND id > @owed_keyed_floor::bigint AND key NOT IN ({{template "waitingKeys" .}})
+			  AND id > (SELECT f FROM owed_keyed_from) AND key NOT IN ({{template "waitingKeys" .}})
 			ORDER BY id LIMIT @keyed_window) r
 		GROUP BY key
 	), skip_scan(key, id, n) AS (
@@ -150,8 +152,8 @@ SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 -- back full (.Limit rows), so JetStream does not run ahead of RabbitMQ.
 {{define "below"}}id < CASE WHEN @amqp_active::boolean AND (SELECT count(*) FROM {{.Walk}}) >= {{.Limit}} THEN (SELECT max(id) FROM {{.Walk}}) ELSE 9223372036854775807 END{{end}}
 
--- keyedFrom: where the outbox's keyed rows this claim can see start: above
--- the floor . (@keyed_floor, or @fresh_keyed_floor), or at the
+-- keyedFrom: where the keyed rows this claim can see start: above the floor
+-- . (@keyed_floor, @fresh_keyed_floor or @owed_keyed_floor), or at the
 -- @keyed_pending_from of a transaction remembered when the floor passed its
 -- rows (@keyed_pending_xids) that the claim's snapshot shows ended.
 {{define "keyedFrom"}}(SELECT least({{.}}::bigint, min(p.f))
