@@ -43,8 +43,9 @@ type claimed struct {
 
 // snapshot is the claim statement's snapshot: the oldest transaction still
 // running, the one after the newest ended, and the transactions running
-// between them; the claim's own transaction id (0: none), which bounds the
-// running ones at and above xmax the snapshot does not list; and what it showed of the outbox: the lowest keyed
+// between them; the claim's own transaction id, taken just after the
+// snapshot, which bounds the running ones from xmax up that the snapshot
+// does not list; and what it showed of the outbox: the lowest keyed
 // row above the keyed floor (0: none), or, to a recheck, the rows it saw and
 // did not take; and of the owed table: its lowest unkeyed and keyed rows
 // still owed above the owed floors (0: none).
@@ -66,7 +67,7 @@ func (s snapshot) running(x int64) bool {
 
 // unended returns the transactions that may have rows the snapshot does not
 // show below rows it does: those it lists, and those from xmax up to the
-// claim's own id. ok is false when the claim took no id: those are unbounded.
+// claim's own id. ok is false without that id, or with too many of them.
 func (s snapshot) unended() (xs []int64, ok bool) {
 	if s.xid == 0 || s.xid-s.xmax > maxPending {
 		return nil, false
@@ -97,13 +98,11 @@ func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase
 	if fl.fresh.belowFloor { // the outbox's unkeyed rows only
 		window, keyed, to = 0, 0, fl.fresh.to
 	}
-	xidQuery := outboxsql.ClaimXID
 	if fl.fresh.recheck {
 		b.Queue(s.sql.Recheck, pgx.StrictStructArgs(outboxsql.RecheckParams{
 			AMQPActive: active.AMQP, NATSActive: active.NATS,
 			From: fl.fresh.from, To: fl.fresh.to, HeldBefore: fl.fresh.ids, Limit: limit,
 		}))
-		xidQuery = outboxsql.RecheckXID // a recheck that takes nothing still passes rows
 	} else {
 		b.Queue(s.sql.Claim, pgx.StrictStructArgs(outboxsql.ClaimParams{
 			AMQPActive: active.AMQP, NATSActive: active.NATS, AMQPEnabled: enabled.AMQP, NATSEnabled: enabled.NATS,
@@ -113,7 +112,6 @@ func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase
 			FreshKeyedFloor: fl.freshKeyed, KeyedPendingXIDs: fl.pendingXIDs, KeyedPendingFrom: fl.pendingFrom,
 		}))
 	}
-	b.Queue(xidQuery)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	for range outboxsql.BatchBegin {
@@ -131,16 +129,16 @@ func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase
 		c := &claimed{}
 		var key, headers *string
 		var exchange, routingKey, subject, stream *string
-		var xmin, xmax, keyedLow, owedLow, owedKeyedLow *int64
+		var xmin, xmax, xid, keyedLow, owedLow, owedKeyedLow *int64
 		var xip, left []int64
 		if err := rows.Scan(&c.msg.ID, &c.msg.MessageID, &c.msg.Topic, &key, &headers, &c.msg.Payload,
 			&c.msg.CreatedAt, &c.attempts.AMQP, &c.attempts.NATS, &c.delivered.AMQP, &c.delivered.NATS, &c.fresh,
 			&exchange, &routingKey, &subject, &stream,
-			&c.want.AMQP, &c.want.NATS, &xmin, &xmax, &xip, &keyedLow, &left, &owedLow, &owedKeyedLow); err != nil {
+			&c.want.AMQP, &c.want.NATS, &xmin, &xmax, &xip, &xid, &keyedLow, &left, &owedLow, &owedKeyedLow); err != nil {
 			return nil, snap, fmt.Errorf("claim batch: scan: %w", err)
 		}
 		if xmin != nil { // the statement's snapshot, not a row
-			snap = snapshot{xmin: *xmin, xmax: *xmax, xip: xip, left: left,
+			snap = snapshot{xmin: *xmin, xmax: *xmax, xip: xip, xid: deref(xid), left: left,
 				keyedLow: deref(keyedLow), owedLow: deref(owedLow), owedKeyedLow: deref(owedKeyedLow)}
 			continue
 		}
@@ -162,11 +160,6 @@ func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase
 		return nil, snap, fmt.Errorf("claim batch: %w", err)
 	}
 	rows.Close()
-	var xid *int64
-	if err := br.QueryRow().Scan(&xid); err != nil {
-		return nil, snap, fmt.Errorf("claim batch: its transaction id: %w", err)
-	}
-	snap.xid = deref(xid)
 	// The walks come back one after the other, each in id order; the batch
 	// is published in id order. Sorted here: an ORDER BY over the walks'
 	// rows, payloads and all, costs Postgres much of the claim's time.

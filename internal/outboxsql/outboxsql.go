@@ -45,15 +45,6 @@ const OnIndexes = "SELECT set_config('plan_cache_mode', 'force_generic_plan', tr
 // claim's round trip.
 var BatchBegin = []string{"BEGIN", OnIndexes}
 
-// ClaimXID follows a claim in its round trip: the batch's transaction id,
-// assigned once the claim locked a row, after its snapshot (NULL: none).
-// Every transaction that had an id at the snapshot has a lower one.
-const ClaimXID = `SELECT pg_current_xact_id_if_assigned()::text::bigint`
-
-// RecheckXID follows a recheck: its transaction id, assigned now if the
-// recheck locked nothing, for the bound ClaimXID gives.
-const RecheckXID = `SELECT pg_current_xact_id()::text::bigint`
-
 // ReadBegin opens a read-only transaction whose statements stay on the
 // tables' indexes however stale the planner's statistics are. Do not modify.
 var ReadBegin = []string{"BEGIN READ ONLY", "SET LOCAL enable_seqscan = off"}

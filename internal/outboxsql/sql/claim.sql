@@ -4,7 +4,8 @@
 -- heads and the unkeyed rows in one walk each; all locked SKIP LOCKED
 -- (docs/design.md, "The claim statement"). Parameters: ClaimParams. The
 -- first row is the statement's snapshot (id 0, an empty message id): its
--- xmin, xmax and running transaction ids, the outbox's lowest keyed row
+-- xmin, xmax and running transaction ids, the claim's own transaction id
+-- (taken as the first row is, just after the snapshot), the outbox's lowest keyed row
 -- above @keyed_floor, NULL (see Recheck), and the owed table's lowest
 -- unkeyed row above @owed_safe still owed to an enabled target, and its
 -- lowest keyed row above owed_keyed_from not yet delivered to one (parked
@@ -58,11 +59,11 @@ WITH owed_keyed_from AS MATERIALIZED (SELECT {{template "keyedFrom" "@owed_keyed
 	WHERE (@amqp_active::boolean OR @nats_active::boolean) AND key IS NULL AND id > @fresh_from::bigint AND id <= @fresh_to::bigint
 	ORDER BY key, id LIMIT greatest(0, @batch_size - (SELECT count(*) FROM amqp_keyed) - (SELECT count(*) FROM amqp_unkeyed)
 		- (SELECT count(*) FROM nats_unkeyed) - (SELECT count(*) FROM nats_keyed) - (SELECT count(*) FROM fresh_keyed)) FOR UPDATE SKIP LOCKED
-), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s
+), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s, pg_current_xact_id() AS x
 )
 SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false,
 	NULL::text, NULL::text, NULL::text, NULL::text, false, false,
-	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
+	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x), x::text::bigint,
 	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > @keyed_floor::bigint), NULL::bigint[],
 	least({{template "lowestOwed" (.AMQP.Above "NULL" "@owed_safe")}}, {{template "lowestOwed" (.NATS.Above "NULL" "@owed_safe")}}),
 	least({{template "lowestOwed" (.AMQP.Above "NOT NULL" "(SELECT f FROM owed_keyed_from)")}}, {{template "lowestOwed" (.NATS.Above "NOT NULL" "(SELECT f FROM owed_keyed_from)")}},
@@ -71,7 +72,7 @@ SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 
 		    OR (@nats_enabled::boolean AND nats_parked_at IS NOT NULL AND nats_delivered_at IS NULL))))
 FROM snap
 UNION ALL
-SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
+SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint
 FROM (SELECT * FROM amqp_keyed UNION ALL SELECT * FROM amqp_unkeyed UNION ALL SELECT * FROM nats_unkeyed UNION ALL SELECT * FROM nats_keyed
 	UNION ALL SELECT * FROM fresh_keyed UNION ALL SELECT * FROM fresh_unkeyed) c
 {{end}}
@@ -91,15 +92,15 @@ WITH seen AS MATERIALIZED (
 	FROM {{.Table}} f
 	WHERE id = ANY (ARRAY(SELECT id FROM seen)) AND key IS NULL
 	ORDER BY id LIMIT @limit FOR UPDATE SKIP LOCKED
-), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s
+), snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s, pg_current_xact_id() AS x
 )
 SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false,
 	NULL::text, NULL::text, NULL::text, NULL::text, false, false,
-	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x),
+	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x), x::text::bigint,
 	NULL::bigint, ARRAY(SELECT id FROM seen WHERE id NOT IN (SELECT id FROM fresh_unkeyed) ORDER BY id), NULL::bigint, NULL::bigint
 FROM snap
 UNION ALL
-SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint FROM fresh_unkeyed
+SELECT *, NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint, NULL::bigint[], NULL::bigint, NULL::bigint FROM fresh_unkeyed
 {{end}}
 
 -- claimColumns: what the relay reads of a claimed row (store.claim scans them
