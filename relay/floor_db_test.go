@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -712,5 +713,98 @@ func TestFloorsRememberTransactionsFromXmaxUp(t *testing.T) {
 			}
 			t.Fatalf("X's row %d left behind the floors (fresh %d, keyed %d)", xRow, cf.fresh.safe, cf.keyed.floor)
 		})
+	}
+}
+
+// A row the recheck passed while its transaction ran, and that another
+// relay's batch holds when this relay's claim walks the gap its commit left:
+// the batch's transaction is remembered from where that walk started, so
+// when it rolls back (its relay died) the claims or the next recheck take
+// the row, not the walk from the oldest row minutes later.
+func TestARowAnotherBatchHeldInAGapIsTakenOnceItRollsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setupOwnDatabase(t)
+	st, cf := newStore(f.table), newClaimFloor(10, time.Hour)
+	ins := `INSERT INTO ` + f.table.Ident() + ` (topic, payload) VALUES ('orders.created', '\x00') RETURNING id`
+	claim := func() (ids []int64, sweep bool) { // and delete, as a batch every target confirmed
+		t.Helper()
+		fl := cf.begin(time.Now(), dualWrite)
+		conn, err := f.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		rows, snap, err := st.claim(ctx, conn, dualWrite, dualWrite, 10, false, fl, nil)
+		if err != nil {
+			cf.end(fl, false)
+			t.Fatal(err)
+		}
+		cf.claimed(rows, fl, snap, time.Millisecond)
+		cf.end(fl, true)
+		for _, c := range rows {
+			ids = append(ids, c.msg.ID)
+		}
+		if _, err := conn.Exec(ctx, `DELETE FROM `+f.table.Ident()+` WHERE id = ANY($1)`, ids); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `COMMIT`); err != nil {
+			t.Fatal(err)
+		}
+		return ids, fl.beside()
+	}
+	one := func() {
+		t.Helper()
+		if _, err := f.pool.Exec(ctx, ins); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Rollback(ctx) //nolint:errcheck // committed below
+	var r int64
+	if err := x.QueryRow(ctx, ins).Scan(&r); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		one()
+		claim()
+	}
+	cf.fresh.lastRecheck = time.Time{}
+	if _, sweep := claim(); !sweep || cf.fresh.rechecked < r {
+		t.Fatalf("no recheck past row %d (sweep %v, rechecked %d)", r, sweep, cf.fresh.rechecked)
+	}
+	if err := x.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	one()
+	claim() // sees X ended: its rows are a near gap
+	b, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Rollback(ctx) //nolint:errcheck // rolled back below
+	if _, err := b.Exec(ctx, `SELECT id FROM `+f.table.Ident()+` WHERE id = $1 FOR UPDATE`, r); err != nil {
+		t.Fatal(err)
+	}
+	one()
+	if got, _ := claim(); slices.Contains(got, r) {
+		t.Fatalf("the gap's walk took row %d, which another batch holds", r)
+	}
+	if err := b.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		one()
+		if got, _ := claim(); slices.Contains(got, r) {
+			return
+		}
+	}
+	cf.fresh.lastRecheck = time.Time{}
+	if got, _ := claim(); !slices.Contains(got, r) {
+		t.Fatalf("row %d, its batch rolled back, taken by neither the claims nor the recheck (gaps %v, rechecked %d, pending %v)",
+			r, cf.fresh.gaps, cf.fresh.rechecked, cf.fresh.pending)
 	}
 }

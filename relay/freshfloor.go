@@ -244,11 +244,12 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, wholeB
 }
 
 // raise moves safe to the top of a walk from at or below it: every row from
-// safe to its top the walk did not take is held by a batch, or belongs to a
-// transaction running at snap. A full walk too, so that during a backlog
-// the next short one does not walk back over the rows the full ones took.
+// the walk's start to its top the walk did not take is held by a batch, or
+// belongs to a transaction running at snap, remembered from that start (a
+// near gap's walk starts below safe). A full walk too, so that during a
+// backlog the next short one does not walk back over the rows the full ones took.
 func (f *freshFloor) raise(w freshWalk, top int64, snap snapshot) {
-	if w.from <= f.safe && top > f.safe && f.pending.remember(snap, f.safe) {
+	if w.from <= f.safe && top > f.safe && f.pending.remember(snap, w.from) {
 		f.safe = top
 	}
 }
