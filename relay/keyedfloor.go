@@ -21,22 +21,21 @@ type keyedFloor struct {
 func newKeyedFloor() *keyedFloor { return &keyedFloor{pending: map[int64]int64{}} }
 
 // advance places the floor after an ordinary claim from it under snap,
-// which saw snap.keyedLow as the lowest keyed row above it (0: none). Every
-// id up to visible was taken before snap: with no keyed row above the
-// floor, it rises there.
+// which saw snap.keyedLow as the lowest keyed row above where it walked
+// from (0: none). Every id up to visible was taken before snap: with no
+// keyed row above the floor, it rises there.
 func (k *keyedFloor) advance(snap snapshot, visible int64) {
+	// A transaction that ended before snap: the claim walked from where its
+	// rows may start (keyedFrom in sql/claim.sql), and so did keyedLow.
+	for _, from := range k.pending.ended(snap) {
+		k.floor = min(k.floor, from)
+	}
 	to := visible
 	if snap.keyedLow > 0 {
 		to = snap.keyedLow - 1
 	}
 	if to > k.floor && k.pending.remember(snap, k.floor) {
 		k.floor = to
-	}
-	// A transaction that ended before snap: its rows below the floor were
-	// not in this claim's reach. The next walks from where they may start,
-	// once.
-	for _, from := range k.pending.ended(snap) {
-		k.floor = min(k.floor, from)
 	}
 	k.owed = k.floor
 	if snap.owedKeyedLow > 0 {

@@ -7,8 +7,8 @@ import (
 
 // The keyed floor rises to just below the lowest keyed row a claim saw, or,
 // with none, to where every id was taken before its snapshot, remembering
-// the transactions running at it; one seen ended sends the floor back to
-// where its rows may start. The owed table's keyed floor is the same, or
+// the transactions running at it; one seen ended: from where its rows may
+// start, which the claim walked from. The owed table's keyed floor is the same, or
 // just below the lowest keyed row owed there, whichever is lower.
 func TestKeyedFloorAdvance(t *testing.T) {
 	t.Parallel()
@@ -34,8 +34,12 @@ func TestKeyedFloorAdvance(t *testing.T) {
 			snapshot{xmin: 9, xmax: 9, xid: 9, keyedLow: 50}, 80, 60, map[int64]int64{}, 60},
 		{"a transaction already remembered keeps where its rows may start", 49, map[int64]int64{5: 10},
 			snapshot{xmin: 5, xmax: 9, xid: 9, xip: []int64{5}, keyedLow: 70}, 80, 69, map[int64]int64{5: 10}, 69},
-		{"one ended: back to where its rows may start", 49, map[int64]int64{5: 10, 7: 30},
-			snapshot{xmin: 7, xmax: 9, xid: 9, xip: []int64{7}, keyedLow: 70, owedKeyedLow: 60}, 80, 10, map[int64]int64{7: 30}, 10},
+		// The claim walked from where an ended one's rows may start, and saw
+		// the lowest keyed row from there.
+		{"one ended: up from where its rows may start", 49, map[int64]int64{5: 10, 7: 30},
+			snapshot{xmin: 7, xmax: 9, xid: 9, xip: []int64{7}, keyedLow: 70, owedKeyedLow: 60}, 80, 69, map[int64]int64{7: 30}, 59},
+		{"one ended, its row the lowest: just below it", 49, map[int64]int64{5: 10},
+			snapshot{xmin: 9, xmax: 9, xid: 9, keyedLow: 20}, 80, 19, map[int64]int64{}, 19},
 		// Postgres lists only the running ids below xmax, one past the newest
 		// ended: those from xmax up to the claim's own id may hold rows too.
 		{"ids from xmax up to the claim's own: remembered", 10, map[int64]int64{},

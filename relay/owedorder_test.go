@@ -92,16 +92,7 @@ func TestOwedKeyedHeadIsARowAnEndedTransactionLeft(t *testing.T) {
 	b := insertRow(t, f.pool, f, "k")
 	claimAndRecord(t, f, st, r2, dualWrite, natsOnly, outcomeNone)
 
-	var tookA bool
-	for _, c := range claimWith(t, f.pool, st, r1, r1.begin(time.Now(), dualWrite), dualWrite, dualWrite, 10) {
-		tookA = tookA || (c.msg.ID == a && c.want.AMQP)
-		if c.msg.ID == b && c.want.AMQP {
-			t.Fatalf("row %d of key k claimed for RabbitMQ while row %d of the key is owed to it", b, a)
-		}
-	}
-	if !tookA {
-		t.Errorf("row %d, key k's head for RabbitMQ, not claimed", a)
-	}
+	headFirst(t, claimWith(t, f.pool, st, r1, r1.begin(time.Now(), dualWrite), dualWrite, dualWrite, 10), TargetAMQP, a, b)
 }
 
 // Dual write with JetStream down: A of key k reaches RabbitMQ and stays
@@ -131,14 +122,21 @@ func TestAPhaseEnablingATargetAgainWalksTheOwedTableFromItsOldestRow(t *testing.
 	cf.oldestWalkTook = time.Second
 	cf.mu.Unlock()
 
+	headFirst(t, claimWith(t, f.pool, st, cf, cf.begin(time.Now(), dualWrite), dualWrite, dualWrite, 10), TargetNATS, a, b)
+}
+
+// headFirst checks that a claim took row a, its key's head, for target, and
+// not row b, a later row of the key.
+func headFirst(t *testing.T, rows []*claimed, target Target, a, b int64) {
+	t.Helper()
 	var tookA bool
-	for _, c := range claimWith(t, f.pool, st, cf, cf.begin(time.Now(), dualWrite), dualWrite, dualWrite, 10) {
-		tookA = tookA || (c.msg.ID == a && c.want.NATS)
-		if c.msg.ID == b && c.want.NATS {
-			t.Fatalf("row %d of key k claimed for JetStream while row %d of the key is owed to it", b, a)
+	for _, c := range rows {
+		tookA = tookA || (c.msg.ID == a && c.want.Get(target))
+		if c.msg.ID == b && c.want.Get(target) {
+			t.Fatalf("row %d of key k claimed for %s while row %d of the key is owed to it", b, target, a)
 		}
 	}
 	if !tookA {
-		t.Errorf("row %d, key k's head for JetStream, not claimed", a)
+		t.Errorf("row %d, key k's head for %s, not claimed", a, target)
 	}
 }

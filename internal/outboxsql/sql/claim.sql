@@ -6,7 +6,7 @@
 -- first row is the statement's snapshot (id 0, an empty message id): its
 -- xmin, xmax and running transaction ids, the claim's own transaction id
 -- (taken as the first row is, just after the snapshot), the outbox's lowest keyed row
--- above @keyed_floor, NULL (see Recheck), and the owed table's lowest
+-- above keyedFrom(@keyed_floor), NULL (see Recheck), and the owed table's lowest
 -- unkeyed row above @owed_safe still owed to an enabled target, and its
 -- lowest keyed row above owed_keyed_from not yet delivered to one (parked
 -- or not: one put back must stay its key's head); the claimed rows leave
@@ -64,7 +64,7 @@ WITH owed_keyed_from AS MATERIALIZED (SELECT {{template "keyedFrom" "@owed_keyed
 SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false,
 	NULL::text, NULL::text, NULL::text, NULL::text, false, false,
 	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x), x::text::bigint,
-	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > @keyed_floor::bigint), NULL::bigint[],
+	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > {{template "keyedFrom" "@keyed_floor"}}), NULL::bigint[],
 	least({{template "lowestOwed" (.AMQP.Above "NULL" "@owed_safe")}}, {{template "lowestOwed" (.NATS.Above "NULL" "@owed_safe")}}),
 	least({{template "lowestOwed" (.AMQP.Above "NOT NULL" "(SELECT f FROM owed_keyed_from)")}}, {{template "lowestOwed" (.NATS.Above "NOT NULL" "(SELECT f FROM owed_keyed_from)")}},
 		(SELECT min(id) FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "parkedIndex"}} AND done_at IS NULL AND id > (SELECT f FROM owed_keyed_from)
