@@ -43,8 +43,9 @@ type claimFloor struct {
 	// enables another target walks the owed table from its oldest row.
 	owedFor phase
 
-	// xmax is the newest ordinary claim's first unassigned transaction id: a
-	// lower one means the database went back in history (reset).
+	// xmax is the newest ordinary claim's snapshot's, one past its newest
+	// ended transaction: a lower one means the database went back in
+	// history (reset).
 	xmax int64
 	gen  int // reset counts itself here; claimed ignores a sweep begun before
 }
