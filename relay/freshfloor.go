@@ -27,6 +27,10 @@ type freshFloor struct {
 	// that rolls back after safe passed its rows leaves them below it.
 	rechecked int64
 	held      []int64
+	// A near gap's walk may pass rows other batches hold there, so it sends
+	// rechecked back to its start; recheckAgain keeps the lowest such start
+	// since the recheck in flight began, which must not pass it.
+	recheckAgain int64
 
 	lastRecheck    time.Time
 	recheckTook    time.Duration // what a recheck took past an ordinary claim
@@ -86,7 +90,7 @@ func (p pendingTxs) ended(snap snapshot) []int64 {
 }
 
 func newFreshFloor(poll time.Duration, now time.Time) *freshFloor {
-	return &freshFloor{poll: poll, pending: map[int64]int64{}, lastRecheck: now, lastFromOldest: now}
+	return &freshFloor{poll: poll, pending: map[int64]int64{}, lastRecheck: now, lastFromOldest: now, recheckAgain: math.MaxInt64}
 }
 
 // freshWalk is the outbox rows a claim walks: those in (from, to], and why.
@@ -129,7 +133,7 @@ func (f *freshFloor) startSweep(now time.Time) (freshWalk, bool) {
 	case f.farGap(&w):
 		w.to = min(w.to, w.from+sweepSpan)
 	case f.recheckDue(now):
-		f.lastRecheck = now
+		f.lastRecheck, f.recheckAgain = now, math.MaxInt64
 		w.from, w.recheck, w.ids = min(f.rechecked, w.to), true, f.held
 	default:
 		return freshWalk{}, false
@@ -228,6 +232,9 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, wholeB
 			f.addGap(span{from, w.from})
 		}
 	}
+	if w.from < f.safe { // a near gap's walk
+		f.rechecked, f.recheckAgain = min(f.rechecked, w.from), min(f.recheckAgain, w.from)
+	}
 	f.raise(w, top, snap)
 	if wholeBatch {
 		// Rows may be left past its top (from its start, if it took none):
@@ -244,12 +251,12 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, wholeB
 }
 
 // raise moves safe to the top of a walk from at or below it: every row from
-// the walk's start to its top the walk did not take is held by a batch, or
-// belongs to a transaction running at snap, remembered from that start (a
-// near gap's walk starts below safe). A full walk too, so that during a
-// backlog the next short one does not walk back over the rows the full ones took.
+// safe to its top the walk did not take is held by a batch, or belongs to a
+// transaction running at snap, remembered from safe (below it, a running
+// transaction's rows are remembered already). A full walk too, so that during
+// a backlog the next short one does not walk back over the rows the full ones took.
 func (f *freshFloor) raise(w freshWalk, top int64, snap snapshot) {
-	if w.from <= f.safe && top > f.safe && f.pending.remember(snap, w.from) {
+	if w.from <= f.safe && top > f.safe && f.pending.remember(snap, f.safe) {
 		f.safe = top
 	}
 }
@@ -266,10 +273,11 @@ func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, wholeBat
 		f.fromOldestTook = took
 	case w.recheck:
 		// Its rows are passed: a transaction running at its snapshot may
-		// have rows among them, as at a raise of safe.
+		// have rows among them above safe, as at a raise of safe. A near
+		// gap's walk since it began sends the next one back there.
 		f.recheckTook = max(0, took-f.claimTook)
-		if len(left) <= maxHeld && f.pending.remember(snap, w.from) {
-			f.rechecked, f.held = w.to, left
+		if len(left) <= maxHeld && f.pending.remember(snap, max(w.from, f.safe)) {
+			f.rechecked, f.held = min(w.to, f.recheckAgain), left
 		}
 		return
 	}

@@ -164,10 +164,10 @@ func TestFreshFloorAdvance(t *testing.T) {
 			state{next: 90, safe: 90, gaps: []span{{20, 30}, {50, 80}, {85, 90}}, pending: map[int64]int64{6: 60}},
 			fresh(55, 95), 50, false, snapshot{xmin: 6, xmax: 9, xid: 9, xip: []int64{6}},
 			state{next: 95, safe: 95, gaps: []span{{20, 30}}, pending: map[int64]int64{6: 60}}},
-		{"a walk from a gap remembers the transactions running from where it started",
+		{"a walk from a gap remembers the transactions running from safe: below it their rows are remembered already",
 			state{next: 90, safe: 90, gaps: []span{{50, 80}}, pending: map[int64]int64{}},
 			fresh(95), 50, false, snapshot{xmin: 7, xmax: 9, xid: 9, xip: []int64{7}},
-			state{next: 95, safe: 95, pending: map[int64]int64{7: 50}}},
+			state{next: 95, safe: 95, pending: map[int64]int64{7: 90}}},
 		{"a transaction still running stays",
 			state{next: 90, safe: 90, pending: map[int64]int64{5: 50}},
 			nil, 90, false, snapshot{xmin: 5, xmax: 12, xid: 12, xip: []int64{5, 11}},
@@ -261,8 +261,9 @@ func TestFreshFloorWalkBack(t *testing.T) {
 // A recheck goes on from where it ended, and walks again the rows it saw
 // and did not take (held by other batches); they count in the backlog
 // figures until then. It remembers the transactions running at its
-// snapshot, as a raise of safe does: their rows may be among those it
-// passed. With more than maxHeld rows held it walks its rows again instead.
+// snapshot from safe, as a raise of safe does: their rows may be among those
+// it passed above safe. With more than maxHeld rows held it walks its rows
+// again instead.
 func TestFreshFloorRecheck(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
@@ -273,8 +274,8 @@ func TestFreshFloorRecheck(t *testing.T) {
 		t.Fatalf("sweep %v %+v, want a recheck of (0, 9000]", ok, w)
 	}
 	f.swept(fresh(10), w, snapshot{xmin: 5, xmax: 9, xid: 9, xip: []int64{5}, left: []int64{20, 8000}}, false, time.Millisecond)
-	if f.rechecked != 9000 || !slices.Equal(f.held, []int64{20, 8000}) || f.lowest() != 20 || !maps.Equal(f.pending, map[int64]int64{5: 0}) {
-		t.Fatalf("rechecked %d, held %v, lowest %d, pending %v; want 9000, [20 8000], 20, map[5:0]", f.rechecked, f.held, f.lowest(), f.pending)
+	if f.rechecked != 9000 || !slices.Equal(f.held, []int64{20, 8000}) || f.lowest() != 20 || !maps.Equal(f.pending, map[int64]int64{5: 8000}) {
+		t.Fatalf("rechecked %d, held %v, lowest %d, pending %v; want 9000, [20 8000], 20, map[5:8000]", f.rechecked, f.held, f.lowest(), f.pending)
 	}
 	f.safe, f.next = 9500, 9500
 	w, _ = f.startSweep(now.Add(2 * time.Second))
@@ -336,5 +337,60 @@ func TestFreshFloorMovable(t *testing.T) {
 		if got, low := f.movable(), f.lowest(); got != tc.wantMovable || low != tc.wantLow {
 			t.Errorf("%s: movable %d lowest %d, want %d %d", tc.name, got, low, tc.wantMovable, tc.wantLow)
 		}
+	}
+}
+
+// A near gap's walk may pass rows another relay's batch holds there: the
+// recheck walks from the gap's start again, and one in flight when the walk
+// ran does not go past it.
+func TestFreshFloorGapWalkSendsTheRecheckBack(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	f := newFreshFloor(time.Second, now)
+	f.next, f.safe, f.rechecked = 9000, 9000, 8800
+	w, ok := f.startSweep(now.Add(time.Second))
+	if !ok || !w.recheck || w.from != 8800 {
+		t.Fatalf("sweep %v %+v, want a recheck from 8800", ok, w)
+	}
+	f.gaps = []span{{8500, 8900}}
+	f.advance(fresh(9010), f.start(), snapshot{xmin: 9, xmax: 9, xid: 9}, false, time.Millisecond)
+	if f.rechecked != 8500 {
+		t.Fatalf("rechecked %d after a walk from the gap at 8500, want 8500", f.rechecked)
+	}
+	f.swept(nil, w, snapshot{xmin: 9, xmax: 9, xid: 9}, false, time.Millisecond)
+	if f.rechecked != 8500 {
+		t.Fatalf("rechecked %d after the recheck in flight ended, want still 8500", f.rechecked)
+	}
+	w, _ = f.startSweep(now.Add(2 * time.Second))
+	if w.from != 8500 {
+		t.Fatalf("the next recheck walks from %d, want 8500", w.from)
+	}
+	f.swept(nil, w, snapshot{xmin: 9, xmax: 9, xid: 9}, false, time.Millisecond)
+	if f.rechecked != w.to {
+		t.Fatalf("rechecked %d, want the recheck's end %d", f.rechecked, w.to)
+	}
+}
+
+// While every claim sees a transaction running that has ended by the next
+// one (several relays, busy producers), the floor rises: a walk from the gap
+// an ended one left does not remember the new ones from that gap's start.
+func TestFreshFloorRisesWhileEveryClaimSeesATransactionEnd(t *testing.T) {
+	t.Parallel()
+	f := newFreshFloor(time.Second, time.Unix(0, 0))
+	f.next, f.safe = 100, 100
+	top, x := int64(100), int64(20)
+	var froms []int64
+	for range 10 {
+		w := f.start()
+		froms = append(froms, w.from)
+		top += 10
+		f.advance(fresh(top), w, snapshot{xmin: x, xmax: x + 1, xid: x + 1, xip: []int64{x}}, false, time.Millisecond)
+		x += 2
+	}
+	if low := f.movable(); low < top-20 {
+		t.Fatalf("movable %d after 10 claims up to row %d, want within two claims of it (walks from %v)", low, top, froms)
+	}
+	if froms[len(froms)-1] < top-30 {
+		t.Fatalf("the last claim walked from %d, up to row %d: want within two claims of it (walks from %v)", froms[len(froms)-1], top, froms)
 	}
 }
