@@ -719,75 +719,99 @@ func TestFloorsRememberTransactionsFromXmaxUp(t *testing.T) {
 }
 
 // A row the recheck passed while its transaction ran, and that another
-// relay's batch holds when this relay's claim walks the gap its commit left:
-// the batch's transaction is remembered from where that walk started, so
-// when it rolls back (its relay died) the claims or the next recheck take
-// the row, not the walk from the oldest row minutes later.
+// relay's batch holds when this relay walks the gap its commit left: when
+// that batch rolls back (its relay died), the claims or the next recheck
+// take the row, not the walk from the oldest row minutes later. A near gap
+// is walked by the next claim, which sends the recheck back to it; a far
+// one by a sweep, which hands the recheck the rows it saw held.
 func TestARowAnotherBatchHeldInAGapIsTakenOnceItRollsBack(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	f := setupOwnDatabase(t)
-	st, cf := newStore(f.table), newClaimFloor(10, time.Hour)
-	ins := `INSERT INTO ` + f.table.Ident() + ` (topic, payload) VALUES ('orders.created', '\x00') RETURNING id`
-	claim := func() (ids []int64) { // a batch every target confirmed
-		t.Helper()
-		for _, c := range claimAndRecord(t, f, st, cf, dualWrite, dualWrite, outcomeDelivered) {
-			ids = append(ids, c.msg.ID)
-		}
-		return ids
-	}
-	one := func() {
-		t.Helper()
-		if _, err := f.pool.Exec(ctx, ins); err != nil {
-			t.Fatal(err)
-		}
-	}
-	x, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Rollback(ctx) //nolint:errcheck // committed below
-	var r int64
-	if err := x.QueryRow(ctx, ins).Scan(&r); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		one()
-		claim()
-	}
-	cf.fresh.lastRecheck = time.Time{}
-	if claim(); cf.fresh.rechecked < r {
-		t.Fatalf("no recheck past row %d (rechecked %d)", r, cf.fresh.rechecked)
-	}
-	if err := x.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	one()
-	claim() // sees X ended: its rows are a near gap
-	b, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Rollback(ctx) //nolint:errcheck // rolled back below
-	if _, err := b.Exec(ctx, `SELECT id FROM `+f.table.Ident()+` WHERE id = $1 FOR UPDATE`, r); err != nil {
-		t.Fatal(err)
-	}
-	one()
-	if slices.Contains(claim(), r) {
-		t.Fatalf("the gap's walk took row %d, which another batch holds", r)
-	}
-	if err := b.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		one()
-		if slices.Contains(claim(), r) {
-			return
-		}
-	}
-	cf.fresh.lastRecheck = time.Time{}
-	if !slices.Contains(claim(), r) {
-		t.Fatalf("row %d, its batch rolled back, taken by neither the claims nor the recheck (gaps %v, rechecked %d, pending %v)",
-			r, cf.fresh.gaps, cf.fresh.rechecked, cf.fresh.pending)
+	for _, tc := range []struct {
+		name  string
+		after int // rows committed after X's while X runs
+		sweep bool
+	}{
+		{"a near gap", 3, false},
+		{"a far gap", foldSpan + 100, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := setupOwnDatabase(t)
+			st, cf := newStore(f.table), newClaimFloor(2*foldSpan, time.Hour)
+			ins := `INSERT INTO ` + f.table.Ident() + ` (topic, payload) VALUES ('orders.created', '\x00') RETURNING id`
+			claim := func() (ids []int64, sweep bool) { // a batch every target confirmed
+				t.Helper()
+				sweep = cf.sweepDue(time.Now())
+				for _, c := range claimAndRecord(t, f, st, cf, dualWrite, dualWrite, outcomeDelivered) {
+					ids = append(ids, c.msg.ID)
+				}
+				return ids, sweep
+			}
+			one := func() {
+				t.Helper()
+				if _, err := f.pool.Exec(ctx, ins); err != nil {
+					t.Fatal(err)
+				}
+			}
+			x, err := f.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer x.Rollback(ctx) //nolint:errcheck // committed below
+			var r int64
+			if err := x.QueryRow(ctx, ins).Scan(&r); err != nil {
+				t.Fatal(err)
+			}
+			one()
+			claim()
+			if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.table.Ident()+` (topic, payload)
+				SELECT 'orders.created', '\x00' FROM generate_series(1, @n)`, pgx.NamedArgs{"n": tc.after}); err != nil {
+				t.Fatal(err)
+			}
+			claim()
+			// A transaction anywhere in the cluster that ended meanwhile may
+			// leave a far gap, whose sweep goes before the recheck.
+			for range 3 {
+				cf.fresh.lastRecheck = time.Time{}
+				if claim(); cf.fresh.rechecked >= r {
+					break
+				}
+			}
+			if cf.fresh.rechecked < r {
+				t.Fatalf("no recheck past row %d (rechecked %d)", r, cf.fresh.rechecked)
+			}
+			if err := x.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			one()
+			claim() // sees X ended: its rows are a gap
+			b, err := f.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Rollback(ctx) //nolint:errcheck // rolled back below
+			if _, err := b.Exec(ctx, `SELECT id FROM `+f.table.Ident()+` WHERE id = $1 FOR UPDATE`, r); err != nil {
+				t.Fatal(err)
+			}
+			one()
+			if got, sweep := claim(); slices.Contains(got, r) || sweep != tc.sweep {
+				t.Fatalf("the gap's walk (a sweep: %v, want %v) took row %d, which another batch holds: %v", sweep, tc.sweep, r, slices.Contains(got, r))
+			}
+			if err := b.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				one()
+				if got, _ := claim(); slices.Contains(got, r) {
+					return
+				}
+			}
+			cf.fresh.lastRecheck = time.Time{}
+			if got, _ := claim(); !slices.Contains(got, r) {
+				t.Fatalf("row %d, its batch rolled back, taken by neither the claims nor the recheck (gaps %v, rechecked %d, held %v, pending %v)",
+					r, cf.fresh.gaps, cf.fresh.rechecked, cf.fresh.held, cf.fresh.pending)
+			}
+		})
 	}
 }

@@ -264,7 +264,8 @@ func (f *freshFloor) raise(w freshWalk, top int64, snap snapshot) {
 // swept ends the sweep w, which took rows under snap in took; full says it
 // took a whole batch, and stopped at its top: the rest is a gap. A recheck
 // goes on from its end next time, and walks again the rows it saw and did
-// not take (snap.left: held by other batches, or past its batch).
+// not take (snap.left: held by other batches, or past its batch); so does
+// the recheck after any other sweep, of the rows that sweep saw held.
 func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, wholeBatch bool, took time.Duration) {
 	left := snap.left
 	f.sweeping = nil
@@ -281,8 +282,23 @@ func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, wholeBat
 		}
 		return
 	}
+	f.recheckHeld(left, w.from)
 	if wholeBatch {
 		f.addGap(span{max(topOf(rows), w.from), w.to})
+	}
+}
+
+// recheckHeld hands the rows a sweep from from passed held by other batches
+// to the recheck, which walks them again until their batches end; with too
+// many, it walks again from the sweep's start instead. Sweeps run one at a
+// time, so no recheck is in flight.
+func (f *freshFloor) recheckHeld(ids []int64, from int64) {
+	switch {
+	case len(ids) == 0:
+	case len(f.held)+len(ids) > maxHeld:
+		f.rechecked = min(f.rechecked, from)
+	default:
+		f.held = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(f.held), ids...))))
 	}
 }
 

@@ -394,3 +394,33 @@ func TestFreshFloorRisesWhileEveryClaimSeesATransactionEnd(t *testing.T) {
 		t.Fatalf("the last claim walked from %d, up to row %d: want within two claims of it (walks from %v)", froms[len(froms)-1], top, froms)
 	}
 }
+
+// A sweep other than the recheck hands the rows it saw held by other batches
+// to the recheck, which walks them again; with more than maxHeld, the
+// recheck walks again from the sweep's start.
+func TestFreshFloorSweepHandsHeldRowsToTheRecheck(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	f := newFreshFloor(time.Hour, now)
+	f.next, f.safe, f.rechecked, f.held = 9000, 9000, 8900, []int64{40, 8950}
+	f.gaps = []span{{100, 200}}
+	w, ok := f.startSweep(now)
+	if !ok || w.recheck || w.from != 100 {
+		t.Fatalf("sweep %v %+v, want the far gap from 100", ok, w)
+	}
+	f.swept(fresh(110), w, snapshot{left: []int64{150, 170}}, false, time.Millisecond)
+	if want := []int64{40, 150, 170, 8950}; !slices.Equal(f.held, want) || f.rechecked != 8900 {
+		t.Fatalf("held %v, rechecked %d; want %v, 8900", f.held, f.rechecked, want)
+	}
+	f.lastRecheck = time.Time{}
+	if w, _ := f.startSweep(now); !w.recheck || !slices.Equal(w.ids, f.held) {
+		t.Fatalf("the next sweep %+v, want a recheck of the rows held %v", w, f.held)
+	}
+	f.sweeping = nil
+	f.gaps = []span{{300, 400}}
+	w, _ = f.startSweep(now)
+	f.swept(nil, w, snapshot{left: make([]int64, maxHeld)}, false, time.Millisecond)
+	if f.rechecked != 300 || len(f.held) != 4 {
+		t.Fatalf("after a sweep that saw more rows held than the recheck keeps: rechecked %d, %d held; want 300, 4", f.rechecked, len(f.held))
+	}
+}

@@ -24,7 +24,7 @@ func claimAndRecord(t *testing.T, f *fixture, st *store, cf *claimFloor, enabled
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	rows, snap, err := st.claim(ctx, conn, enabled, active, 10, false, fl, nil)
+	rows, snap, err := st.claim(ctx, conn, enabled, active, cf.batchSize, false, fl, nil)
 	if err != nil {
 		cf.end(fl, false)
 		t.Fatal(err)

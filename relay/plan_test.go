@@ -263,6 +263,32 @@ func TestBatchPlansStayOnIndexes(t *testing.T) {
 	}
 }
 
+// A sweep reads its walk's rows again for those it could not lock, through
+// key_order's unkeyed rows as the walk does: the outbox's primary key would
+// step over every keyed row in the range.
+func TestASweepReadsTheRowsItCouldNotLockByKeyOrder(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	p := claimParams(nil)
+	p.FreshTo, p.Sweep = 9000, true
+	prepare, execute, pos := prepared("c", newStore(f.table).sql.Claim, p)
+	f.fill(20_000)
+	tx, err := f.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: strings.Join(outboxsql.BatchBegin, "; ")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
+	if _, err := tx.Exec(ctx, prepare); err != nil {
+		t.Fatal(err)
+	}
+	scans := planScans(t, tx, execute, f.table.Name)
+	held := fmt.Sprintf("[((key IS NULL) AND (id > $%d) AND (id <= CASE", pos["fresh_from"])
+	if !slices.ContainsFunc(scans, func(s string) bool { return strings.HasPrefix(s, "Index Only Scan ") && strings.Contains(s, held) }) {
+		t.Errorf("no index-only read of the sweep's unkeyed rows by key_order: %v", scans)
+	}
+}
+
 // A keyed claim does not try to lock the rows this relay's other batches
 // hold (@held_ids): with few keys most heads are in flight, and each claim tried
 // every one of them before reaching a free key. Here 60 of 100 keys' first

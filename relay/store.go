@@ -46,7 +46,7 @@ type claimed struct {
 // between them; the claim's own transaction id, taken just after the
 // snapshot, which bounds the running ones from xmax up that the snapshot
 // does not list; and what it showed of the outbox: the lowest keyed
-// row above the keyed floor (0: none), or, to a recheck, the rows it saw and
+// row above the keyed floor (0: none), or, to a sweep, the rows it saw and
 // did not take; and of the owed table: its lowest unkeyed and keyed rows
 // still owed above the owed floors (0: none).
 type snapshot struct {
@@ -108,7 +108,7 @@ func (s *store) claim(ctx context.Context, db batchSender, enabled, active phase
 			AMQPActive: active.AMQP, NATSActive: active.NATS, AMQPEnabled: enabled.AMQP, NATSEnabled: enabled.NATS,
 			BatchSize: limit, SkipParkedKeys: skipParked,
 			KeyedWindow: window, KeyedRows: keyed, OwedFloor: fl.owed, OwedSafe: fl.owedSafe, OwedKeyedFloor: fl.owedKeyed, HeldIDs: held,
-			FreshFrom: fl.fresh.from, FreshTo: to, KeyedFloor: fl.keyed,
+			FreshFrom: fl.fresh.from, FreshTo: to, Sweep: fl.fresh.belowFloor, KeyedFloor: fl.keyed,
 			FreshKeyedFloor: fl.freshKeyed, KeyedPendingXIDs: fl.pendingXIDs, KeyedPendingFrom: fl.pendingFrom,
 		}))
 	}

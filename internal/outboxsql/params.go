@@ -24,6 +24,7 @@ type ClaimParams struct {
 	HeldIDs        []int64 `db:"held_ids"`         // rows this relay's batches in flight hold: not tried
 	FreshFrom      int64   `db:"fresh_from"`       // the outbox's unkeyed walk takes ids above it...
 	FreshTo        int64   `db:"fresh_to"`         // ...up to this one
+	Sweep          bool    `db:"sweep"`            // a sweep: return the rows its walk saw held
 	KeyedFloor     int64   `db:"keyed_floor"`      // the outbox's keyed walks take ids above it
 	// An owed keyed row's probe for an earlier row of its key in the
 	// outbox starts above FreshKeyedFloor, or the KeyedPendingFrom of a

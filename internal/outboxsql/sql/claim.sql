@@ -6,7 +6,8 @@
 -- first row is the statement's snapshot (id 0, an empty message id): its
 -- xmin, xmax and running transaction ids, the claim's own transaction id
 -- (taken as the first row is, just after the snapshot), the outbox's lowest keyed row
--- above keyedFrom(@keyed_floor), NULL (see Recheck), and the owed table's lowest
+-- above keyedFrom(@keyed_floor), in a sweep (@sweep) the rows its walk passed and
+-- could not lock (held by other batches: see Recheck), and the owed table's lowest
 -- unkeyed row above @owed_safe still owed to an enabled target, and its
 -- lowest keyed row above owed_keyed_from not yet delivered to one (parked
 -- or not: one put back must stay its key's head); the claimed rows leave
@@ -64,7 +65,10 @@ WITH owed_keyed_from AS MATERIALIZED (SELECT {{template "keyedFrom" "@owed_keyed
 SELECT 0::bigint, ''::text, ''::text, NULL::text, NULL::text, ''::bytea, now(), 0, 0, false, false, false,
 	NULL::text, NULL::text, NULL::text, NULL::text, false, false,
 	pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x), x::text::bigint,
-	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > {{template "keyedFrom" "@keyed_floor"}}), NULL::bigint[],
+	(SELECT min(id) FROM {{.Table}} WHERE key IS NOT NULL AND id > {{template "keyedFrom" "@keyed_floor"}}),
+	CASE WHEN @sweep::boolean THEN ARRAY(SELECT id FROM {{.Table}} WHERE key IS NULL AND id > @fresh_from::bigint
+		AND id <= CASE WHEN (SELECT count(*) FROM fresh_unkeyed) >= @batch_size THEN (SELECT max(id) FROM fresh_unkeyed) ELSE @fresh_to::bigint END
+		AND id NOT IN (SELECT id FROM fresh_unkeyed) ORDER BY key, id) END,
 	least({{template "lowestOwed" (.AMQP.Above "NULL" "@owed_safe")}}, {{template "lowestOwed" (.NATS.Above "NULL" "@owed_safe")}}),
 	least({{template "lowestOwed" (.AMQP.Above "NOT NULL" "(SELECT f FROM owed_keyed_from)")}}, {{template "lowestOwed" (.NATS.Above "NOT NULL" "(SELECT f FROM owed_keyed_from)")}},
 		(SELECT min(id) FROM {{.Owed}} WHERE key IS NOT NULL AND {{template "parkedIndex"}} AND done_at IS NULL AND id > (SELECT f FROM owed_keyed_from)
@@ -80,7 +84,7 @@ FROM (SELECT * FROM amqp_keyed UNION ALL SELECT * FROM amqp_unkeyed UNION ALL SE
 -- Recheck walks the outbox's unkeyed rows below the floor that other
 -- batches held when the floor passed them (docs/design.md, "The claim
 -- floor"): those in (@from, @to], which it has not walked yet, and
--- @held_before, which it saw held before. It takes up to @limit of them,
+-- @held_before, which it or another sweep saw held before. It takes up to @limit of them,
 -- SKIP LOCKED, for the active targets, and returns Claim's columns: the
 -- first row the statement's snapshot, with the rows it saw and did not
 -- take. Parameters: RecheckParams.
