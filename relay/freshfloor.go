@@ -288,10 +288,10 @@ func (f *freshFloor) swept(rows []*claimed, w freshWalk, snap snapshot, wholeBat
 	}
 }
 
-// recheckHeld hands the rows a sweep from from passed held by other batches
-// to the recheck, which walks them again until their batches end; with too
-// many, it walks again from the sweep's start instead. Sweeps run one at a
-// time, so no recheck is in flight.
+// recheckHeld hands the recheck the rows ids a sweep passed held by other
+// batches: it walks them again until their batches end. With too many, it
+// walks again from the sweep's start, from. Sweeps run one at a time, so no
+// recheck is in flight.
 func (f *freshFloor) recheckHeld(ids []int64, from int64) {
 	switch {
 	case len(ids) == 0:
