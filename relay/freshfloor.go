@@ -233,7 +233,7 @@ func (f *freshFloor) advance(rows []*claimed, w freshWalk, snap snapshot, wholeB
 		}
 	}
 	if w.from < f.safe { // a near gap's walk
-		f.rechecked, f.recheckAgain = min(f.rechecked, w.from), min(f.recheckAgain, w.from)
+		f.recheckFrom(w.from)
 	}
 	f.raise(w, top, snap)
 	if wholeBatch {
@@ -296,10 +296,16 @@ func (f *freshFloor) recheckHeld(ids []int64, from int64) {
 	switch {
 	case len(ids) == 0:
 	case len(f.held)+len(ids) > maxHeld:
-		f.rechecked = min(f.rechecked, from)
+		f.recheckFrom(from)
 	default:
 		f.held = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(f.held), ids...))))
 	}
+}
+
+// recheckFrom sends the next recheck back to row id at least, and keeps a
+// recheck in flight from going past it.
+func (f *freshFloor) recheckFrom(id int64) {
+	f.rechecked, f.recheckAgain = min(f.rechecked, id), min(f.recheckAgain, id)
 }
 
 // unsweep ends the sweep w, which failed: its gaps are owed again.
