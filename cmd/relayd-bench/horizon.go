@@ -37,7 +37,7 @@ type Horizon struct {
 }
 
 // HorizonWindow is one window of a run: latency of the rows committed in
-// it, and core-seconds per 10k of them.
+// it, and core-seconds, WAL flushes and notifications per 10k of them.
 type HorizonWindow struct {
 	StartSeconds float64 `json:"start_seconds"`
 	Phase        string  `json:"phase"` // warm-up, baseline, hold, after
@@ -46,7 +46,11 @@ type HorizonWindow struct {
 	P99Ms        float64 `json:"p99_ms"`
 	RelaydCPU    float64 `json:"relayd_cpu_per_10k"`
 	PostgresCPU  float64 `json:"postgres_cpu_per_10k"`
-	DeadRows     int64   `json:"dead_rows_at_end"`
+	// Per 10k rows: the cluster's WAL flushes, and the producers'
+	// notifications (each a commit serialised on the notify lock).
+	WALFlushes    float64 `json:"wal_flushes_per_10k"`
+	Notifications float64 `json:"notifications_per_10k"`
+	DeadRows      int64   `json:"dead_rows_at_end"`
 }
 
 // horizonKinds are what the soak holds open: a producer's transaction that
@@ -61,8 +65,8 @@ func (b *bench) horizons(ctx context.Context, res *Results) error {
 			return fmt.Errorf("%s: %w", kind, err)
 		}
 		for _, w := range h.Windows {
-			b.logf("  %6.0fs %-8s p50 %6.1f ms, p99 %6.1f ms; relayd %.2f, Postgres %.2f core-s/10k rows; %s dead rows",
-				w.StartSeconds, w.Phase, w.P50Ms, w.P99Ms, w.RelaydCPU, w.PostgresCPU, thousands(float64(w.DeadRows)))
+			b.logf("  %6.0fs %-8s %s rows, p50 %6.1f ms, p99 %6.1f ms; relayd %.2f, Postgres %.2f core-s/10k rows; %.0f WAL flushes, %.0f notifications /10k rows; %s dead rows",
+				w.StartSeconds, w.Phase, thousands(float64(w.Rows)), w.P50Ms, w.P99Ms, w.RelaydCPU, w.PostgresCPU, w.WALFlushes, w.Notifications, thousands(float64(w.DeadRows)))
 		}
 		res.Horizon = append(res.Horizon, h)
 		b.settle(ctx)
@@ -100,6 +104,11 @@ func (b *bench) horizon(ctx context.Context, kind string) (h Horizon, err error)
 	if err := b.openProducerConns(ctx, latencyProducers); err != nil {
 		return h, err
 	}
+	notified, err := b.countNotifications(ctx, cr.table.Channel())
+	if err != nil {
+		return h, fmt.Errorf("listen: %w", err)
+	}
+	defer notified.close()
 	outbox := cr.table.Ident()
 	read := func(q string) (n int64) {
 		b.pool.QueryRow(ctx, q, outbox).Scan(&n) //nolint:errcheck // 0 if it failed: a figure, not the run
@@ -114,11 +123,12 @@ func (b *bench) horizon(ctx context.Context, kind string) (h Horizon, err error)
 	go func() { _, err := b.produce(ctx, cr, rec, tt, latencyProducers); produced <- err }()
 
 	type edge struct {
-		at   time.Duration // since rec.t0
-		cpu  cpuSnap
-		dead int64
+		at                   time.Duration // since rec.t0
+		cpu                  cpuSnap
+		dead                 int64
+		walFlushes, notified int64
 	}
-	edges := []edge{{at: time.Since(rec.t0), cpu: takeCPUSnap()}}
+	edges := []edge{{at: time.Since(rec.t0), cpu: takeCPUSnap(), walFlushes: walFlushes(ctx, b.pool), notified: notified.count()}}
 	phaseAt := func(at time.Duration) string {
 		switch {
 		case at < edges[0].at+warm:
@@ -142,7 +152,7 @@ func (b *bench) horizon(ctx context.Context, kind string) (h Horizon, err error)
 		if !backoff.Sleep(ctx, next-time.Since(rec.t0)) {
 			return h, ctx.Err()
 		}
-		edges = append(edges, edge{at: time.Since(rec.t0), cpu: takeCPUSnap(), dead: dead()})
+		edges = append(edges, edge{at: time.Since(rec.t0), cpu: takeCPUSnap(), dead: dead(), walFlushes: walFlushes(ctx, b.pool), notified: notified.count()})
 		switch phaseAt(next) {
 		case "hold":
 			if held == nil {
@@ -190,6 +200,9 @@ func (b *bench) horizon(ctx context.Context, kind string) (h Horizon, err error)
 			if s := cpuSplit(edges[i].cpu, edges[i+1].cpu, len(lat), p); s != nil {
 				w.RelaydCPU, w.PostgresCPU = s.Relayd, s.Postgres
 			}
+			per10k := 1e4 / float64(len(lat))
+			w.WALFlushes = round(float64(edges[i+1].walFlushes-edges[i].walFlushes)*per10k, 0)
+			w.Notifications = round(float64(edges[i+1].notified-edges[i].notified)*per10k, 0)
 		}
 		h.Windows = append(h.Windows, w)
 		switch w.Phase {
@@ -242,10 +255,10 @@ func writeHorizons(w io.Writer, r *Results) {
 		if h.HeldRowMs > 0 {
 			fmt.Fprintf(w, "; the held row reached both brokers %.0f ms after its commit", h.HeldRowMs)
 		}
-		fmt.Fprintf(w, "\n\n| from | phase | rows | p50 ms | p99 ms | relayd core-s/10k | Postgres core-s/10k | dead rows |\n|---:|---|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(w, "\n\n| from | phase | rows | p50 ms | p99 ms | relayd core-s/10k | Postgres core-s/10k | WAL flushes/10k | notifications/10k | dead rows |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, x := range h.Windows {
-			fmt.Fprintf(w, "| %.0f s | %s | %s | %.1f | %.1f | %.2f | %.2f | %s |\n",
-				x.StartSeconds, x.Phase, thousands(float64(x.Rows)), x.P50Ms, x.P99Ms, x.RelaydCPU, x.PostgresCPU, thousands(float64(x.DeadRows)))
+			fmt.Fprintf(w, "| %.0f s | %s | %s | %.1f | %.1f | %.2f | %.2f | %.0f | %.0f | %s |\n",
+				x.StartSeconds, x.Phase, thousands(float64(x.Rows)), x.P50Ms, x.P99Ms, x.RelaydCPU, x.PostgresCPU, x.WALFlushes, x.Notifications, thousands(float64(x.DeadRows)))
 		}
 		fmt.Fprintln(w)
 	}

@@ -168,7 +168,8 @@ func (l testLog) Write(p []byte) (int, error) {
 
 // TestHorizonSmoke runs the long-transaction soak small (-smoke -only
 // horizon), which the whole run leaves out: each kind's windows, warm-up,
-// baseline, hold and after, with rows and latencies, and the held row's arrival.
+// baseline, hold and after, with rows, latencies and WAL flushes, and the
+// held row's arrival.
 func TestHorizonSmoke(t *testing.T) {
 	o := smokeOptions(t)
 	o.Only = onlyFlag("horizon")
@@ -188,8 +189,9 @@ func TestHorizonSmoke(t *testing.T) {
 		phases := map[string]int{}
 		for _, w := range h.Windows {
 			phases[w.Phase]++
-			if w.Rows == 0 || w.P99Ms <= 0 {
-				t.Errorf("%s, window at %.0f s (%s): %d rows, p99 %v ms; want rows and a latency", h.Kind, w.StartSeconds, w.Phase, w.Rows, w.P99Ms)
+			if w.Rows == 0 || w.P99Ms <= 0 || w.WALFlushes <= 0 {
+				t.Errorf("%s, window at %.0f s (%s): %d rows, p99 %v ms, %v WAL flushes/10k; want rows, a latency and the producers' flushes",
+					h.Kind, w.StartSeconds, w.Phase, w.Rows, w.P99Ms, w.WALFlushes)
 			}
 		}
 		if phases["warm-up"] != 1 || phases["baseline"] != 1 || phases["hold"] < 2 || phases["after"] != 1 {
