@@ -73,6 +73,7 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 			r.hooks.onSweeping()
 		}
 	} else {
+		w.claiming()
 		r.hooks.onClaiming()
 	}
 	claimStart := time.Now()
@@ -92,16 +93,20 @@ func (r *Relay) runBatch(ctx context.Context, w *worker) (res batchResult, err e
 	if err != nil {
 		return res, err
 	}
+	if len(rows) > 0 {
+		// Busy before its rows count as claimed: the listener reads the
+		// state first, and would take the lock for a free worker's rows.
+		w.set(workerBusy) // producers need not notify meanwhile
+	}
 	r.idle.claimed(rows)
 	walkBack = lowestFresh(rows)
 	if len(rows) == 0 {
-		if _, err := conn.Exec(cctx, "COMMIT"); err != nil { // holds nothing: stops with the relay too
+		if _, err := conn.Exec(cctx, outboxsql.EmptyCommit); err != nil { // holds nothing: stops with the relay too
 			return res, fmt.Errorf("commit empty claim: %w", err)
 		}
 		return res, nil
 	}
 
-	w.set(workerBusy) // producers need not notify meanwhile
 	r.routeRows(rows)
 	bt := r.tracer.startBatch(rows, claimStart, claimedAt)
 	rec := r.publish(bctx, rows, enabled, bt)

@@ -23,12 +23,18 @@ import (
 // and some worker can take them. The listener holds the wake lock only then,
 // so producers notify only then (docs/design.md, "Waking the relay").
 type idleState struct {
-	mu      sync.Mutex
-	n       [3]int     // workers in each workerState; each worker moves itself, under mu
-	changed wakeSignal // workers signal it when n changes; the listener then looks again
+	mu sync.Mutex
+	n  [3]int // workers in each workerState; each worker moves itself, under mu
+	// Workers signal changed when n changes, and as they go to wait after
+	// a claim; the listener then looks again.
+	changed wakeSignal
 	// Workers raise claimedTop to the highest row id a claim of theirs
 	// returned; the listener wakes a worker only for rows above it.
 	claimedTop atomic.Int64
+	// begun numbers the workers' ordinary claims (not sweeps) as they
+	// begin; waited is the highest number of those that ended, their
+	// workers gone to wait (worker.waiting).
+	begun, waited atomic.Int64
 }
 
 type workerState int
@@ -68,7 +74,11 @@ func (s *idleState) claimed(rows []*claimed) {
 type worker struct {
 	s     *idleState
 	state workerState
+	claim int64 // idleState.begun of its last ordinary claim
 }
+
+// claiming numbers an ordinary claim of w's as it begins.
+func (w *worker) claiming() { w.claim = w.s.begun.Add(1) }
 
 func (s *idleState) join() *worker {
 	s.add(workerFree, 1)
@@ -85,6 +95,17 @@ func (w *worker) set(st workerState) {
 	w.s.mu.Unlock()
 	w.state = st
 	w.s.changed.signal()
+}
+
+// waiting marks w free as it goes to wait for a wake-up: its claim, if it
+// was woken for rows, has ended.
+func (w *worker) waiting() {
+	for done := w.s.waited.Load(); w.claim > done && !w.s.waited.CompareAndSwap(done, w.claim); done = w.s.waited.Load() {
+	}
+	if w.state == workerFree {
+		w.s.changed.signal()
+	}
+	w.set(workerFree)
 }
 
 func (w *worker) leave() { w.s.add(w.state, -1) }
@@ -146,7 +167,7 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 	r.floor.owedFromOldest() // rows may have been put back in the owed table unannounced
 	r.wake.signal()          // and rows arrived while not listening: the claim it wakes takes both
 	sql := outboxsql.For(r.cfg.Table)
-	lock := wakeLock{conn: conn, key: keys.lock, maxID: sql.MaxID, state: sql.WakeLockState}
+	lock := wakeLock{conn: conn, key: keys.lock, maxID: sql.MaxID, state: sql.WakeLockState, wokeAt: -1}
 	for {
 		retry, err := r.syncWakeLock(ctx, &lock)
 		if err != nil {
@@ -160,7 +181,7 @@ func (r *Relay) listenOnce(ctx context.Context, errs *errlog.Limiter) (listened 
 			if id := putBackIn(n.Payload); id > 0 {
 				r.floor.putBack(id)
 			}
-			r.wake.signal()
+			lock.wake(r)
 		}
 	}
 }
@@ -180,6 +201,9 @@ type wakeLock struct {
 	// top id every wakeLockWait, and wakes a worker for ids above seen.
 	watch bool
 	seen  int64 // the highest id those reads returned
+	// wokeAt is idleState.begun when the listener last woke a worker
+	// (-1: never).
+	wokeAt int64
 }
 
 // wakeLockWait is how long a relay waits for the wake lock: for the
@@ -187,15 +211,15 @@ type wakeLock struct {
 // that insert meanwhile notify, as the relay is about to wait.
 const wakeLockWait = 20 * time.Millisecond
 
-// syncWakeLock takes the wake lock when the relay has become idle and
-// releases it when a worker has rows. It returns how soon to try again
-// when the lock was wanted but could not be had (0: no need).
+// syncWakeLock takes the wake lock when the relay has become idle with no
+// row waiting, and releases it when a worker has rows. It returns how soon
+// to try again when the lock was wanted but could not be had (0: no need).
 func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, error) {
 	want := r.idle.idle()
 	if until := time.Until(l.next); want && !l.held && l.watch && until > 0 {
 		r.hooks.onWatch()
-		var top int64
-		if err := l.conn.QueryRow(ctx, l.maxID, pgx.StrictStructArgs(outboxsql.MaxIDParams{Above: max(l.seen, r.idle.claimedTop.Load())})).Scan(&top); err != nil {
+		top, err := l.top(ctx, r)
+		if err != nil {
 			return 0, err
 		}
 		l.wakeFor(r, top)
@@ -203,6 +227,22 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 	}
 	switch {
 	case want && !l.held:
+		// Under load the rows committed during the last batch are there:
+		// wake a worker for them without the lock, which would make
+		// producers notify (notifying commits serialise). The worker woken
+		// last has yet to claim while no claim begun since has ended.
+		if !l.watch {
+			if r.idle.waited.Load() <= l.wokeAt {
+				return 0, nil
+			}
+			top, err := l.top(ctx, r)
+			if err != nil {
+				return 0, err
+			}
+			if l.wakeFor(r, top) {
+				return 0, nil
+			}
+		}
 		r.hooks.onWakeLock()
 		top, relayHolds, err := l.take(ctx, r.idle.claimedTop.Load())
 		if err != nil {
@@ -231,13 +271,30 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 	return 0, nil
 }
 
+// top reads the outbox's highest id above what this relay's claims
+// returned and the lock's reads saw (0: none), without the lock.
+func (l *wakeLock) top(ctx context.Context, r *Relay) (top int64, err error) {
+	err = l.conn.QueryRow(ctx, l.maxID, pgx.StrictStructArgs(outboxsql.MaxIDParams{Above: max(l.seen, r.idle.claimedTop.Load())})).Scan(&top)
+	return top, err
+}
+
 // wakeFor wakes a worker when top, the outbox's highest id, is a row no
-// claim of this relay returned and the lock's reads had not seen.
-func (l *wakeLock) wakeFor(r *Relay, top int64) {
-	if top > max(l.seen, r.idle.claimedTop.Load()) {
-		r.wake.signal() // rows committed since the last claim, unannounced
+// claim of this relay returned and the lock's reads had not seen; it
+// reports whether it did.
+func (l *wakeLock) wakeFor(r *Relay, top int64) bool {
+	woke := top > max(l.seen, r.idle.claimedTop.Load())
+	if woke {
+		l.wake(r) // rows committed since the last claim, unannounced
 	}
 	l.seen = max(l.seen, top)
+	return woke
+}
+
+// wake wakes a worker. Every claim numbered past wokeAt begins after
+// this: it sees the rows the listener woke it for.
+func (l *wakeLock) wake(r *Relay) {
+	l.wokeAt = r.idle.begun.Load()
+	r.wake.signal()
 }
 
 // take waits up to wakeLockWait for the wake lock and returns the table's

@@ -91,7 +91,7 @@ func (r *Relay) idleWait(ctx context.Context, w *worker, empty bool) {
 	}
 	t := time.NewTimer(r.cfg.PollInterval)
 	defer t.Stop()
-	w.set(workerFree)
+	w.waiting()
 	select {
 	case <-ctx.Done():
 	case <-r.wake:

@@ -45,6 +45,11 @@ const OnIndexes = "SELECT set_config('plan_cache_mode', 'force_generic_plan', tr
 // claim's round trip.
 var BatchBegin = []string{"BEGIN", OnIndexes}
 
+// EmptyCommit ends a claim that took no rows. It wrote only its
+// transaction id (Claim takes one), so its commit does not wait for a WAL
+// flush, which the producers' commits queue for too. Do not modify.
+const EmptyCommit = "SET LOCAL synchronous_commit = off; COMMIT"
+
 // ReadBegin opens a read-only transaction whose statements stay on the
 // tables' indexes however stale the planner's statistics are. Do not modify.
 var ReadBegin = []string{"BEGIN READ ONLY", "SET LOCAL enable_seqscan = off"}
