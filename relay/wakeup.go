@@ -231,17 +231,15 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 		// wake a worker for them without the lock, which would make
 		// producers notify (notifying commits serialise). The worker woken
 		// last has yet to claim while no claim begun since has ended.
-		if !l.watch {
-			if r.idle.waited.Load() <= l.wokeAt {
-				return 0, nil
-			}
-			top, err := l.top(ctx, r)
-			if err != nil {
-				return 0, err
-			}
-			if l.wakeFor(r, top) {
-				return 0, nil
-			}
+		if r.idle.waited.Load() <= l.wokeAt {
+			return 0, nil
+		}
+		top, err := l.top(ctx, r)
+		if err != nil {
+			return 0, err
+		}
+		if l.wakeFor(r, top) {
+			return 0, nil
 		}
 		r.hooks.onWakeLock()
 		top, relayHolds, err := l.take(ctx, r.idle.claimedTop.Load())
