@@ -65,8 +65,12 @@ func (s *idleState) claimed(rows []*claimed) {
 	if len(rows) == 0 {
 		return
 	}
-	id := rows[len(rows)-1].msg.ID
-	for top := s.claimedTop.Load(); id > top && !s.claimedTop.CompareAndSwap(top, id); top = s.claimedTop.Load() {
+	raise(&s.claimedTop, rows[len(rows)-1].msg.ID)
+}
+
+// raise lifts a to v, if v is higher.
+func raise(a *atomic.Int64, v int64) {
+	for cur := a.Load(); v > cur && !a.CompareAndSwap(cur, v); cur = a.Load() {
 	}
 }
 
@@ -100,8 +104,7 @@ func (w *worker) set(st workerState) {
 // waiting marks w free as it goes to wait for a wake-up: its claim, if it
 // was woken for rows, has ended.
 func (w *worker) waiting() {
-	for done := w.s.waited.Load(); w.claim > done && !w.s.waited.CompareAndSwap(done, w.claim); done = w.s.waited.Load() {
-	}
+	raise(&w.s.waited, w.claim)
 	if w.state == workerFree {
 		w.s.changed.signal()
 	}
