@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayd/relayd/internal/outboxsql"
 )
 
 // notifyCounter counts the notifications on a channel: the producers'
@@ -24,7 +26,7 @@ func (b *bench) countNotifications(ctx context.Context, channel string) (*notify
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{channel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, outboxsql.Listen(channel)); err != nil {
 		conn.Close(ctx) //nolint:errcheck // failed anyway
 		return nil, err
 	}
