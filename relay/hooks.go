@@ -8,8 +8,8 @@ type testHooks struct {
 	claiming     func()                    // just before a claim, under the floor's lock
 	sweeping     func()                    // just before a sweep's claim, outside it
 	claimed      func(rows int, fl floors) // after a claim, under the floor's lock
-	wakeLock     func()                    // just before the listener tries the wake lock
-	watch        func()                    // just before the listener reads the top id between tries
+	wakeLock     func()                    // just before a try of the wake lock that asks who holds it
+	watch        func()                    // just before each of the listener's reads while it watches
 	finishing    func()                    // in finishStranded's transaction, under the phase lock, before Finish
 }
 

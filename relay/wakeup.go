@@ -199,11 +199,13 @@ type wakeLock struct {
 	held  bool
 	retry time.Duration // the wait after the last failed try
 	next  time.Time     // when to try again after a failed try
-	// watch is set when only producers held the lock at the last failed
-	// try, so no one notifies: until the next try the listener reads the
-	// top id every wakeLockWait, and wakes a worker for ids above seen.
+	// watch is set when only producers held the lock at the last try
+	// that asked, so no one notifies: the listener reads the top id
+	// (watchRetry apart), tries the lock at each read without waiting, and
+	// wakes a worker for ids above seen.
 	watch bool
-	seen  int64 // the highest id those reads returned
+	every time.Duration // the wait after the last of those reads
+	seen  int64         // the highest id those reads returned
 	// wokeAt is idleState.begun when the listener last woke a worker
 	// (-1: never).
 	wokeAt int64
@@ -214,19 +216,18 @@ type wakeLock struct {
 // that insert meanwhile notify, as the relay is about to wait.
 const wakeLockWait = 20 * time.Millisecond
 
+// watchRetry spaces the listener's reads of the top id while it watches:
+// from 1 ms, doubling while they find no row, up to wakeLockWait. Under load
+// a row waits about the time between two rows, not wakeLockWait.
+var watchRetry = backoff.Doubling{Floor: time.Millisecond, Cap: wakeLockWait}
+
 // syncWakeLock takes the wake lock when the relay has become idle with no
 // row waiting, and releases it when a worker has rows. It returns how soon
 // to try again when the lock was wanted but could not be had (0: no need).
 func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, error) {
 	want := r.idle.idle()
-	if until := time.Until(l.next); want && !l.held && l.watch && until > 0 {
-		r.hooks.onWatch()
-		top, err := l.top(ctx, r)
-		if err != nil {
-			return 0, err
-		}
-		l.wakeFor(r, top)
-		return min(wakeLockWait, until), nil
+	if want && !l.held && l.watch {
+		return r.watchWakeLock(ctx, l)
 	}
 	switch {
 	case want && !l.held:
@@ -258,9 +259,9 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 		// producers alone, one of them a long transaction: try again, less
 		// and less often, and meanwhile watch for their rows.
 		l.retry = min(max(2*l.retry, wakeLockWait), r.cfg.PollInterval)
-		l.next, l.watch = time.Now().Add(l.retry), !relayHolds
+		l.next, l.watch, l.every = time.Now().Add(l.retry), !relayHolds, 0
 		if l.watch {
-			return min(wakeLockWait, l.retry), nil
+			return l.watchWait(false, l.retry), nil
 		}
 		return l.retry, nil
 	case !want && l.held:
@@ -272,11 +273,82 @@ func (r *Relay) syncWakeLock(ctx context.Context, l *wakeLock) (time.Duration, e
 	return 0, nil
 }
 
+// watchWakeLock reads the top id while only producers hold the wake lock,
+// trying the lock at each read without waiting for it: a waiting exclusive
+// request would make every producer inserting meanwhile notify, and hold up
+// the listener. When a try is due it also asks who holds the lock: another
+// relay, which producers notify, is not watched.
+func (r *Relay) watchWakeLock(ctx context.Context, l *wakeLock) (time.Duration, error) {
+	if r.idle.waited.Load() <= l.wokeAt {
+		return 0, nil // the end of the claim it woke brings the next read
+	}
+	r.hooks.onWatch()
+	due := !time.Now().Before(l.next)
+	if due {
+		r.hooks.onWakeLock()
+	}
+	top, relayHolds, err := l.try(ctx, max(l.seen, r.idle.claimedTop.Load()), due)
+	if err != nil {
+		return 0, err
+	}
+	woke := l.wakeFor(r, top)
+	if l.held {
+		l.retry, l.watch = 0, false
+		return 0, nil
+	}
+	if due {
+		l.retry = min(max(2*l.retry, wakeLockWait), r.cfg.PollInterval)
+		l.next, l.watch = time.Now().Add(l.retry), !relayHolds
+		if !l.watch {
+			return l.retry, nil
+		}
+	}
+	return l.watchWait(woke, time.Until(l.next)), nil
+}
+
+// watchWait is how long to wait for the next read of the top id, after
+// one that woke a worker or not, until the next try of the lock.
+func (l *wakeLock) watchWait(woke bool, until time.Duration) time.Duration {
+	if woke {
+		l.every = 0
+		return min(wakeLockWait, until)
+	}
+	l.every = watchRetry.Next(l.every)
+	return min(l.every, until)
+}
+
 // top reads the outbox's highest id above what this relay's claims
 // returned and the lock's reads saw (0: none), without the lock.
 func (l *wakeLock) top(ctx context.Context, r *Relay) (top int64, err error) {
 	err = l.conn.QueryRow(ctx, l.maxID, pgx.StrictStructArgs(outboxsql.MaxIDParams{Above: max(l.seen, r.idle.claimedTop.Load())})).Scan(&top)
 	return top, err
+}
+
+// try takes the wake lock if no session holds it, without waiting, and
+// returns the table's highest id above (0 if none), read after the try; with
+// state, also whether another session holds the lock exclusively, as take.
+func (l *wakeLock) try(ctx context.Context, above int64, state bool) (top int64, relayHolds bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(outboxsql.WakeTryLock, pgx.StrictStructArgs(outboxsql.WakeLockParams{Key: l.key}))
+	if state {
+		b.Queue(l.state, pgx.StrictStructArgs(outboxsql.WakeLockStateParams{Above: above, LockClass: uint32(uint64(l.key) >> 32), LockObject: uint32(l.key)}))
+	} else {
+		b.Queue(l.maxID, pgx.StrictStructArgs(outboxsql.MaxIDParams{Above: above}))
+	}
+	br := l.conn.SendBatch(ctx, b)
+	var got bool
+	if err = br.QueryRow().Scan(&got); err == nil {
+		l.held = got
+		if state {
+			err = br.QueryRow().Scan(&top, &relayHolds)
+		} else {
+			err = br.QueryRow().Scan(&top)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return top, relayHolds && !got, err
 }
 
 // wakeFor wakes a worker when top, the outbox's highest id, is a row no

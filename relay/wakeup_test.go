@@ -364,3 +364,68 @@ func TestRowsCommittedWhileTheWakeLockIsHeld(t *testing.T) {
 		})
 	}
 }
+
+// While a producer's long transaction holds the wake lock, the relay's
+// tries of the lock do not wait for it: a waiting exclusive request would
+// make each producer inserting meanwhile notify. Tries come every 40 ms
+// (the poll interval caps their backoff), and each waited 20 ms.
+func TestProducersDoNotNotifyWhileTheRelayWatches(t *testing.T) {
+	t.Parallel()
+	const rows = 20
+	f := setupOwnDatabase(t) // a transaction held for seconds
+	ctx := context.Background()
+	holder, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(ctx, `BEGIN; INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.held', 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Conn().Close(ctx) //nolint:errcheck // ends what it held
+
+	l := testenv.Listen(t, f.pool.Config().ConnString(), f.table.Channel())
+	var tries, watched atomic.Int64
+	sink := newFake(TargetAMQP)
+	f.startWith(Config{Sinks: []Sink{sink}, Workers: 1, PollInterval: 40 * time.Millisecond}, func(r *Relay) {
+		r.hooks = &testHooks{wakeLock: func() { tries.Add(1) }, watch: func() { watched.Add(1) }}
+	})
+	testenv.Eventually(t, 10*time.Second, func() bool { return tries.Load() >= 4 && watched.Load() > 0 }, "the relay did not watch after trying the wake lock")
+	before := len(l.Received(t))
+	for range rows {
+		f.insert(1, "orders.created")
+	}
+	if got := len(l.Received(t)) - before; got != 0 {
+		t.Errorf("%d of %d commits notified while the relay watched, want 0", got, rows)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return sink.total() == rows }, "rows not claimed")
+}
+
+// While it watches, the listener reads the top id again soon after a read
+// that found no row, less soon after each such read: under load a row waits
+// about the time between two rows, not wakeLockWait.
+func TestWatchWait(t *testing.T) {
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		woke  []bool // each read's outcome, in order
+		until time.Duration
+		want  []time.Duration
+	}{
+		{"quiet", []bool{false, false, false, false, false, false, false}, time.Second,
+			[]time.Duration{1 * ms, 2 * ms, 4 * ms, 8 * ms, 16 * ms, 20 * ms, 20 * ms}},
+		{"a row starts it again", []bool{false, false, false, true, false}, time.Second,
+			[]time.Duration{1 * ms, 2 * ms, 4 * ms, wakeLockWait, 1 * ms}},
+		{"the next try comes first", []bool{false, false, true}, 3 * ms,
+			[]time.Duration{1 * ms, 2 * ms, 3 * ms}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var l wakeLock
+			for i, woke := range tc.woke {
+				if got := l.watchWait(woke, tc.until); got != tc.want[i] {
+					t.Errorf("read %d (woke %v): wait %v, want %v", i, woke, got, tc.want[i])
+				}
+			}
+		})
+	}
+}

@@ -88,10 +88,12 @@ func WakeLockHolder(key int64) string {
 const SessionSettings = `SELECT set_config('idle_in_transaction_session_timeout', @idle_timeout, false), set_config('jit', @jit, false)`
 
 // WakeLock waits for the wake lock @key, as long as the transaction's
-// lock_timeout; WakeUnlock releases it.
+// lock_timeout; WakeTryLock takes it only if no one holds it, without
+// queueing; WakeUnlock releases it.
 const (
-	WakeLock   = `SELECT pg_advisory_lock(@key)`
-	WakeUnlock = `SELECT pg_advisory_unlock(@key)`
+	WakeLock    = `SELECT pg_advisory_lock(@key)`
+	WakeTryLock = `SELECT pg_try_advisory_lock(@key)`
+	WakeUnlock  = `SELECT pg_advisory_unlock(@key)`
 )
 
 // Statements is the SQL for one outbox table. Each is documented beside it
