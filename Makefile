@@ -28,8 +28,10 @@ NODE_DEPS    := $(NODE_EXAMPLE)/node_modules/.package-lock.json
 $(NODE_DEPS): $(NODE_EXAMPLE)/package-lock.json
 	@if command -v npm >/dev/null; then npm ci --prefix $(NODE_EXAMPLE) --no-audit --no-fund; fi
 
+# ./integration/ first: go test starts packages in the order given, and the
+# longest one, started last, is the run's critical path.
 test: $(NODE_DEPS) ## run every test, with the race detector, against the real services
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -timeout 20m ./integration/ ./...
 
 test-short: $(NODE_DEPS) ## unit tests only (no services needed)
 	$(GO) test -short -count=1 ./...
