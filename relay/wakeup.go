@@ -283,7 +283,9 @@ func (r *Relay) watchWakeLock(ctx context.Context, l *wakeLock) (time.Duration, 
 		return 0, nil // the end of the claim it woke brings the next read
 	}
 	r.hooks.onWatch()
-	due := !time.Now().Before(l.next)
+	// Read before the round trip: a wait of 0 would be no timeout at all.
+	until := time.Until(l.next)
+	due := until <= 0
 	if due {
 		r.hooks.onWakeLock()
 	}
@@ -298,16 +300,16 @@ func (r *Relay) watchWakeLock(ctx context.Context, l *wakeLock) (time.Duration, 
 	}
 	if due {
 		l.retry = min(max(2*l.retry, wakeLockWait), r.cfg.PollInterval)
-		l.next, l.watch = time.Now().Add(l.retry), !relayHolds
+		l.next, l.watch, until = time.Now().Add(l.retry), !relayHolds, l.retry
 		if !l.watch {
 			return l.retry, nil
 		}
 	}
-	return l.watchWait(woke, time.Until(l.next)), nil
+	return l.watchWait(woke, until), nil
 }
 
 // watchWait is how long to wait for the next read of the top id, after
-// one that woke a worker or not, until the next try of the lock.
+// one that woke a worker or not, until the next try of the lock (> 0).
 func (l *wakeLock) watchWait(woke bool, until time.Duration) time.Duration {
 	if woke {
 		l.every = 0
