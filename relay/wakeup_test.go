@@ -304,6 +304,21 @@ func TestPutBackIn(t *testing.T) {
 	}
 }
 
+// holderConn is a connection of f's pool for a test to hold a lock or a
+// transaction on until it ends: closing it then ends what it held.
+func holderConn(t *testing.T, f *fixture) *pgxpool.Conn {
+	t.Helper()
+	c, err := f.pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Conn().Close(context.Background()) //nolint:errcheck // ends what it held
+		c.Release()
+	})
+	return c
+}
+
 // While a producer's long transaction holds the wake lock shared, the idle
 // relay cannot take it and producers do not notify: the relay watches for
 // their rows, and claims each at once, however long the lock has been held.
@@ -334,14 +349,7 @@ func TestRowsCommittedWhileTheWakeLockIsHeld(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			f := setupOwnDatabase(t) // a transaction held for seconds
-			ctx := context.Background()
-			holder, err := f.pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer holder.Release()
-			tc.hold(t, f, holder)
-			defer holder.Conn().Close(ctx) //nolint:errcheck // ends what it held
+			tc.hold(t, f, holderConn(t, f))
 
 			var tries, watched atomic.Int64
 			sink := newFake(TargetAMQP)
@@ -373,16 +381,9 @@ func TestProducersDoNotNotifyWhileTheRelayWatches(t *testing.T) {
 	t.Parallel()
 	const rows = 20
 	f := setupOwnDatabase(t) // a transaction held for seconds
-	ctx := context.Background()
-	holder, err := f.pool.Acquire(ctx)
-	if err != nil {
+	if _, err := holderConn(t, f).Exec(context.Background(), `BEGIN; INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.held', 'x')`); err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Release()
-	if _, err := holder.Exec(ctx, `BEGIN; INSERT INTO `+f.table.Ident()+` (topic, payload) VALUES ('orders.held', 'x')`); err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Conn().Close(ctx) //nolint:errcheck // ends what it held
 
 	l := testenv.Listen(t, f.pool.Config().ConnString(), f.table.Channel())
 	var tries, watched atomic.Int64
